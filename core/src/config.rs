@@ -1,0 +1,113 @@
+//! Runtime settings: how many workers, where they run, how big the rings are.
+//!
+//! Every setting has a default that suits this machine class (one worker per
+//! core, 8192-slot rings, 1024-record batches) and is checked by
+//! [`RuntimeConfig::validate`] before any thread starts.
+
+use crate::idle::IdleStrategy;
+use crate::{Error, Result};
+
+/// Smallest accepted ring capacity: below this, chunked transfers degrade to
+/// per-record handoffs and backpressure oscillates.
+pub const MIN_RING_CAPACITY: usize = 16;
+/// Largest accepted ring capacity (2^24 slots): bounds memory per channel.
+pub const MAX_RING_CAPACITY: usize = 1 << 24;
+/// Largest accepted batch size: a batch is the scheduling quantum, and one
+/// task must not monopolise a shared worker for long.
+pub const MAX_BATCH_SIZE: usize = 1 << 16;
+/// Most workers a job may start.
+pub const MAX_WORKERS: usize = 1024;
+
+/// Settings of the runtime that executes a [`crate::Pipeline`].
+///
+/// ```
+/// use weir_core::RuntimeConfig;
+/// let cfg = RuntimeConfig { workers: 2, ring_capacity: 4096, ..RuntimeConfig::default() };
+/// assert!(cfg.validate().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+pub struct RuntimeConfig {
+    /// Number of worker threads. Default: one per available core.
+    pub workers: usize,
+    /// Pin worker `i` to core `i mod cores` with `core_affinity`. Default: true.
+    pub pin_workers: bool,
+    /// Slots per SPSC ring (one ring per producer/consumer subtask pair).
+    pub ring_capacity: usize,
+    /// Most records a task handles per scheduling turn (its batch budget).
+    pub batch_size: usize,
+    /// How idle workers (and producers facing a full ring) wait.
+    pub idle: IdleStrategy,
+}
+
+impl Default for RuntimeConfig {
+    fn default() -> Self {
+        RuntimeConfig {
+            workers: available_cores(),
+            pin_workers: true,
+            ring_capacity: 8192,
+            batch_size: 1024,
+            idle: IdleStrategy::default(),
+        }
+    }
+}
+
+/// Number of cores this process may run on (at least 1).
+pub fn available_cores() -> usize {
+    core_affinity::get_core_ids()
+        .map(|ids| ids.len())
+        .filter(|&n| n > 0)
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+impl RuntimeConfig {
+    /// Checks every setting against its documented bounds.
+    pub fn validate(&self) -> Result<()> {
+        if self.workers == 0 || self.workers > MAX_WORKERS {
+            return Err(Error::config(
+                "workers",
+                self.workers,
+                "must be between 1 and 1024 (default: one per core)",
+            ));
+        }
+        if !(MIN_RING_CAPACITY..=MAX_RING_CAPACITY).contains(&self.ring_capacity) {
+            return Err(Error::config(
+                "ring_capacity",
+                self.ring_capacity,
+                "must be between 16 and 16777216 slots",
+            ));
+        }
+        if self.batch_size == 0 || self.batch_size > MAX_BATCH_SIZE {
+            return Err(Error::config(
+                "batch_size",
+                self.batch_size,
+                "must be between 1 and 65536 records",
+            ));
+        }
+        self.idle.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_valid() {
+        RuntimeConfig::default().validate().unwrap();
+        assert!(RuntimeConfig::default().workers >= 1);
+    }
+
+    #[test]
+    fn bad_values_name_the_setting() {
+        let cases = [
+            RuntimeConfig { workers: 0, ..Default::default() },
+            RuntimeConfig { ring_capacity: 3, ..Default::default() },
+            RuntimeConfig { batch_size: 0, ..Default::default() },
+        ];
+        let names = ["workers", "ring_capacity", "batch_size"];
+        for (cfg, name) in cases.iter().zip(names) {
+            let msg = cfg.validate().unwrap_err().to_string();
+            assert!(msg.contains(name), "{msg}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! What a running task knows about itself, and the views of it that user
+//! sources and sinks get.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use crate::clock;
+use crate::metrics::{LatencyRecorder, MetricsRegistry, TaskCounters};
+
+/// Per-task runtime state threaded through every call of a chain.
+///
+/// Owned by exactly one worker thread; never shared.
+pub(crate) struct TaskContext {
+    pub(crate) subtask: usize,
+    pub(crate) parallelism: usize,
+    /// Names of the operators fused in this task, in chain order.
+    pub(crate) ops: Arc<[String]>,
+    /// Index into `ops` of the operator currently running user code; names
+    /// the culprit when something fails.
+    pub(crate) current_op: usize,
+    pub(crate) records_in: u64,
+    pub(crate) records_out: u64,
+    /// Clock reading of the current turn, taken lazily at most once per turn.
+    pub(crate) turn_now_ns: Option<u64>,
+    pub(crate) latency: LatencyRecorder,
+    pub(crate) counters: Arc<TaskCounters>,
+    pub(crate) registry: Arc<MetricsRegistry>,
+}
+
+impl TaskContext {
+    pub(crate) fn new(
+        subtask: usize,
+        parallelism: usize,
+        ops: Arc<[String]>,
+        counters: Arc<TaskCounters>,
+        registry: Arc<MetricsRegistry>,
+    ) -> Self {
+        TaskContext {
+            subtask,
+            parallelism,
+            ops,
+            current_op: 0,
+            records_in: 0,
+            records_out: 0,
+            turn_now_ns: None,
+            latency: LatencyRecorder::new(),
+            counters,
+            registry,
+        }
+    }
+
+    /// The clock, read at most once per scheduling turn.
+    #[inline]
+    pub(crate) fn now_ns(&mut self) -> u64 {
+        *self.turn_now_ns.get_or_insert_with(clock::now_ns)
+    }
+
+    /// Called by the worker at the end of every turn: publish counters.
+    #[inline]
+    pub(crate) fn end_turn(&mut self) {
+        self.counters.records_in.store(self.records_in, Ordering::Relaxed);
+        self.counters.records_out.store(self.records_out, Ordering::Relaxed);
+        if let Some(now) = self.turn_now_ns.take() {
+            self.latency.maybe_publish(now, &self.registry.latency);
+        }
+    }
+
+    pub(crate) fn publish_latency(&mut self) {
+        self.latency.publish(&self.registry.latency);
+    }
+
+    pub(crate) fn operator_name(&self) -> &str {
+        self.ops.get(self.current_op).map_or("?", String::as_str)
+    }
+}
+
+/// What a [`crate::Source`] may ask of the runtime while it emits.
+pub struct SourceContext<'a> {
+    pub(crate) task: &'a mut TaskContext,
+}
+
+impl SourceContext<'_> {
+    /// Index of this parallel source instance, `0..parallelism`.
+    pub fn subtask(&self) -> usize {
+        self.task.subtask
+    }
+
+    /// Number of parallel instances of this source.
+    pub fn parallelism(&self) -> usize {
+        self.task.parallelism
+    }
+
+    /// The current time on [`crate::clock`], read at most once per scheduling
+    /// turn: stamp a whole batch with one reading.
+    #[inline]
+    pub fn now_ns(&mut self) -> u64 {
+        self.task.now_ns()
+    }
+}
+
+/// What a [`crate::Sink`] may ask of the runtime while it writes.
+pub struct SinkContext<'a> {
+    pub(crate) task: &'a mut TaskContext,
+}
+
+impl SinkContext<'_> {
+    /// Index of this parallel sink instance, `0..parallelism`.
+    pub fn subtask(&self) -> usize {
+        self.task.subtask
+    }
+
+    /// Number of parallel instances of this sink.
+    pub fn parallelism(&self) -> usize {
+        self.task.parallelism
+    }
+
+    /// The current time on [`crate::clock`], read at most once per scheduling
+    /// turn.
+    #[inline]
+    pub fn now_ns(&mut self) -> u64 {
+        self.task.now_ns()
+    }
+
+    /// Records the end-to-end latency of one record emitted at `emitted_ns`
+    /// (a [`crate::clock::now_ns`] reading taken by the source).
+    #[inline]
+    pub fn record_latency(&mut self, emitted_ns: u64) {
+        self.record_latency_n(emitted_ns, 1);
+    }
+
+    /// Records `count` records emitted at the same instant: sources stamp
+    /// whole batches with one clock reading, so runs of equal stamps are
+    /// common and cost one histogram update.
+    #[inline]
+    pub fn record_latency_n(&mut self, emitted_ns: u64, count: u64) {
+        let now = self.task.now_ns();
+        self.task.latency.record_n(now.saturating_sub(emitted_ns), count);
+    }
+}

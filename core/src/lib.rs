@@ -1,0 +1,58 @@
+//! # weir-core
+//!
+//! The dataflow API and runtime of weir, an embeddable single-node stream
+//! processor: typed records flow through chains of fused operators, tasks
+//! run on worker threads pinned to cores, and tasks exchange records over
+//! lock-free single-producer single-consumer rings ([`rtrb`]).
+//!
+//! ## A tour
+//!
+//! - [`Pipeline`] builds a job: [`Pipeline::source`], then operators on
+//!   [`Stream`] (`map`, `filter`, `flat_map`, `key_by` + `process`,
+//!   `rebalance`, `union`), then a sink. [`Pipeline::run`] starts it and
+//!   returns a [`JobHandle`] to cancel it, read live [`JobMetrics`] and
+//!   [`JobHandle::join`] its result.
+//! - [`Source`] and [`Sink`] are the two traits to implement to connect
+//!   weir to the outside world; `weir-io` has ready ones.
+//! - [`RuntimeConfig`] sets workers, pinning, ring capacity, batch size and
+//!   the [`IdleStrategy`].
+//!
+//! ## Guarantees of the runtime
+//!
+//! - Bounded memory: every ring has a fixed capacity; a full ring stops its
+//!   producer (backpressure), nothing is dropped.
+//! - No allocation, lock or system call per record in steady state: records
+//!   move in batches through reused buffers and chunked ring transfers.
+//! - Order: records and control messages on one channel stay in order.
+//! - Failure: the first error or panic in any operator fails the whole job
+//!   with the operator's name and subtask; no thread is left behind.
+
+#![deny(missing_docs)]
+
+pub mod clock;
+mod collector;
+mod config;
+mod context;
+mod error;
+mod idle;
+mod job;
+pub mod keyed;
+mod message;
+mod metrics;
+mod operators;
+mod output;
+mod pipeline;
+mod sink;
+mod source;
+mod task;
+
+pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
+pub use context::{SinkContext, SourceContext};
+pub use error::{BoxError, Error, Result};
+pub use idle::{IdleStrategy, MAX_PARK};
+pub use job::{JobHandle, JobResult, Outcome};
+pub use keyed::Output;
+pub use metrics::{JobMetrics, TaskMetrics, LATENCY_MAX_NS};
+pub use pipeline::{KeyedStream, Pipeline, Stream, MAX_PARALLELISM};
+pub use sink::{CollectSink, ForEachSink, Sink};
+pub use source::{Source, SourcePoll, VecSource};

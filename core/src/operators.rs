@@ -1,0 +1,109 @@
+//! The stateless operators: `map`, `filter`, `flat_map`, and the sink at the
+//! end of a chain. Each works on a whole batch in a tight loop.
+
+use crate::collector::Collector;
+use crate::context::{SinkContext, TaskContext};
+use crate::error::BoxError;
+use crate::sink::Sink;
+
+pub(crate) struct Map<T, U, F> {
+    pub(crate) f: F,
+    pub(crate) out: Vec<U>,
+    pub(crate) next: Box<dyn Collector<U>>,
+    pub(crate) op: usize,
+    pub(crate) _in: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T, U: Send, F: FnMut(T) -> U + Send> Collector<T> for Map<T, U, F> {
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.out.extend(batch.drain(..).map(&mut self.f));
+        self.next.collect(&mut self.out, ctx)
+    }
+    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        self.next.flush(ctx)
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.finish(ctx)
+    }
+}
+
+pub(crate) struct Filter<T, F> {
+    pub(crate) f: F,
+    pub(crate) next: Box<dyn Collector<T>>,
+    pub(crate) op: usize,
+}
+
+impl<T, F: FnMut(&T) -> bool + Send> Collector<T> for Filter<T, F> {
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        // In place: the surviving records are handed on in the same vector.
+        batch.retain(|x| (self.f)(x));
+        self.next.collect(batch, ctx)
+    }
+    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        self.next.flush(ctx)
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.finish(ctx)
+    }
+}
+
+pub(crate) struct FlatMap<T, U, I, F> {
+    pub(crate) f: F,
+    pub(crate) out: Vec<U>,
+    pub(crate) next: Box<dyn Collector<U>>,
+    pub(crate) op: usize,
+    pub(crate) _in: std::marker::PhantomData<fn(T) -> I>,
+}
+
+impl<T, U, I, F> Collector<T> for FlatMap<T, U, I, F>
+where
+    U: Send,
+    I: IntoIterator<Item = U>,
+    F: FnMut(T) -> I + Send,
+{
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.out.extend(batch.drain(..).flat_map(&mut self.f));
+        self.next.collect(&mut self.out, ctx)
+    }
+    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        self.next.flush(ctx)
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.finish(ctx)
+    }
+}
+
+/// The end of a chain that writes into a user [`Sink`].
+pub(crate) struct SinkTail<S> {
+    pub(crate) sink: S,
+    pub(crate) op: usize,
+}
+
+impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        ctx.current_op = self.op;
+        ctx.records_out += batch.len() as u64;
+        self.sink.write(batch, &mut SinkContext { task: ctx })?;
+        batch.clear();
+        Ok(())
+    }
+    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        Ok(true)
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.sink.finish(&mut SinkContext { task: ctx })?;
+        ctx.publish_latency();
+        Ok(())
+    }
+}

@@ -1,0 +1,547 @@
+//! The dataflow API: build a typed graph of sources, operators and sinks,
+//! then run it.
+//!
+//! A [`Stream<T>`] is the open end of a chain: operators added with a
+//! forward edge (`map`, `filter`, `flat_map`) are fused into the same task
+//! and called directly, batch by batch. An exchange (`key_by`, `rebalance`,
+//! `union`) ends the chain: it becomes rings, one per pair of producer and
+//! consumer subtask, and a new chain starts at the consumer side. A sink
+//! closes a chain. Nothing runs until [`Pipeline::run`], which builds every
+//! task and places it on a worker.
+
+use std::any::Any;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::Hash;
+use std::rc::Rc;
+
+use rtrb::{Consumer, Producer, RingBuffer};
+use rustc_hash::FxHashMap;
+
+use crate::collector::Collector;
+use crate::config::RuntimeConfig;
+use crate::error::{Error, Result};
+use crate::job::JobHandle;
+use crate::keyed::{KeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
+use crate::message::Message;
+use crate::operators::{Filter, FlatMap, Map, SinkTail};
+use crate::output::{HashOutput, Outbox, RebalanceOutput};
+use crate::sink::Sink;
+use crate::source::Source;
+use crate::task::{Inbox, InputTask, SourceTask, Task};
+
+/// Most parallel instances of one operator.
+pub const MAX_PARALLELISM: usize = 4096;
+
+type EdgeId = usize;
+
+/// Builds one task instance: given the subtask index and the collector the
+/// chain ends in, returns the runnable task.
+type ChainFn<T> = Box<dyn FnMut(&mut BuildCtx, usize, Box<dyn Collector<T>>) -> Result<Box<dyn Task>>>;
+
+/// A finished chain waiting to be instantiated by [`Pipeline::run`].
+struct ChainGroup {
+    ops: Vec<String>,
+    parallelism: usize,
+    /// Total input ring capacity of each subtask (0 for a source chain).
+    input_rings: usize,
+    build: Box<dyn FnOnce(&mut BuildCtx) -> Result<Vec<Box<dyn Task>>>>,
+}
+
+/// An exchange between two chains: `from` producer subtasks, `to` consumers.
+struct EdgeSpec {
+    from: usize,
+    to: usize,
+}
+
+#[derive(Default)]
+struct Graph {
+    name: String,
+    max_parallelism: usize,
+    groups: Vec<ChainGroup>,
+    edges: Vec<EdgeSpec>,
+    /// Streams dropped without being consumed (their operators would never run).
+    dangling: Vec<String>,
+    /// Build-time errors recorded by methods that cannot return one.
+    errors: Vec<String>,
+}
+
+/// The rings of one exchange edge, created at run time and handed out to
+/// the producer and consumer subtasks. Indexed `[from][to]`.
+struct RingSet<T> {
+    producers: Vec<Vec<Option<Producer<Message<T>>>>>,
+    consumers: Vec<Vec<Option<Consumer<Message<T>>>>>,
+}
+
+/// What [`Pipeline::run`] hands to chain builders.
+pub(crate) struct BuildCtx {
+    pub(crate) config: RuntimeConfig,
+    edges: Vec<(usize, usize)>,
+    rings: HashMap<EdgeId, Box<dyn Any>>,
+    max_parallelism: usize,
+}
+
+impl BuildCtx {
+    fn ring_set<T: Send + 'static>(&mut self, edge: EdgeId) -> &mut RingSet<T> {
+        let (from, to) = self.edges[edge];
+        let capacity = self.config.ring_capacity;
+        self.rings
+            .entry(edge)
+            .or_insert_with(|| {
+                let mut producers: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
+                let mut consumers: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
+                for f in 0..from {
+                    for _ in 0..to {
+                        let (p, c) = RingBuffer::new(capacity);
+                        producers[f].push(Some(p));
+                        consumers[f].push(Some(c));
+                    }
+                }
+                Box::new(RingSet::<T> { producers, consumers })
+            })
+            .downcast_mut::<RingSet<T>>()
+            .expect("an edge carries one record type")
+    }
+
+    fn producers<T: Send + 'static>(&mut self, edge: EdgeId, from: usize) -> Vec<Outbox<T>> {
+        let batch = self.config.batch_size;
+        self.ring_set::<T>(edge).producers[from]
+            .iter_mut()
+            .map(|p| Outbox::new(p.take().expect("each producer is taken once"), batch))
+            .collect()
+    }
+
+    fn consumers<T: Send + 'static>(&mut self, edge: EdgeId, to: usize) -> Vec<Inbox<T>> {
+        self.ring_set::<T>(edge)
+            .consumers
+            .iter_mut()
+            .map(|row| Inbox::new(row[to].take().expect("each consumer is taken once")))
+            .collect()
+    }
+}
+
+/// A dataflow job under construction.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use weir_core::{CollectSink, Pipeline, RuntimeConfig, VecSource};
+///
+/// let words = Arc::new(vec!["a", "b", "a", "c", "a"]);
+/// let counts = Arc::new(Mutex::new(Vec::new()));
+///
+/// let pipeline = Pipeline::new("word-count");
+/// let out = counts.clone();
+/// pipeline
+///     .source("words", 2, move |i, p| VecSource::new(words.clone(), i, p))
+///     .map(|w: &str| (w, 1u64))
+///     .key_by(|(w, _): &(&str, u64)| *w)
+///     .parallelism(2)
+///     .process(|w: &&str, n: &mut u64, (_, one): (&str, u64), out| {
+///         *n += one;
+///         out.emit((*w, *n));
+///     })
+///     .sink("collect", move |_| CollectSink::new(out.clone()));
+///
+/// pipeline.run(RuntimeConfig::default()).unwrap().join().unwrap();
+///
+/// let mut got = counts.lock().unwrap().clone();
+/// got.sort();
+/// assert_eq!(got, vec![("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)]);
+/// ```
+pub struct Pipeline {
+    graph: Rc<RefCell<Graph>>,
+}
+
+impl Pipeline {
+    /// An empty pipeline named `name` (used in logs and checkpoints).
+    pub fn new(name: &str) -> Self {
+        Pipeline {
+            graph: Rc::new(RefCell::new(Graph {
+                name: name.to_string(),
+                max_parallelism: DEFAULT_MAX_PARALLELISM,
+                ..Graph::default()
+            })),
+        }
+    }
+
+    /// The job's name.
+    pub fn name(&self) -> String {
+        self.graph.borrow().name.clone()
+    }
+
+    /// Sets the number of key groups (default 128): the most subtasks any
+    /// keyed operator of this job can ever run with, now or after rescaling.
+    pub fn max_parallelism(self, max_parallelism: usize) -> Self {
+        if max_parallelism == 0 || max_parallelism > MAX_PARALLELISM {
+            self.graph
+                .borrow_mut()
+                .errors
+                .push(format!("max_parallelism = {max_parallelism}: must be between 1 and {MAX_PARALLELISM}"));
+        }
+        self.graph.borrow_mut().max_parallelism = max_parallelism;
+        self
+    }
+
+    /// Adds a source with `parallelism` instances; `factory(i, parallelism)`
+    /// creates instance `i`.
+    pub fn source<T, S, F>(&self, name: &str, parallelism: usize, mut factory: F) -> Stream<T>
+    where
+        T: Send + 'static,
+        S: Source<T>,
+        F: FnMut(usize, usize) -> S + 'static,
+    {
+        check_parallelism(&self.graph, name, parallelism);
+        let chain: ChainFn<T> = Box::new(move |ctx, i, down| {
+            let source = factory(i, parallelism);
+            Ok(Box::new(SourceTask::new(source, down, ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        Stream::new(self.graph.clone(), parallelism, vec![name.to_string()], 0, chain)
+    }
+
+    /// Starts the job on worker threads and returns at once.
+    ///
+    /// Fails before starting anything if the configuration is invalid or the
+    /// graph is incomplete (a stream that never reaches a sink).
+    pub fn run(self, config: RuntimeConfig) -> Result<JobHandle> {
+        config.validate()?;
+        let graph = std::mem::take(&mut *self.graph.borrow_mut());
+        if let Some(e) = graph.errors.first() {
+            return Err(Error::InvalidPipeline(e.clone()));
+        }
+        if let Some(d) = graph.dangling.first() {
+            return Err(Error::InvalidPipeline(format!(
+                "the stream after '{d}' is never consumed: end it with a sink"
+            )));
+        }
+        if graph.groups.is_empty() {
+            return Err(Error::InvalidPipeline(format!(
+                "job '{}' has no sink: nothing would run",
+                graph.name
+            )));
+        }
+        let mut ctx = BuildCtx {
+            config: config.clone(),
+            edges: graph.edges.iter().map(|e| (e.from, e.to)).collect(),
+            rings: HashMap::new(),
+            max_parallelism: graph.max_parallelism,
+        };
+        let mut specs = Vec::new();
+        for group in graph.groups {
+            let tasks = (group.build)(&mut ctx)?;
+            debug_assert_eq!(tasks.len(), group.parallelism);
+            specs.push(crate::job::GroupTasks {
+                ops: group.ops.into(),
+                parallelism: group.parallelism,
+                input_capacity: (group.input_rings * config.ring_capacity) as u64,
+                tasks,
+            });
+        }
+        // Every edge was closed by an upstream chain and, since no stream
+        // dangles, opened by a downstream one: both ends of every ring exist.
+        assert_eq!(ctx.rings.len(), graph.edges.len(), "every edge is instantiated");
+        crate::job::start(graph.name, specs, config)
+    }
+}
+
+fn check_parallelism(graph: &Rc<RefCell<Graph>>, name: &str, parallelism: usize) {
+    if parallelism == 0 || parallelism > MAX_PARALLELISM {
+        graph.borrow_mut().errors.push(format!(
+            "operator '{name}': parallelism {parallelism} must be between 1 and {MAX_PARALLELISM}"
+        ));
+    }
+}
+
+/// Marks a stream as consumed; a stream dropped while armed is reported by
+/// [`Pipeline::run`] as dangling.
+struct Guard {
+    graph: Rc<RefCell<Graph>>,
+    last_op: String,
+    armed: bool,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Ok(mut g) = self.graph.try_borrow_mut() {
+                g.dangling.push(self.last_op.clone());
+            }
+        }
+    }
+}
+
+/// A typed stream of records: the open end of a chain of operators.
+///
+/// Operators added with `map`, `filter` and `flat_map` are chained: they run
+/// in the same task, at the same parallelism, as plain calls.
+pub struct Stream<T> {
+    graph: Rc<RefCell<Graph>>,
+    parallelism: usize,
+    ops: Vec<String>,
+    input_rings: usize,
+    chain: ChainFn<T>,
+    guard: Guard,
+}
+
+impl<T: Send + 'static> Stream<T> {
+    fn new(graph: Rc<RefCell<Graph>>, parallelism: usize, ops: Vec<String>, input_rings: usize, chain: ChainFn<T>) -> Self {
+        let guard = Guard {
+            graph: graph.clone(),
+            last_op: ops.last().cloned().unwrap_or_default(),
+            armed: true,
+        };
+        Stream {
+            graph,
+            parallelism,
+            ops,
+            input_rings,
+            chain,
+            guard,
+        }
+    }
+
+    /// Number of parallel instances of this stream's chain.
+    pub fn parallelism(&self) -> usize {
+        self.parallelism
+    }
+
+    /// Renames the last operator (default names: `map`, `filter`, ...).
+    /// Names appear in metrics and in error messages.
+    pub fn name(mut self, name: &str) -> Self {
+        if let Some(last) = self.ops.last_mut() {
+            *last = name.to_string();
+        }
+        self.guard.last_op = name.to_string();
+        self
+    }
+
+    /// Adds a chained operator; `wrap(op_index, batch_size, downstream)`
+    /// builds it in front of the downstream collector.
+    fn chained<U: Send + 'static>(
+        mut self,
+        default_name: &str,
+        mut wrap: impl FnMut(usize, usize, Box<dyn Collector<U>>) -> Box<dyn Collector<T>> + 'static,
+    ) -> Stream<U> {
+        self.guard.armed = false;
+        let op = self.ops.len();
+        let mut ops = std::mem::take(&mut self.ops);
+        ops.push(default_name.to_string());
+        let mut prev = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
+        let chain: ChainFn<U> = Box::new(move |ctx, i, down| {
+            let batch = ctx.config.batch_size;
+            prev(ctx, i, wrap(op, batch, down))
+        });
+        Stream::new(self.graph.clone(), self.parallelism, ops, self.input_rings, chain)
+    }
+
+    /// Transforms every record.
+    pub fn map<U, F>(self, f: F) -> Stream<U>
+    where
+        U: Send + 'static,
+        F: FnMut(T) -> U + Clone + Send + 'static,
+    {
+        self.chained("map", move |op, batch, next| {
+            Box::new(Map {
+                f: f.clone(),
+                out: Vec::with_capacity(batch),
+                next,
+                op,
+                _in: std::marker::PhantomData,
+            })
+        })
+    }
+
+    /// Keeps the records for which `f` is true.
+    pub fn filter<F>(self, f: F) -> Stream<T>
+    where
+        F: FnMut(&T) -> bool + Clone + Send + 'static,
+    {
+        self.chained("filter", move |op, _, next| Box::new(Filter { f: f.clone(), next, op }))
+    }
+
+    /// Replaces every record by zero or more records.
+    pub fn flat_map<U, I, F>(self, f: F) -> Stream<U>
+    where
+        U: Send + 'static,
+        I: IntoIterator<Item = U> + 'static,
+        F: FnMut(T) -> I + Clone + Send + 'static,
+    {
+        self.chained("flat_map", move |op, batch, next| {
+            Box::new(FlatMap {
+                f: f.clone(),
+                out: Vec::with_capacity(batch),
+                next,
+                op,
+                _in: std::marker::PhantomData,
+            })
+        })
+    }
+
+    /// Ends the chain in a sink; `factory(i)` creates the sink of subtask `i`.
+    pub fn sink<S, F>(mut self, name: &str, mut factory: F)
+    where
+        S: Sink<T>,
+        F: FnMut(usize) -> S + 'static,
+    {
+        self.guard.armed = false;
+        let op = self.ops.len();
+        let mut ops = std::mem::take(&mut self.ops);
+        ops.push(name.to_string());
+        let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
+        let p = self.parallelism;
+        let group = ChainGroup {
+            ops,
+            parallelism: p,
+            input_rings: self.input_rings,
+            build: Box::new(move |ctx| {
+                (0..p)
+                    .map(|i| chain(ctx, i, Box::new(SinkTail { sink: factory(i), op })))
+                    .collect()
+            }),
+        };
+        self.graph.borrow_mut().groups.push(group);
+    }
+
+    /// Closes this chain into an exchange edge to `to` subtasks; `tail(ctx,
+    /// edge, i)` builds the chain's end for subtask `i`.
+    fn close_into_edge(
+        mut self,
+        to: usize,
+        mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Box<dyn Collector<T>> + 'static,
+    ) -> EdgeId {
+        self.guard.armed = false;
+        let mut g = self.graph.borrow_mut();
+        let edge = g.edges.len();
+        g.edges.push(EdgeSpec { from: self.parallelism, to });
+        let p = self.parallelism;
+        let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
+        g.groups.push(ChainGroup {
+            ops: std::mem::take(&mut self.ops),
+            parallelism: p,
+            input_rings: self.input_rings,
+            build: Box::new(move |ctx| {
+                (0..p)
+                    .map(|i| {
+                        let t = tail(ctx, edge, i);
+                        chain(ctx, i, t)
+                    })
+                    .collect()
+            }),
+        });
+        edge
+    }
+
+    /// Partitions the stream by key: every record with the same key goes to
+    /// the same subtask of the next operator (see [`crate::keyed`]).
+    pub fn key_by<K, KF>(self, key_fn: KF) -> KeyedStream<T, K, KF>
+    where
+        K: Hash + Eq + Send + 'static,
+        KF: Fn(&T) -> K + Clone + Send + 'static,
+    {
+        let parallelism = self.parallelism;
+        KeyedStream {
+            upstream: self,
+            key_fn,
+            parallelism,
+            _k: std::marker::PhantomData,
+        }
+    }
+
+    /// Redistributes records round-robin over `parallelism` subtasks of the
+    /// operators that follow.
+    pub fn rebalance(self, parallelism: usize) -> Stream<T> {
+        self.union_all(Vec::new(), parallelism)
+    }
+
+    /// Merges this stream with `others` (same record type) into one stream
+    /// of `parallelism` subtasks, each reading from every upstream subtask.
+    pub fn union(self, others: Vec<Stream<T>>) -> Stream<T> {
+        let p = self.parallelism;
+        self.union_all(others, p)
+    }
+
+    fn union_all(self, others: Vec<Stream<T>>, parallelism: usize) -> Stream<T> {
+        let graph = self.graph.clone();
+        let name = if others.is_empty() { "rebalance" } else { "union" };
+        check_parallelism(&graph, name, parallelism);
+        let mut edges = Vec::new();
+        let mut input_rings = 0;
+        for s in std::iter::once(self).chain(others) {
+            input_rings += s.parallelism;
+            edges.push(s.close_into_edge(parallelism, move |ctx, edge, i| {
+                Box::new(RebalanceOutput {
+                    outboxes: ctx.producers::<T>(edge, i),
+                    next: i % parallelism,
+                })
+            }));
+        }
+        let chain: ChainFn<T> = Box::new(move |ctx, j, down| {
+            let inputs = edges.iter().flat_map(|&e| ctx.consumers::<T>(e, j)).collect();
+            Ok(Box::new(InputTask::new(inputs, down, ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        // The exchange's consumer side is the head of the new chain.
+        Stream::new(graph, parallelism, vec![name.to_string()], input_rings, chain)
+    }
+}
+
+/// A stream partitioned by key; add a keyed operator with
+/// [`KeyedStream::process`].
+pub struct KeyedStream<T, K, KF> {
+    upstream: Stream<T>,
+    key_fn: KF,
+    parallelism: usize,
+    _k: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<T, K, KF> KeyedStream<T, K, KF>
+where
+    T: Send + 'static,
+    K: Hash + Eq + Send + 'static,
+    KF: Fn(&T) -> K + Clone + Send + 'static,
+{
+    /// Sets the parallelism of the keyed operator (default: the upstream's).
+    pub fn parallelism(mut self, parallelism: usize) -> Self {
+        self.parallelism = parallelism;
+        self
+    }
+
+    /// Processes records one at a time with per-key state: `f(key, state,
+    /// record, out)` runs with the state of the record's key (created by
+    /// `S::default()` on first use) and may emit any number of results.
+    pub fn process<S, O, F>(self, f: F) -> Stream<O>
+    where
+        S: Default + Send + 'static,
+        O: Send + 'static,
+        F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
+    {
+        let q = self.parallelism;
+        let graph = self.upstream.graph.clone();
+        check_parallelism(&graph, "process", q);
+        let p = self.upstream.parallelism;
+        let key_fn = self.key_fn;
+        let up_key = key_fn.clone();
+        let edge = self.upstream.close_into_edge(q, move |ctx, edge, i| {
+            Box::new(HashOutput {
+                outboxes: ctx.producers::<T>(edge, i),
+                key_fn: up_key.clone(),
+                max_parallelism: ctx.max_parallelism,
+                _k: std::marker::PhantomData,
+            })
+        });
+        let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
+            let inputs = ctx.consumers::<T>(edge, j);
+            let op = KeyedProcess {
+                key_fn: key_fn.clone(),
+                f: f.clone(),
+                state: FxHashMap::default(),
+                out: Output {
+                    buf: Vec::with_capacity(ctx.config.batch_size),
+                },
+                next: down,
+                op: 0,
+                _in: std::marker::PhantomData,
+            };
+            Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        Stream::new(graph, q, vec!["process".to_string()], p, chain)
+    }
+}
