@@ -100,9 +100,18 @@ mod tests {
     #[test]
     fn bad_values_name_the_setting() {
         let cases = [
-            RuntimeConfig { workers: 0, ..Default::default() },
-            RuntimeConfig { ring_capacity: 3, ..Default::default() },
-            RuntimeConfig { batch_size: 0, ..Default::default() },
+            RuntimeConfig {
+                workers: 0,
+                ..Default::default()
+            },
+            RuntimeConfig {
+                ring_capacity: 3,
+                ..Default::default()
+            },
+            RuntimeConfig {
+                batch_size: 0,
+                ..Default::default()
+            },
         ];
         let names = ["workers", "ring_capacity", "batch_size"];
         for (cfg, name) in cases.iter().zip(names) {

@@ -137,7 +137,9 @@ impl JobHandle {
         for t in self.threads.drain(..) {
             // Worker bodies catch task panics; a panic here is a runtime bug.
             if t.join().is_err() {
-                self.shared.fail(Error::InvalidPipeline("a worker thread panicked outside any task".into()));
+                self.shared.fail(Error::InvalidPipeline(
+                    "a worker thread panicked outside any task".into(),
+                ));
             }
         }
     }
@@ -159,7 +161,12 @@ pub(crate) fn start(name: String, groups: Vec<GroupTasks>, config: RuntimeConfig
     for g in groups {
         let chain_name = g.ops.join(" -> ");
         for (i, task) in g.tasks.into_iter().enumerate() {
-            let c = Arc::new(TaskCounters::new(chain_name.clone(), i, g.parallelism, g.input_capacity));
+            let c = Arc::new(TaskCounters::new(
+                chain_name.clone(),
+                i,
+                g.parallelism,
+                g.input_capacity,
+            ));
             counters.push(c.clone());
             pending.push((task, g.ops.clone(), i, g.parallelism, c));
         }
@@ -204,7 +211,11 @@ pub(crate) fn start(name: String, groups: Vec<GroupTasks>, config: RuntimeConfig
             .spawn(move || worker_main(tasks, core, idle, &sh));
         match spawned {
             Ok(t) => {
-                shared.workers.lock().unwrap_or_else(|p| p.into_inner()).push(t.thread().clone());
+                shared
+                    .workers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(t.thread().clone());
                 threads.push(t);
             }
             Err(source) => {

@@ -46,6 +46,9 @@ mod sink;
 mod source;
 mod task;
 
+#[cfg(test)]
+mod ring_tests;
+
 pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
 pub use context::{SinkContext, SourceContext};
 pub use error::{BoxError, Error, Result};

@@ -173,10 +173,9 @@ impl Pipeline {
     /// keyed operator of this job can ever run with, now or after rescaling.
     pub fn max_parallelism(self, max_parallelism: usize) -> Self {
         if max_parallelism == 0 || max_parallelism > MAX_PARALLELISM {
-            self.graph
-                .borrow_mut()
-                .errors
-                .push(format!("max_parallelism = {max_parallelism}: must be between 1 and {MAX_PARALLELISM}"));
+            self.graph.borrow_mut().errors.push(format!(
+                "max_parallelism = {max_parallelism}: must be between 1 and {MAX_PARALLELISM}"
+            ));
         }
         self.graph.borrow_mut().max_parallelism = max_parallelism;
         self
@@ -283,7 +282,13 @@ pub struct Stream<T> {
 }
 
 impl<T: Send + 'static> Stream<T> {
-    fn new(graph: Rc<RefCell<Graph>>, parallelism: usize, ops: Vec<String>, input_rings: usize, chain: ChainFn<T>) -> Self {
+    fn new(
+        graph: Rc<RefCell<Graph>>,
+        parallelism: usize,
+        ops: Vec<String>,
+        input_rings: usize,
+        chain: ChainFn<T>,
+    ) -> Self {
         let guard = Guard {
             graph: graph.clone(),
             last_op: ops.last().cloned().unwrap_or_default(),
@@ -411,7 +416,10 @@ impl<T: Send + 'static> Stream<T> {
         self.guard.armed = false;
         let mut g = self.graph.borrow_mut();
         let edge = g.edges.len();
-        g.edges.push(EdgeSpec { from: self.parallelism, to });
+        g.edges.push(EdgeSpec {
+            from: self.parallelism,
+            to,
+        });
         let p = self.parallelism;
         let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
         g.groups.push(ChainGroup {

@@ -74,7 +74,10 @@ impl<T> CollectSink<T> {
 
 impl<T: Send + 'static> Sink<T> for CollectSink<T> {
     fn write(&mut self, batch: &mut Vec<T>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        let mut out = self.out.lock().map_err(|_| "CollectSink: the shared vector is poisoned")?;
+        let mut out = self
+            .out
+            .lock()
+            .map_err(|_| "CollectSink: the shared vector is poisoned")?;
         out.append(batch);
         Ok(())
     }

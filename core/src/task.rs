@@ -41,7 +41,11 @@ enum Phase {
 }
 
 /// Drains pending output; the common first step of every turn.
-fn drain_phase<T>(phase: &mut Phase, chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Result<Option<TaskPoll>, BoxError> {
+fn drain_phase<T>(
+    phase: &mut Phase,
+    chain: &mut dyn Collector<T>,
+    ctx: &mut TaskContext,
+) -> Result<Option<TaskPoll>, BoxError> {
     match *phase {
         Phase::Done => Ok(Some(TaskPoll::Done)),
         Phase::Draining => {

@@ -1,0 +1,1 @@
+//! Cross-thread tests of the ring handoff (Outbox -> Inbox).
