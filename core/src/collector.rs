@@ -1,5 +1,7 @@
 //! The calling convention inside a task: operators fused by chaining pass
-//! whole batches to the next operator with one virtual call per batch.
+//! whole batches to the next operator with one virtual call per batch, and
+//! control (barriers, checkpoint notifications, restore) along the same
+//! path, in order with the data.
 //!
 //! Contract of every [`Collector`]:
 //! - `collect` takes every record out of the batch it is given (the vector
@@ -9,16 +11,50 @@
 //!   returns true once nothing is pending; the task reads no new input
 //!   while something is pending, which is how backpressure propagates;
 //! - `finish` is called once at end-of-stream, after the last `collect`,
-//!   and forwards end-of-stream downstream.
+//!   and forwards end-of-stream downstream;
+//! - `barrier` adds the operator's state to the snapshot, then passes the
+//!   barrier on (the chain's end forwards it on every output);
+//! - `notify` tells the operator a checkpoint completed (commit) or was
+//!   aborted, then passes the notice on;
+//! - `restore` loads the operator's state before the first record.
 
+use std::ops::Range;
+
+use crate::checkpoint::snapshot::{TaskSnapshot, TaskState};
 use crate::context::TaskContext;
 use crate::error::BoxError;
+use crate::message::Barrier;
 
-/// Receives batches from the previous operator of a chain.
+/// A checkpoint outcome, as told to operators.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// Every checkpoint up to this id is complete.
+    Complete(u64),
+    /// This checkpoint was aborted.
+    Abort(u64),
+}
+
+/// What a task restores from.
+pub(crate) struct RestoreCtx<'a> {
+    /// This subtask's state at the same parallelism (`None` after rescaling).
+    pub(crate) own: Option<&'a TaskState>,
+    /// Every subtask's state of this chain in the checkpoint.
+    pub(crate) all: &'a [TaskState],
+    /// The checkpoint restored from.
+    pub(crate) checkpoint: u64,
+    /// Key groups owned by this subtask.
+    pub(crate) key_groups: Range<usize>,
+    pub(crate) max_parallelism: usize,
+}
+
+/// Receives batches and control from the previous operator of a chain.
 pub(crate) trait Collector<T>: Send {
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError>;
     fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError>;
     fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError>;
 }
 
 impl<T> Collector<T> for Box<dyn Collector<T>> {
@@ -30,8 +66,52 @@ impl<T> Collector<T> for Box<dyn Collector<T>> {
     fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
         (**self).flush(ctx)
     }
-    #[inline]
     fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         (**self).finish(ctx)
     }
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).restore(r, ctx)
+    }
 }
+
+/// Implements the control methods of a stateless operator whose next
+/// collector is the field `next`: everything is passed on unchanged.
+macro_rules! forward_control {
+    () => {
+        fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
+            self.next.flush(ctx)
+        }
+        fn finish(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.finish(ctx)
+        }
+        fn barrier(
+            &mut self,
+            barrier: crate::message::Barrier,
+            snap: &mut crate::checkpoint::snapshot::TaskSnapshot,
+            ctx: &mut crate::context::TaskContext,
+        ) -> Result<(), crate::error::BoxError> {
+            self.next.barrier(barrier, snap, ctx)
+        }
+        fn notify(
+            &mut self,
+            notice: crate::collector::Notice,
+            ctx: &mut crate::context::TaskContext,
+        ) -> Result<(), crate::error::BoxError> {
+            self.next.notify(notice, ctx)
+        }
+        fn restore(
+            &mut self,
+            r: &crate::collector::RestoreCtx<'_>,
+            ctx: &mut crate::context::TaskContext,
+        ) -> Result<(), crate::error::BoxError> {
+            self.next.restore(r, ctx)
+        }
+    };
+}
+pub(crate) use forward_control;

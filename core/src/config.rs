@@ -4,6 +4,7 @@
 //! core, 8192-slot rings, 1024-record batches) and is checked by
 //! [`RuntimeConfig::validate`] before any thread starts.
 
+use crate::checkpoint::{CheckpointConfig, RestartStrategy};
 use crate::idle::IdleStrategy;
 use crate::{Error, Result};
 
@@ -37,6 +38,11 @@ pub struct RuntimeConfig {
     pub batch_size: usize,
     /// How idle workers (and producers facing a full ring) wait.
     pub idle: IdleStrategy,
+    /// Checkpointing; `None` (the default) runs without checkpoints
+    /// (at-most-once: nothing is replayed after a failure).
+    pub checkpointing: Option<CheckpointConfig>,
+    /// What happens when a task fails. Default: the job fails.
+    pub restart: RestartStrategy,
 }
 
 impl Default for RuntimeConfig {
@@ -47,6 +53,8 @@ impl Default for RuntimeConfig {
             ring_capacity: 8192,
             batch_size: 1024,
             idle: IdleStrategy::default(),
+            checkpointing: None,
+            restart: RestartStrategy::None,
         }
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use crate::checkpoint::signals::TaskCheckpointing;
 use crate::clock;
 use crate::metrics::{LatencyRecorder, MetricsRegistry, TaskCounters};
 
@@ -25,6 +26,15 @@ pub(crate) struct TaskContext {
     pub(crate) latency: LatencyRecorder,
     pub(crate) counters: Arc<TaskCounters>,
     pub(crate) registry: Arc<MetricsRegistry>,
+    /// Checkpointing, when on.
+    pub(crate) ckpt: Option<TaskCheckpointing>,
+    /// Latest completed checkpoint passed to the chain.
+    pub(crate) notified: u64,
+    /// Abort notices already passed to the chain.
+    pub(crate) abort_seq_seen: u64,
+    pub(crate) abort_id_seen: u64,
+    /// Latest checkpoint this task has snapshotted (or restored from).
+    pub(crate) last_barrier: u64,
 }
 
 impl TaskContext {
@@ -46,6 +56,11 @@ impl TaskContext {
             latency: LatencyRecorder::new(),
             counters,
             registry,
+            ckpt: None,
+            notified: 0,
+            abort_seq_seen: 0,
+            abort_id_seen: 0,
+            last_barrier: 0,
         }
     }
 

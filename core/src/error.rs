@@ -40,6 +40,17 @@ pub enum Error {
         message: String,
     },
 
+    /// Checkpointing failed in a way that stops the job (too many
+    /// consecutive failed checkpoints, or the final one failed).
+    #[error("checkpointing failed: {0}")]
+    Checkpoint(String),
+
+    /// A checkpoint cannot be restored: missing or corrupt files (the
+    /// message names the checkpoint, the file and the position), another
+    /// job's checkpoint, or an incompatible change of the job.
+    #[error("cannot restore: {0}")]
+    Restore(String),
+
     /// A worker thread could not be started.
     #[error("could not start worker thread {worker}: {source}")]
     Spawn {
@@ -47,6 +58,38 @@ pub enum Error {
         worker: usize,
         /// The operating system's error.
         source: std::io::Error,
+    },
+
+    /// The state backend failed to read or write its files, or was used
+    /// inconsistently (for example restored from handles of another layout).
+    #[error("state: {context}: {message}")]
+    State {
+        /// What the backend was doing, with the file involved.
+        context: String,
+        /// The cause (an operating-system error or the broken rule).
+        message: String,
+    },
+
+    /// A state checkpoint file failed verification on restore: the data is
+    /// refused, never restored silently.
+    #[error(
+        "corrupt state in checkpoint {checkpoint}: file {file}, {}: expected CRC {expected:#010x}, actual {actual:#010x} ({what})",
+        page.map_or_else(|| "file header/trailer".to_string(), |p| format!("page {p}"))
+    )]
+    Corrupt {
+        /// The checkpoint whose handle listed the file.
+        checkpoint: u64,
+        /// The file, relative to the checkpoint root.
+        file: String,
+        /// The page record (0-based, in file order) that failed; `None` for
+        /// the file header, the trailer or a whole-file check.
+        page: Option<u64>,
+        /// The checksum the data should have.
+        expected: u32,
+        /// The checksum the data has.
+        actual: u32,
+        /// What was checked (page, header, trailer, size).
+        what: String,
     },
 }
 

@@ -1,40 +1,45 @@
-//! Running a job: worker threads, task placement, failure and cancel.
+//! Running a job: the job thread (restarts, checkpoint coordination),
+//! worker threads, task placement, failure and cancel.
 //!
-//! Worker `w` is pinned to core `w mod cores` and runs its tasks round-robin,
-//! one batch budget per task per round. A round in which no task progressed
-//! lets the worker back off by the [`crate::IdleStrategy`]. When there are
-//! more workers than cores, spinning is switched off so that two
-//! busy-spinning threads never share a core.
+//! `Pipeline::run` builds the first attempt's tasks on the caller's thread
+//! (so configuration and restore errors are returned at once), then hands
+//! them to the job thread. The job thread starts the workers, runs the
+//! checkpoint coordinator while they work, and on a task failure stops the
+//! attempt and, if the [`RestartStrategy`] allows, builds a fresh attempt
+//! restored from the latest completed checkpoint.
 //!
-//! The first error or panic of any task is recorded (with operator name and
-//! subtask), every worker is told to stop, and [`JobHandle::join`] returns it.
+//! Worker `w` is pinned to core `w mod cores` and runs its tasks
+//! round-robin, one batch budget per task per round. A round in which no
+//! task progressed lets the worker back off by the [`crate::IdleStrategy`].
+//! When there are more workers than cores, spinning is switched off so that
+//! two busy-spinning threads never share a core.
 
 use std::any::Any;
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
+use hdrhistogram::Histogram;
+
+use crate::checkpoint::coordinator::{Coordinator, CoordinatorError, TaskInfo};
+use crate::checkpoint::recovery::{self, Restored};
+use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
+use crate::checkpoint::storage::ManifestGroup;
+use crate::checkpoint::{CheckpointStats, RestartRecord, RestoreFrom};
+use crate::collector::RestoreCtx;
 use crate::config::{available_cores, RuntimeConfig};
 use crate::context::TaskContext;
 use crate::error::{Error, Result};
 use crate::idle::{IdleStrategy, Idler};
-use crate::metrics::{JobMetrics, MetricsRegistry, TaskCounters};
+use crate::keyed::subtask_for_key_group;
+use crate::metrics::{new_latency_histogram, JobMetrics, MetricsRegistry, TaskCounters};
+use crate::pipeline::{BuildCtx, Plan};
 use crate::task::{Task, TaskPoll};
-
-/// The tasks of one chain, as built by the pipeline.
-pub(crate) struct GroupTasks {
-    pub(crate) ops: Arc<[String]>,
-    pub(crate) parallelism: usize,
-    pub(crate) input_capacity: u64,
-    pub(crate) tasks: Vec<Box<dyn Task>>,
-}
-
-struct Placed {
-    task: Box<dyn Task>,
-    ctx: TaskContext,
-}
 
 /// How a job ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,26 +55,45 @@ pub enum Outcome {
 pub struct JobResult {
     /// Finished or cancelled.
     pub outcome: Outcome,
-    /// Wall-clock time from start to the last worker's exit.
+    /// Wall-clock time from the start of the workers to the exit of the last one.
     pub elapsed: Duration,
     /// Final metrics.
     pub metrics: JobMetrics,
 }
 
-struct Shared {
+/// State of the whole job, shared with the handle.
+struct JobShared {
     cancel: AtomicBool,
-    failure: Mutex<Option<Error>>,
-    workers: Mutex<Vec<Thread>>,
-    running_workers: AtomicUsize,
-    registry: Arc<MetricsRegistry>,
+    finished: AtomicBool,
+    registry: Mutex<Arc<MetricsRegistry>>,
+    stats: Arc<Mutex<CheckpointStats>>,
+    job_thread: Mutex<Option<Thread>>,
 }
 
-impl Shared {
+impl JobShared {
+    fn metrics(&self) -> JobMetrics {
+        let mut m = self.registry.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
+        m.checkpoints = self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        m
+    }
+}
+
+/// State of one attempt (one set of workers).
+struct Attempt {
+    stop: AtomicBool,
+    failure: Mutex<Option<Error>>,
+    running: AtomicUsize,
+    workers: Mutex<Vec<Thread>>,
+    job_thread: Thread,
+}
+
+impl Attempt {
     fn stop_all(&self) {
-        self.cancel.store(true, Ordering::Release);
+        self.stop.store(true, Ordering::Release);
         for t in self.workers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
             t.unpark();
         }
+        self.job_thread.unpark();
     }
 
     fn fail(&self, error: Error) {
@@ -80,6 +104,10 @@ impl Shared {
         drop(f);
         self.stop_all();
     }
+
+    fn failed(&self) -> bool {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
 }
 
 /// A running job: cancel it, watch its metrics, wait for its result.
@@ -87,9 +115,8 @@ impl Shared {
 /// Dropping the handle cancels the job and waits for its threads.
 pub struct JobHandle {
     name: String,
-    shared: Arc<Shared>,
-    threads: Vec<JoinHandle<()>>,
-    started: Instant,
+    shared: Arc<JobShared>,
+    thread: Option<JoinHandle<Result<JobResult>>>,
 }
 
 impl JobHandle {
@@ -98,129 +125,491 @@ impl JobHandle {
         &self.name
     }
 
-    /// Asks every worker to stop; returns at once. Workers notice within one
-    /// scheduling round or one park timeout (at most 50 ms).
+    /// Asks every thread of the job to stop; returns at once. Workers
+    /// notice within one scheduling round or one park timeout.
     pub fn cancel(&self) {
-        self.shared.stop_all();
+        if self.shared.finished.load(Ordering::Acquire) {
+            return;
+        }
+        self.shared.cancel.store(true, Ordering::Release);
+        if let Some(t) = &*self.shared.job_thread.lock().unwrap_or_else(|p| p.into_inner()) {
+            t.unpark();
+        }
     }
 
-    /// True once every worker has exited.
+    /// True once the job has ended (finished, failed or cancelled).
     pub fn is_finished(&self) -> bool {
-        self.shared.running_workers.load(Ordering::Acquire) == 0
+        self.shared.finished.load(Ordering::Acquire)
     }
 
-    /// Live metrics: records per task, ring occupancy, latency so far.
+    /// Live metrics: records per task, ring occupancy, latency so far,
+    /// checkpoints.
     pub fn metrics(&self) -> JobMetrics {
-        self.shared.registry.snapshot()
+        self.shared.metrics()
     }
 
-    /// Waits for the job to end; returns its error if any task failed.
+    /// Waits for the job to end; returns its error if it failed (after
+    /// exhausting its restart strategy).
     pub fn join(mut self) -> Result<JobResult> {
-        self.join_threads();
-        let elapsed = self.started.elapsed();
-        if let Some(e) = self.shared.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
-            return Err(e);
-        }
-        let outcome = if self.shared.cancel.load(Ordering::Acquire) {
-            Outcome::Cancelled
-        } else {
-            Outcome::Finished
-        };
-        Ok(JobResult {
-            outcome,
-            elapsed,
-            metrics: self.shared.registry.snapshot(),
-        })
-    }
-
-    fn join_threads(&mut self) {
-        for t in self.threads.drain(..) {
-            // Worker bodies catch task panics; a panic here is a runtime bug.
-            if t.join().is_err() {
-                self.shared.fail(Error::InvalidPipeline(
-                    "a worker thread panicked outside any task".into(),
-                ));
-            }
-        }
+        let t = self.thread.take().expect("joined once");
+        t.join()
+            .unwrap_or_else(|_| Err(Error::InvalidPipeline("the job thread panicked".into())))
     }
 }
 
 impl Drop for JobHandle {
     fn drop(&mut self) {
-        if !self.threads.is_empty() {
-            self.shared.stop_all();
-            self.join_threads();
+        if let Some(t) = self.thread.take() {
+            self.cancel();
+            let _ = t.join();
         }
     }
 }
 
-/// Places tasks on workers and starts the workers.
-pub(crate) fn start(name: String, groups: Vec<GroupTasks>, config: RuntimeConfig) -> Result<JobHandle> {
+/// One task ready to run, with its context.
+struct Placed {
+    task: Box<dyn Task>,
+    ctx: TaskContext,
+}
+
+/// Everything one attempt needs to run.
+struct Prepared {
+    placed: Vec<Placed>,
+    registry: Arc<MetricsRegistry>,
+    checkpointing: Option<(Arc<Signals>, Receiver<Event>, mpsc::Sender<Event>)>,
+    infos: Vec<TaskInfo>,
+}
+
+/// The stable description of the job graph stored in manifests.
+fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
+    let groups: Vec<ManifestGroup> = plan
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(g, group)| ManifestGroup {
+            operators: group.ops.iter().enumerate().map(|(i, n)| format!("{g}.{i}:{n}")).collect(),
+            parallelism: group.parallelism,
+        })
+        .collect();
+    let mut text = String::new();
+    for g in &groups {
+        text.push_str(&g.operators.join(","));
+        text.push(';');
+    }
+    for (from, to) in &plan.edge_groups {
+        text.push_str(&format!("{from}>{to};"));
+    }
+    let fp = crate::keyed::stable_hash(text.as_bytes());
+    (groups, format!("{fp:016x}"))
+}
+
+fn key_groups(subtask: usize, parallelism: usize, maxp: usize) -> std::ops::Range<usize> {
+    let owned: Vec<usize> = (0..maxp)
+        .filter(|&kg| subtask_for_key_group(kg, maxp, parallelism) == subtask)
+        .collect();
+    match (owned.first(), owned.last()) {
+        (Some(&a), Some(&b)) => a..b + 1,
+        _ => 0..0,
+    }
+}
+
+fn prepare(
+    plan: &mut Plan,
+    config: &RuntimeConfig,
+    restored: Option<&Restored>,
+    latency: &Arc<Mutex<Histogram<u64>>>,
+    root: Option<&Path>,
+) -> Result<Prepared> {
+    let mut ctx = BuildCtx::new(config.clone(), &plan.edges, plan.max_parallelism);
+    let ckpt = config.checkpointing.as_ref();
+    let checkpointing = ckpt.map(|c| {
+        let completed = restored.map_or(0, |r| r.manifest.id);
+        let timeout_ns = c.alignment_timeout.map_or(0, |d| d.as_nanos() as u64);
+        let (tx, rx) = mpsc::channel();
+        (Arc::new(Signals::new(c.mode, timeout_ns, completed)), rx, tx)
+    });
+    let mut built = Vec::new();
+    for (g, group) in plan.groups.iter_mut().enumerate() {
+        let tasks = (group.build)(&mut ctx)?;
+        assert_eq!(tasks.len(), group.parallelism, "one task per subtask");
+        built.push((g, tasks));
+    }
     let mut counters = Vec::new();
-    let mut pending = Vec::new();
-    for g in groups {
-        let chain_name = g.ops.join(" -> ");
-        for (i, task) in g.tasks.into_iter().enumerate() {
-            let c = Arc::new(TaskCounters::new(
-                chain_name.clone(),
-                i,
-                g.parallelism,
-                g.input_capacity,
-            ));
+    let mut placed = Vec::new();
+    let mut infos = Vec::new();
+    for (g, tasks) in built {
+        let group = &plan.groups[g];
+        let ops: Arc<[String]> = group.ops.clone().into();
+        let name = group.ops.join(" -> ");
+        let input_capacity = (group.input_rings * config.ring_capacity) as u64;
+        for (i, task) in tasks.into_iter().enumerate() {
+            let c = Arc::new(TaskCounters::new(name.clone(), i, group.parallelism, input_capacity));
             counters.push(c.clone());
-            pending.push((task, g.ops.clone(), i, g.parallelism, c));
+            infos.push(TaskInfo {
+                group: g,
+                subtask: i,
+                name: name.clone(),
+                is_source: group.input_rings == 0,
+            });
+            placed.push((g, i, task, c, ops.clone()));
         }
     }
-    let registry = Arc::new(MetricsRegistry::new(counters));
-    let workers = config.workers.min(pending.len()).max(1);
+    let registry = Arc::new(MetricsRegistry::with_latency(counters, latency.clone()));
+    let mut out = Vec::with_capacity(placed.len());
+    for (k, (g, i, mut task, c, ops)) in placed.into_iter().enumerate() {
+        let group = &plan.groups[g];
+        let mut ctx = TaskContext::new(i, group.parallelism, ops, c, registry.clone());
+        if let (Some((signals, _, tx)), Some(root)) = (&checkpointing, root) {
+            if ckpt.is_some_and(|c| c.mode.is_exactly_once()) && !task.replayable() {
+                return Err(Error::InvalidPipeline(format!(
+                    "source '{}' is not replayable, so mode '{}' cannot be exactly-once: use a replayable \
+                     source, or the at-least-once mode or no checkpointing",
+                    group.ops[0],
+                    ckpt.map_or("", |c| c.mode.name())
+                )));
+            }
+            ctx.ckpt = Some(TaskCheckpointing {
+                signals: signals.clone(),
+                events: tx.clone(),
+                task: k,
+                group: g,
+                root: Arc::from(root),
+            });
+        }
+        if let Some(r) = restored {
+            let all = &r.states[g];
+            let own = all
+                .iter()
+                .find(|s| s.subtask as usize == i && s.parallelism as usize == group.parallelism);
+            let rc = RestoreCtx {
+                own,
+                all,
+                checkpoint: r.manifest.id,
+                key_groups: key_groups(i, group.parallelism, plan.max_parallelism),
+                max_parallelism: plan.max_parallelism,
+            };
+            task.restore(&rc, &mut ctx).map_err(|e| {
+                Error::Restore(format!(
+                    "checkpoint {}: operator '{}' subtask {i}: {e}",
+                    r.manifest.id,
+                    ctx.operator_name()
+                ))
+            })?;
+            ctx.notified = r.manifest.id;
+        }
+        out.push(Placed { task, ctx });
+    }
+    Ok(Prepared {
+        placed: out,
+        registry,
+        checkpointing,
+        infos,
+    })
+}
+
+/// Starts a job: builds and restores its first attempt here, then runs it
+/// on a job thread.
+pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> {
+    config.validate()?;
+    if let Some(c) = &config.checkpointing {
+        c.validate()?;
+        std::fs::create_dir_all(&c.dir).map_err(|e| {
+            Error::Checkpoint(format!("cannot create the checkpoint directory {}: {e}", c.dir.display()))
+        })?;
+    }
+    config.restart.validate()?;
+    let (groups, fingerprint) = graph_description(&plan);
+    let root = config.checkpointing.as_ref().map(|c| c.dir.clone());
+    let restored = match &config.checkpointing {
+        Some(c) => {
+            let r = recovery::find(&c.dir, c.restore, &fingerprint, plan.groups.len())?;
+            recovery::remove_incomplete(&c.dir);
+            r
+        }
+        None => None,
+    };
+    let latency = Arc::new(Mutex::new(new_latency_histogram()));
+    let stats = Arc::new(Mutex::new(CheckpointStats {
+        restored_from: restored.as_ref().map(|r| r.manifest.id),
+        ..CheckpointStats::default()
+    }));
+    if let Some(r) = &restored {
+        tracing::info!(job = %plan.name, checkpoint = r.manifest.id, "restoring from checkpoint");
+    }
+    let prepared = prepare(&mut plan, &config, restored.as_ref(), &latency, root.as_deref())?;
+    let shared = Arc::new(JobShared {
+        cancel: AtomicBool::new(false),
+        finished: AtomicBool::new(false),
+        registry: Mutex::new(prepared.registry.clone()),
+        stats,
+        job_thread: Mutex::new(None),
+    });
+    let name = plan.name.clone();
+    let sh = shared.clone();
+    let retained: VecDeque<u64> = match &config.checkpointing {
+        Some(c) => recovery::completed_ids(&c.dir)?.into_iter().collect(),
+        None => VecDeque::new(),
+    };
+    let thread = thread::Builder::new()
+        .name(format!("weir-job-{name}"))
+        .spawn(move || {
+            let mut job = JobRun {
+                plan,
+                config,
+                shared: sh.clone(),
+                latency,
+                groups,
+                fingerprint,
+                retained,
+            };
+            let r = job.run(prepared);
+            sh.finished.store(true, Ordering::Release);
+            r
+        })
+        .map_err(|source| Error::Spawn { worker: 0, source })?;
+    *shared.job_thread.lock().unwrap_or_else(|p| p.into_inner()) = Some(thread.thread().clone());
+    Ok(JobHandle {
+        name,
+        shared,
+        thread: Some(thread),
+    })
+}
+
+/// The job thread's state.
+struct JobRun {
+    plan: Plan,
+    config: RuntimeConfig,
+    shared: Arc<JobShared>,
+    latency: Arc<Mutex<Histogram<u64>>>,
+    groups: Vec<ManifestGroup>,
+    fingerprint: String,
+    retained: VecDeque<u64>,
+}
+
+enum AttemptEnd {
+    Finished,
+    Cancelled,
+    Failed(Error),
+}
+
+impl JobRun {
+    fn run(&mut self, first: Prepared) -> Result<JobResult> {
+        let started = Instant::now();
+        let mut prepared = first;
+        let mut restarts = 0u32;
+        loop {
+            let (end, finished_at) = self.run_attempt(prepared);
+            let elapsed = finished_at.duration_since(started);
+            let error = match end {
+                AttemptEnd::Finished => return Ok(self.result(Outcome::Finished, elapsed)),
+                AttemptEnd::Cancelled => return Ok(self.result(Outcome::Cancelled, elapsed)),
+                AttemptEnd::Failed(e) => e,
+            };
+            restarts += 1;
+            let Some(delay) = self.config.restart.delay(restarts) else {
+                tracing::error!(job = %self.plan.name, error = %error, "job failed");
+                return Err(error);
+            };
+            tracing::warn!(job = %self.plan.name, error = %error, restart = restarts, ?delay, "task failed; restarting");
+            if self.sleep_unless_cancelled(delay) {
+                return Ok(self.result(Outcome::Cancelled, started.elapsed()));
+            }
+            let restored = match &self.config.checkpointing {
+                Some(c) => {
+                    let from = match c.restore {
+                        RestoreFrom::LatestValid => RestoreFrom::LatestValid,
+                        _ => RestoreFrom::Latest,
+                    };
+                    let r = recovery::find(&c.dir, from, &self.fingerprint, self.plan.groups.len())?;
+                    recovery::remove_incomplete(&c.dir);
+                    self.retained = recovery::completed_ids(&c.dir)?.into_iter().collect();
+                    r
+                }
+                None => None,
+            };
+            let restored_from = restored.as_ref().map(|r| r.manifest.id);
+            tracing::info!(job = %self.plan.name, restart = restarts, checkpoint = ?restored_from, "restarted");
+            self.shared
+                .stats
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .restarts
+                .push(RestartRecord {
+                    attempt: restarts,
+                    error: error.to_string(),
+                    restored_from,
+                });
+            let root = self.config.checkpointing.as_ref().map(|c| c.dir.clone());
+            prepared = prepare(
+                &mut self.plan,
+                &self.config,
+                restored.as_ref(),
+                &self.latency,
+                root.as_deref(),
+            )?;
+            *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
+        }
+    }
+
+    fn result(&self, outcome: Outcome, elapsed: Duration) -> JobResult {
+        JobResult {
+            outcome,
+            elapsed,
+            metrics: self.shared.metrics(),
+        }
+    }
+
+    /// Sleeps in short steps; true if the job was cancelled meanwhile.
+    fn sleep_unless_cancelled(&self, total: Duration) -> bool {
+        let end = Instant::now() + total;
+        loop {
+            if self.shared.cancel.load(Ordering::Acquire) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= end {
+                return false;
+            }
+            thread::park_timeout((end - now).min(Duration::from_millis(10)));
+        }
+    }
+
+    fn run_attempt(&mut self, prepared: Prepared) -> (AttemptEnd, Instant) {
+        let attempt = Arc::new(Attempt {
+            stop: AtomicBool::new(false),
+            failure: Mutex::new(None),
+            running: AtomicUsize::new(0),
+            workers: Mutex::new(Vec::new()),
+            job_thread: thread::current(),
+        });
+        let mut coordinator = match (&prepared.checkpointing, &self.config.checkpointing) {
+            (Some((signals, _, _)), Some(cfg)) => Some(Coordinator::new(
+                cfg.clone(),
+                signals.clone(),
+                self.plan.name.clone(),
+                self.fingerprint.clone(),
+                self.groups.clone(),
+                prepared.infos.clone(),
+                signals.completed(),
+                self.retained.clone(),
+                self.shared.stats.clone(),
+            )),
+            _ => None,
+        };
+        let (events, _keep_sender) = match prepared.checkpointing {
+            Some((_, rx, tx)) => (Some(rx), Some(tx)),
+            None => (None, None),
+        };
+        let threads = match spawn_workers(prepared.placed, &self.config, &attempt) {
+            Ok(t) => t,
+            Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
+        };
+        let end = loop {
+            if self.shared.cancel.load(Ordering::Acquire) {
+                attempt.stop_all();
+                break AttemptEnd::Cancelled;
+            }
+            if attempt.failed() {
+                break AttemptEnd::Failed(Error::InvalidPipeline(String::new()));
+            }
+            if attempt.running.load(Ordering::Acquire) == 0 {
+                break AttemptEnd::Finished;
+            }
+            match (&mut coordinator, &events) {
+                (Some(c), Some(rx)) => {
+                    match rx.recv_timeout(c.next_wakeup()) {
+                        Ok(ev) => {
+                            if let Err(e) = c.handle(ev) {
+                                attempt.fail(coordinator_error(e));
+                                continue;
+                            }
+                            // Drain what else is queued before ticking.
+                            while let Ok(ev) = rx.try_recv() {
+                                if let Err(e) = c.handle(ev) {
+                                    attempt.fail(coordinator_error(e));
+                                    break;
+                                }
+                            }
+                        }
+                        Err(RecvTimeoutError::Timeout) | Err(RecvTimeoutError::Disconnected) => {}
+                    }
+                    if let Err(e) = c.tick() {
+                        attempt.fail(coordinator_error(e));
+                    }
+                }
+                _ => thread::park_timeout(Duration::from_millis(10)),
+            }
+        };
+        for t in threads {
+            if t.join().is_err() {
+                attempt.fail(Error::InvalidPipeline("a worker thread panicked outside any task".into()));
+            }
+        }
+        let finished_at = Instant::now();
+        let end = match end {
+            AttemptEnd::Failed(_) => {
+                let e = attempt.failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+                AttemptEnd::Failed(e.unwrap_or_else(|| Error::InvalidPipeline("unknown failure".into())))
+            }
+            other => {
+                if let Some(e) = attempt.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    AttemptEnd::Failed(e)
+                } else {
+                    other
+                }
+            }
+        };
+        if let Some(c) = &mut coordinator {
+            // Acks of the final checkpoint may still be queued.
+            if let Some(rx) = &events {
+                while let Ok(ev) = rx.try_recv() {
+                    let _ = c.handle(ev);
+                }
+            }
+            c.shutdown(matches!(end, AttemptEnd::Cancelled));
+            self.retained = c.retained();
+        }
+        (end, finished_at)
+    }
+}
+
+fn coordinator_error(e: CoordinatorError) -> Error {
+    match e {
+        CoordinatorError::Failed(m) => Error::Checkpoint(m),
+    }
+}
+
+/// Places tasks on workers (task `k` on worker `k mod workers`: chains are
+/// listed upstream first, so subtask `i` of consecutive chains of equal
+/// parallelism share a worker, and small chains spread) and starts them.
+fn spawn_workers(placed: Vec<Placed>, config: &RuntimeConfig, attempt: &Arc<Attempt>) -> Result<Vec<JoinHandle<()>>> {
+    let workers = config.workers.min(placed.len()).max(1);
     let mut per_worker: Vec<Vec<Placed>> = (0..workers).map(|_| Vec::new()).collect();
-    // Task k goes to worker k mod workers. Chains are listed upstream
-    // first, so subtask i of consecutive chains of equal parallelism shares
-    // a worker (local handoffs), and small chains spread over workers.
-    for (k, (task, ops, subtask, parallelism, c)) in pending.into_iter().enumerate() {
-        let ctx = TaskContext::new(subtask, parallelism, ops, c, registry.clone());
-        per_worker[k % workers].push(Placed { task, ctx });
+    for (k, p) in placed.into_iter().enumerate() {
+        per_worker[k % workers].push(p);
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let oversubscribed = workers > available_cores();
-    let idle = if oversubscribed {
-        IdleStrategy {
-            spins: 0,
-            ..config.idle
-        }
+    let idle = if workers > available_cores() {
+        IdleStrategy { spins: 0, ..config.idle }
     } else {
         config.idle
     };
-    let shared = Arc::new(Shared {
-        cancel: AtomicBool::new(false),
-        failure: Mutex::new(None),
-        workers: Mutex::new(Vec::new()),
-        running_workers: AtomicUsize::new(workers),
-        registry,
-    });
+    attempt.running.store(workers, Ordering::Release);
     let mut threads = Vec::with_capacity(workers);
     for (w, tasks) in per_worker.into_iter().enumerate() {
-        let core = if config.pin_workers && !cores.is_empty() {
-            Some(cores[w % cores.len()])
-        } else {
-            None
-        };
-        let sh = shared.clone();
+        let core = (config.pin_workers && !cores.is_empty()).then(|| cores[w % cores.len()]);
+        let a = attempt.clone();
         let spawned = thread::Builder::new()
             .name(format!("weir-worker-{w}"))
-            .spawn(move || worker_main(tasks, core, idle, &sh));
+            .spawn(move || worker_main(tasks, core, idle, &a));
         match spawned {
             Ok(t) => {
-                shared
-                    .workers
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(t.thread().clone());
+                attempt.workers.lock().unwrap_or_else(|p| p.into_inner()).push(t.thread().clone());
                 threads.push(t);
             }
             Err(source) => {
-                shared.running_workers.fetch_sub(workers - w, Ordering::AcqRel);
-                shared.stop_all();
+                attempt.running.fetch_sub(workers - w, Ordering::AcqRel);
+                attempt.stop_all();
                 for t in threads {
                     let _ = t.join();
                 }
@@ -228,12 +617,7 @@ pub(crate) fn start(name: String, groups: Vec<GroupTasks>, config: RuntimeConfig
             }
         }
     }
-    Ok(JobHandle {
-        name,
-        shared,
-        threads,
-        started: Instant::now(),
-    })
+    Ok(threads)
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -246,13 +630,13 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle: IdleStrategy, shared: &Shared) {
+fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle: IdleStrategy, attempt: &Attempt) {
     if let Some(core) = core {
         // Pinning is best-effort: an unpinned worker is slower, not wrong.
         let _ = core_affinity::set_for_current(core);
     }
     let mut idler = Idler::new(idle);
-    while !tasks.is_empty() && !shared.cancel.load(Ordering::Relaxed) {
+    while !tasks.is_empty() && !attempt.stop.load(Ordering::Relaxed) {
         let mut progressed = false;
         let mut i = 0;
         while i < tasks.len() {
@@ -266,6 +650,7 @@ fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle
                 }
                 Ok(Ok(TaskPoll::Idle)) => None,
                 Ok(Ok(TaskPoll::Done)) => {
+                    placed.ctx.publish_latency();
                     tasks.swap_remove(i);
                     progressed = true;
                     continue;
@@ -275,7 +660,7 @@ fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle
             };
             if let Some(message) = failure {
                 let ctx = &placed.ctx;
-                shared.fail(Error::OperatorFailed {
+                attempt.fail(Error::OperatorFailed {
                     operator: ctx.operator_name().to_string(),
                     subtask: ctx.subtask,
                     parallelism: ctx.parallelism,
@@ -291,7 +676,27 @@ fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle
             idler.idle();
         }
     }
-    // Dropping the tasks here drops their rings on this thread.
+    // Keep what sinks recorded, even when the job is stopping.
+    for t in &mut tasks {
+        t.ctx.publish_latency();
+    }
     drop(tasks);
-    shared.running_workers.fetch_sub(1, Ordering::AcqRel);
+    attempt.running.fetch_sub(1, Ordering::AcqRel);
+    attempt.job_thread.unpark();
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn key_group_ranges_partition() {
+        for p in 1..=8 {
+            let mut next = 0;
+            for i in 0..p {
+                let r = super::key_groups(i, p, 128);
+                assert_eq!(r.start, next);
+                next = r.end;
+            }
+            assert_eq!(next, 128);
+        }
+    }
 }

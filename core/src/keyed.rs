@@ -14,9 +14,14 @@ use std::hash::{Hash, Hasher};
 
 use rustc_hash::FxHashMap;
 
-use crate::collector::Collector;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::TaskContext;
 use crate::error::BoxError;
+use crate::message::Barrier;
 
 /// Default number of key groups, the most subtasks a keyed operator can
 /// ever be rescaled to.
@@ -142,6 +147,7 @@ impl<O> Output<O> {
 
 /// A keyed process operator with in-memory per-key state.
 pub(crate) struct KeyedProcess<T, K, S, O, KF, F> {
+    pub(crate) max_parallelism: usize,
     pub(crate) key_fn: KF,
     pub(crate) f: F,
     pub(crate) state: FxHashMap<K, S>,
@@ -153,8 +159,8 @@ pub(crate) struct KeyedProcess<T, K, S, O, KF, F> {
 
 impl<T, K, S, O, KF, F> Collector<T> for KeyedProcess<T, K, S, O, KF, F>
 where
-    K: Hash + Eq + Send,
-    S: Default + Send,
+    K: Hash + Eq + Send + Serialize + DeserializeOwned,
+    S: Default + Send + Serialize + DeserializeOwned,
     O: Send,
     KF: Fn(&T) -> K + Send,
     F: FnMut(&K, &mut S, T, &mut Output<O>) + Send,
@@ -181,6 +187,41 @@ where
     }
     fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         self.next.finish(ctx)
+    }
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        // Entries tagged with their key group, so that a restore at another
+        // parallelism can pick the ones it owns.
+        let maxp = self.max_parallelism;
+        let entries: Vec<(u32, &K, &S)> = self
+            .state
+            .iter()
+            .map(|(k, s)| (key_group(stable_hash(k), maxp) as u32, k, s))
+            .collect();
+        snap.put_operator(self.op, postcard::to_stdvec(&entries)?);
+        self.next.barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.state.clear();
+        for old in r.all {
+            let Some(bytes) = old.operator(self.op) else { continue };
+            let entries: Vec<(u32, K, S)> = postcard::from_bytes(bytes).map_err(|e| {
+                format!(
+                    "checkpoint {}: keyed state of subtask {} does not decode: {e}",
+                    r.checkpoint, old.subtask
+                )
+            })?;
+            for (kg, k, s) in entries {
+                if r.key_groups.contains(&(kg as usize)) {
+                    self.state.insert(k, s);
+                }
+            }
+        }
+        self.next.restore(r, ctx)
     }
 }
 

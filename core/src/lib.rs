@@ -29,10 +29,14 @@
 
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod clock;
+pub mod harness;
 mod collector;
 mod config;
 mod context;
+mod data;
+pub mod fault;
 mod error;
 mod idle;
 mod job;
@@ -44,13 +48,16 @@ mod output;
 mod pipeline;
 mod sink;
 mod source;
+pub mod state;
 mod task;
 
 #[cfg(test)]
 mod ring_tests;
 
 pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
+pub use checkpoint::{CheckpointConfig, CheckpointMode, CheckpointStats, RestartStrategy, RestoreFrom, RetainOnCancel};
 pub use context::{SinkContext, SourceContext};
+pub use data::Data;
 pub use error::{BoxError, Error, Result};
 pub use idle::{IdleStrategy, MAX_PARK};
 pub use job::{JobHandle, JobResult, Outcome};

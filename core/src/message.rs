@@ -11,10 +11,9 @@
 pub(crate) enum Message<T> {
     /// A user record.
     Data(T),
-    /// A checkpoint barrier (used once checkpointing is enabled).
-    #[allow(dead_code)]
+    /// A checkpoint barrier.
     Barrier(Barrier),
-    /// An event-time watermark in milliseconds (used by event-time jobs).
+    /// An event-time watermark in milliseconds (reserved for event time).
     #[allow(dead_code)]
     Watermark(i64),
     /// The producer will send nothing more.
@@ -28,6 +27,12 @@ pub(crate) struct Barrier {
     pub id: u64,
     /// Trigger time of the checkpoint, nanoseconds on [`crate::clock`].
     pub trigger_ns: u64,
+    /// True once any task handled this checkpoint unaligned (its own mode,
+    /// or an aligned checkpoint past its alignment timeout): downstream
+    /// tasks then snapshot at the first barrier too.
+    pub unaligned: bool,
+    /// The last checkpoint of a bounded job: end-of-stream follows it.
+    pub is_final: bool,
 }
 
 #[cfg(test)]

@@ -100,26 +100,30 @@ impl TaskMetrics {
 /// A point-in-time view of a job.
 #[derive(Debug, Clone)]
 pub struct JobMetrics {
-    /// One entry per task, in graph order.
+    /// One entry per task of the current attempt, in graph order.
     pub tasks: Vec<TaskMetrics>,
     /// End-to-end latency in nanoseconds, from emission at the source to the
     /// sink, as recorded by sinks through [`crate::SinkContext::record_latency`].
     pub latency_ns: Histogram<u64>,
+    /// Checkpoints completed and failed, their history, and restarts.
+    pub checkpoints: crate::checkpoint::CheckpointStats,
 }
 
 /// State shared between the tasks and the [`crate::JobHandle`].
 #[derive(Debug)]
 pub(crate) struct MetricsRegistry {
     pub(crate) tasks: Vec<Arc<TaskCounters>>,
-    pub(crate) latency: Mutex<Histogram<u64>>,
+    /// Shared by every attempt of a job: restarts do not lose latency samples.
+    pub(crate) latency: Arc<Mutex<Histogram<u64>>>,
 }
 
 impl MetricsRegistry {
     pub(crate) fn new(tasks: Vec<Arc<TaskCounters>>) -> Self {
-        MetricsRegistry {
-            tasks,
-            latency: Mutex::new(new_latency_histogram()),
-        }
+        Self::with_latency(tasks, Arc::new(Mutex::new(new_latency_histogram())))
+    }
+
+    pub(crate) fn with_latency(tasks: Vec<Arc<TaskCounters>>, latency: Arc<Mutex<Histogram<u64>>>) -> Self {
+        MetricsRegistry { tasks, latency }
     }
 
     pub(crate) fn snapshot(&self) -> JobMetrics {
@@ -127,6 +131,7 @@ impl MetricsRegistry {
         JobMetrics {
             tasks: self.tasks.iter().map(|t| t.snapshot()).collect(),
             latency_ns,
+            checkpoints: Default::default(),
         }
     }
 }

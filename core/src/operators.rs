@@ -1,7 +1,9 @@
 //! The stateless operators: `map`, `filter`, `flat_map`, and the sink at the
 //! end of a chain. Each works on a whole batch in a tight loop.
 
-use crate::collector::Collector;
+use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::collector::{forward_control, Collector, Notice, RestoreCtx};
+use crate::message::Barrier;
 use crate::context::{SinkContext, TaskContext};
 use crate::error::BoxError;
 use crate::sink::Sink;
@@ -21,12 +23,7 @@ impl<T, U: Send, F: FnMut(T) -> U + Send> Collector<T> for Map<T, U, F> {
         self.out.extend(batch.drain(..).map(&mut self.f));
         self.next.collect(&mut self.out, ctx)
     }
-    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        self.next.flush(ctx)
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.finish(ctx)
-    }
+    forward_control!();
 }
 
 pub(crate) struct Filter<T, F> {
@@ -43,12 +40,7 @@ impl<T, F: FnMut(&T) -> bool + Send> Collector<T> for Filter<T, F> {
         batch.retain(|x| (self.f)(x));
         self.next.collect(batch, ctx)
     }
-    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        self.next.flush(ctx)
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.finish(ctx)
-    }
+    forward_control!();
 }
 
 pub(crate) struct FlatMap<T, U, I, F> {
@@ -71,12 +63,7 @@ where
         self.out.extend(batch.drain(..).flat_map(&mut self.f));
         self.next.collect(&mut self.out, ctx)
     }
-    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        self.next.flush(ctx)
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.finish(ctx)
-    }
+    forward_control!();
 }
 
 /// The end of a chain that writes into a user [`Sink`].
@@ -93,6 +80,10 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
         }
         ctx.current_op = self.op;
         ctx.records_out += batch.len() as u64;
+        // Latency is measured when the sink receives the batch: drop the
+        // turn's cached reading (taken before the chain ran) so the sink's
+        // first `now_ns` reads the clock afresh, once per batch.
+        ctx.turn_now_ns = None;
         self.sink.write(batch, &mut SinkContext { task: ctx })?;
         batch.clear();
         Ok(())
@@ -105,5 +96,32 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
         self.sink.finish(&mut SinkContext { task: ctx })?;
         ctx.publish_latency();
         Ok(())
+    }
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let state = self.sink.pre_commit(barrier.id)?;
+        snap.put_operator(self.op, state);
+        Ok(())
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        match notice {
+            Notice::Complete(id) => self.sink.commit(id),
+            Notice::Abort(id) => self.sink.abort(id),
+        }
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let Some(own) = r.own else {
+            return Err(format!(
+                "sink state cannot be redistributed: restore with the parallelism of checkpoint {}",
+                r.checkpoint
+            )
+            .into());
+        };
+        match own.operator(self.op) {
+            Some(state) => self.sink.restore(r.checkpoint, state),
+            None => Ok(()),
+        }
     }
 }

@@ -20,6 +20,7 @@ use rustc_hash::FxHashMap;
 
 use crate::collector::Collector;
 use crate::config::RuntimeConfig;
+use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::job::JobHandle;
 use crate::keyed::{KeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
@@ -37,21 +38,37 @@ type EdgeId = usize;
 
 /// Builds one task instance: given the subtask index and the collector the
 /// chain ends in, returns the runnable task.
-type ChainFn<T> = Box<dyn FnMut(&mut BuildCtx, usize, Box<dyn Collector<T>>) -> Result<Box<dyn Task>>>;
+type ChainFn<T> = Box<dyn FnMut(&mut BuildCtx, usize, Box<dyn Collector<T>>) -> Result<Box<dyn Task>> + Send>;
+
+/// Builds every task of a chain; called once per attempt of the job.
+type GroupBuild = Box<dyn FnMut(&mut BuildCtx) -> Result<Vec<Box<dyn Task>>> + Send>;
 
 /// A finished chain waiting to be instantiated by [`Pipeline::run`].
-struct ChainGroup {
-    ops: Vec<String>,
-    parallelism: usize,
-    /// Total input ring capacity of each subtask (0 for a source chain).
-    input_rings: usize,
-    build: Box<dyn FnOnce(&mut BuildCtx) -> Result<Vec<Box<dyn Task>>>>,
+pub(crate) struct ChainGroup {
+    pub(crate) ops: Vec<String>,
+    pub(crate) parallelism: usize,
+    /// Input rings of each subtask (0 for a source chain).
+    pub(crate) input_rings: usize,
+    pub(crate) build: GroupBuild,
 }
 
 /// An exchange between two chains: `from` producer subtasks, `to` consumers.
 struct EdgeSpec {
     from: usize,
     to: usize,
+    from_group: usize,
+    to_group: Option<usize>,
+}
+
+/// A complete job graph, ready to be instantiated (once per attempt).
+pub(crate) struct Plan {
+    pub(crate) name: String,
+    pub(crate) max_parallelism: usize,
+    pub(crate) groups: Vec<ChainGroup>,
+    /// `(from, to)` subtask counts per edge.
+    pub(crate) edges: Vec<(usize, usize)>,
+    /// `(producer chain, consumer chain)` per edge.
+    pub(crate) edge_groups: Vec<(usize, usize)>,
 }
 
 #[derive(Default)]
@@ -77,11 +94,20 @@ struct RingSet<T> {
 pub(crate) struct BuildCtx {
     pub(crate) config: RuntimeConfig,
     edges: Vec<(usize, usize)>,
-    rings: HashMap<EdgeId, Box<dyn Any>>,
+    rings: HashMap<EdgeId, Box<dyn Any + Send>>,
     max_parallelism: usize,
 }
 
 impl BuildCtx {
+    pub(crate) fn new(config: RuntimeConfig, edges: &[(usize, usize)], max_parallelism: usize) -> Self {
+        BuildCtx {
+            config,
+            edges: edges.to_vec(),
+            rings: HashMap::new(),
+            max_parallelism,
+        }
+    }
+
     fn ring_set<T: Send + 'static>(&mut self, edge: EdgeId) -> &mut RingSet<T> {
         let (from, to) = self.edges[edge];
         let capacity = self.config.ring_capacity;
@@ -126,19 +152,19 @@ impl BuildCtx {
 /// use std::sync::{Arc, Mutex};
 /// use weir_core::{CollectSink, Pipeline, RuntimeConfig, VecSource};
 ///
-/// let words = Arc::new(vec!["a", "b", "a", "c", "a"]);
+/// let words: Arc<Vec<String>> = Arc::new(["a", "b", "a", "c", "a"].map(String::from).to_vec());
 /// let counts = Arc::new(Mutex::new(Vec::new()));
 ///
 /// let pipeline = Pipeline::new("word-count");
 /// let out = counts.clone();
 /// pipeline
 ///     .source("words", 2, move |i, p| VecSource::new(words.clone(), i, p))
-///     .map(|w: &str| (w, 1u64))
-///     .key_by(|(w, _): &(&str, u64)| *w)
+///     .map(|w: String| (w, 1u64))
+///     .key_by(|(w, _): &(String, u64)| w.clone())
 ///     .parallelism(2)
-///     .process(|w: &&str, n: &mut u64, (_, one): (&str, u64), out| {
+///     .process(|w: &String, n: &mut u64, (_, one): (String, u64), out| {
 ///         *n += one;
-///         out.emit((*w, *n));
+///         out.emit((w.clone(), *n));
 ///     })
 ///     .sink("collect", move |_| CollectSink::new(out.clone()));
 ///
@@ -146,7 +172,8 @@ impl BuildCtx {
 ///
 /// let mut got = counts.lock().unwrap().clone();
 /// got.sort();
-/// assert_eq!(got, vec![("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)]);
+/// let expected = [("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1)].map(|(w, n)| (w.to_string(), n));
+/// assert_eq!(got, expected);
 /// ```
 pub struct Pipeline {
     graph: Rc<RefCell<Graph>>,
@@ -187,20 +214,21 @@ impl Pipeline {
     where
         T: Send + 'static,
         S: Source<T>,
-        F: FnMut(usize, usize) -> S + 'static,
+        F: FnMut(usize, usize) -> S + Send + 'static,
     {
         check_parallelism(&self.graph, name, parallelism);
         let chain: ChainFn<T> = Box::new(move |ctx, i, down| {
             let source = factory(i, parallelism);
             Ok(Box::new(SourceTask::new(source, down, ctx.config.batch_size)) as Box<dyn Task>)
         });
-        Stream::new(self.graph.clone(), parallelism, vec![name.to_string()], 0, chain)
+        Stream::new(self.graph.clone(), parallelism, vec![name.to_string()], 0, Vec::new(), chain)
     }
 
     /// Starts the job on worker threads and returns at once.
     ///
-    /// Fails before starting anything if the configuration is invalid or the
-    /// graph is incomplete (a stream that never reaches a sink).
+    /// Fails before starting anything if the configuration is invalid, the
+    /// graph is incomplete (a stream that never reaches a sink), or the
+    /// checkpoint to restore from cannot be used.
     pub fn run(self, config: RuntimeConfig) -> Result<JobHandle> {
         config.validate()?;
         let graph = std::mem::take(&mut *self.graph.borrow_mut());
@@ -218,27 +246,26 @@ impl Pipeline {
                 graph.name
             )));
         }
-        let mut ctx = BuildCtx {
-            config: config.clone(),
-            edges: graph.edges.iter().map(|e| (e.from, e.to)).collect(),
-            rings: HashMap::new(),
-            max_parallelism: graph.max_parallelism,
-        };
-        let mut specs = Vec::new();
-        for group in graph.groups {
-            let tasks = (group.build)(&mut ctx)?;
-            debug_assert_eq!(tasks.len(), group.parallelism);
-            specs.push(crate::job::GroupTasks {
-                ops: group.ops.into(),
-                parallelism: group.parallelism,
-                input_capacity: (group.input_rings * config.ring_capacity) as u64,
-                tasks,
-            });
+        for (k, e) in graph.edges.iter().enumerate() {
+            if e.to > graph.max_parallelism {
+                return Err(Error::InvalidPipeline(format!(
+                    "exchange {k} feeds {} subtasks but max_parallelism is {}: raise max_parallelism",
+                    e.to, graph.max_parallelism
+                )));
+            }
         }
-        // Every edge was closed by an upstream chain and, since no stream
-        // dangles, opened by a downstream one: both ends of every ring exist.
-        assert_eq!(ctx.rings.len(), graph.edges.len(), "every edge is instantiated");
-        crate::job::start(graph.name, specs, config)
+        let plan = Plan {
+            name: graph.name,
+            max_parallelism: graph.max_parallelism,
+            edges: graph.edges.iter().map(|e| (e.from, e.to)).collect(),
+            edge_groups: graph
+                .edges
+                .iter()
+                .map(|e| (e.from_group, e.to_group.expect("no dangling stream, so every edge has a consumer")))
+                .collect(),
+            groups: graph.groups,
+        };
+        crate::job::start(plan, config)
     }
 }
 
@@ -277,6 +304,8 @@ pub struct Stream<T> {
     parallelism: usize,
     ops: Vec<String>,
     input_rings: usize,
+    /// Exchange edges feeding this chain.
+    input_edges: Vec<EdgeId>,
     chain: ChainFn<T>,
     guard: Guard,
 }
@@ -287,6 +316,7 @@ impl<T: Send + 'static> Stream<T> {
         parallelism: usize,
         ops: Vec<String>,
         input_rings: usize,
+        input_edges: Vec<EdgeId>,
         chain: ChainFn<T>,
     ) -> Self {
         let guard = Guard {
@@ -299,9 +329,20 @@ impl<T: Send + 'static> Stream<T> {
             parallelism,
             ops,
             input_rings,
+            input_edges,
             chain,
             guard,
         }
+    }
+
+    /// Registers this chain as a group of the graph; returns its index.
+    fn push_group(&self, g: &mut Graph, group: ChainGroup) -> usize {
+        let index = g.groups.len();
+        for &e in &self.input_edges {
+            g.edges[e].to_group = Some(index);
+        }
+        g.groups.push(group);
+        index
     }
 
     /// Number of parallel instances of this stream's chain.
@@ -324,7 +365,7 @@ impl<T: Send + 'static> Stream<T> {
     fn chained<U: Send + 'static>(
         mut self,
         default_name: &str,
-        mut wrap: impl FnMut(usize, usize, Box<dyn Collector<U>>) -> Box<dyn Collector<T>> + 'static,
+        mut wrap: impl FnMut(usize, usize, Box<dyn Collector<U>>) -> Box<dyn Collector<T>> + Send + 'static,
     ) -> Stream<U> {
         self.guard.armed = false;
         let op = self.ops.len();
@@ -335,7 +376,8 @@ impl<T: Send + 'static> Stream<T> {
             let batch = ctx.config.batch_size;
             prev(ctx, i, wrap(op, batch, down))
         });
-        Stream::new(self.graph.clone(), self.parallelism, ops, self.input_rings, chain)
+        let input_edges = std::mem::take(&mut self.input_edges);
+        Stream::new(self.graph.clone(), self.parallelism, ops, self.input_rings, input_edges, chain)
     }
 
     /// Transforms every record.
@@ -385,7 +427,7 @@ impl<T: Send + 'static> Stream<T> {
     pub fn sink<S, F>(mut self, name: &str, mut factory: F)
     where
         S: Sink<T>,
-        F: FnMut(usize) -> S + 'static,
+        F: FnMut(usize) -> S + Send + 'static,
     {
         self.guard.armed = false;
         let op = self.ops.len();
@@ -403,7 +445,8 @@ impl<T: Send + 'static> Stream<T> {
                     .collect()
             }),
         };
-        self.graph.borrow_mut().groups.push(group);
+        let graph = self.graph.clone();
+        self.push_group(&mut graph.borrow_mut(), group);
     }
 
     /// Closes this chain into an exchange edge to `to` subtasks; `tail(ctx,
@@ -411,18 +454,22 @@ impl<T: Send + 'static> Stream<T> {
     fn close_into_edge(
         mut self,
         to: usize,
-        mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Box<dyn Collector<T>> + 'static,
+        mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Box<dyn Collector<T>> + Send + 'static,
     ) -> EdgeId {
         self.guard.armed = false;
-        let mut g = self.graph.borrow_mut();
+        let graph = self.graph.clone();
+        let mut g = graph.borrow_mut();
         let edge = g.edges.len();
+        let from_group = g.groups.len();
         g.edges.push(EdgeSpec {
             from: self.parallelism,
             to,
+            from_group,
+            to_group: None,
         });
         let p = self.parallelism;
         let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
-        g.groups.push(ChainGroup {
+        let group = ChainGroup {
             ops: std::mem::take(&mut self.ops),
             parallelism: p,
             input_rings: self.input_rings,
@@ -434,7 +481,9 @@ impl<T: Send + 'static> Stream<T> {
                     })
                     .collect()
             }),
-        });
+        };
+        let index = self.push_group(&mut g, group);
+        debug_assert_eq!(index, from_group);
         edge
     }
 
@@ -442,7 +491,8 @@ impl<T: Send + 'static> Stream<T> {
     /// the same subtask of the next operator (see [`crate::keyed`]).
     pub fn key_by<K, KF>(self, key_fn: KF) -> KeyedStream<T, K, KF>
     where
-        K: Hash + Eq + Send + 'static,
+        T: Data,
+        K: Hash + Eq + Data,
         KF: Fn(&T) -> K + Clone + Send + 'static,
     {
         let parallelism = self.parallelism;
@@ -456,18 +506,27 @@ impl<T: Send + 'static> Stream<T> {
 
     /// Redistributes records round-robin over `parallelism` subtasks of the
     /// operators that follow.
-    pub fn rebalance(self, parallelism: usize) -> Stream<T> {
+    pub fn rebalance(self, parallelism: usize) -> Stream<T>
+    where
+        T: Data,
+    {
         self.union_all(Vec::new(), parallelism)
     }
 
     /// Merges this stream with `others` (same record type) into one stream
     /// of `parallelism` subtasks, each reading from every upstream subtask.
-    pub fn union(self, others: Vec<Stream<T>>) -> Stream<T> {
+    pub fn union(self, others: Vec<Stream<T>>) -> Stream<T>
+    where
+        T: Data,
+    {
         let p = self.parallelism;
         self.union_all(others, p)
     }
 
-    fn union_all(self, others: Vec<Stream<T>>, parallelism: usize) -> Stream<T> {
+    fn union_all(self, others: Vec<Stream<T>>, parallelism: usize) -> Stream<T>
+    where
+        T: Data,
+    {
         let graph = self.graph.clone();
         let name = if others.is_empty() { "rebalance" } else { "union" };
         check_parallelism(&graph, name, parallelism);
@@ -482,12 +541,13 @@ impl<T: Send + 'static> Stream<T> {
                 })
             }));
         }
+        let edges_in = edges.clone();
         let chain: ChainFn<T> = Box::new(move |ctx, j, down| {
             let inputs = edges.iter().flat_map(|&e| ctx.consumers::<T>(e, j)).collect();
             Ok(Box::new(InputTask::new(inputs, down, ctx.config.batch_size)) as Box<dyn Task>)
         });
         // The exchange's consumer side is the head of the new chain.
-        Stream::new(graph, parallelism, vec![name.to_string()], input_rings, chain)
+        Stream::new(graph, parallelism, vec![name.to_string()], input_rings, edges_in, chain)
     }
 }
 
@@ -502,8 +562,8 @@ pub struct KeyedStream<T, K, KF> {
 
 impl<T, K, KF> KeyedStream<T, K, KF>
 where
-    T: Send + 'static,
-    K: Hash + Eq + Send + 'static,
+    T: Data,
+    K: Hash + Eq + Data,
     KF: Fn(&T) -> K + Clone + Send + 'static,
 {
     /// Sets the parallelism of the keyed operator (default: the upstream's).
@@ -517,7 +577,7 @@ where
     /// `S::default()` on first use) and may emit any number of results.
     pub fn process<S, O, F>(self, f: F) -> Stream<O>
     where
-        S: Default + Send + 'static,
+        S: Default + Data,
         O: Send + 'static,
         F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
     {
@@ -528,16 +588,13 @@ where
         let key_fn = self.key_fn;
         let up_key = key_fn.clone();
         let edge = self.upstream.close_into_edge(q, move |ctx, edge, i| {
-            Box::new(HashOutput {
-                outboxes: ctx.producers::<T>(edge, i),
-                key_fn: up_key.clone(),
-                max_parallelism: ctx.max_parallelism,
-                _k: std::marker::PhantomData,
-            })
+            let maxp = ctx.max_parallelism;
+            Box::new(HashOutput::new(ctx.producers::<T>(edge, i), up_key.clone(), maxp))
         });
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.consumers::<T>(edge, j);
             let op = KeyedProcess {
+                max_parallelism: ctx.max_parallelism,
                 key_fn: key_fn.clone(),
                 f: f.clone(),
                 state: FxHashMap::default(),
@@ -550,6 +607,6 @@ where
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
         });
-        Stream::new(graph, q, vec!["process".to_string()], p, chain)
+        Stream::new(graph, q, vec!["process".to_string()], p, vec![edge], chain)
     }
 }

@@ -56,6 +56,14 @@ pub trait Sink<T>: Send + 'static {
     fn abort(&mut self, _checkpoint: u64) -> Result<(), BoxError> {
         Ok(())
     }
+
+    /// Recovery from `checkpoint`: `state` is what [`Sink::pre_commit`]
+    /// returned at its barrier. Commit that pre-committed output again (it
+    /// may or may not have been committed before the failure: commit is
+    /// idempotent) and discard anything written after it.
+    fn restore(&mut self, _checkpoint: u64, _state: &[u8]) -> Result<(), BoxError> {
+        Ok(())
+    }
 }
 
 /// A sink that appends every record to a shared vector, for tests and

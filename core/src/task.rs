@@ -7,13 +7,26 @@
 //! input is empty it returns [`TaskPoll::Idle`] and the worker runs other
 //! tasks or backs off. That is what lets several tasks share one worker
 //! without deadlock, even when producer and consumer share it.
+//!
+//! With checkpointing on, a task also handles barriers (see
+//! [`crate::checkpoint`] for the modes): a source task injects them when the
+//! coordinator triggers a checkpoint; an input task aligns them, or lets
+//! them overtake queued input (unaligned), recording the overtaken records
+//! as channel state. A bounded job's tasks wait, after the final barrier,
+//! for the final checkpoint to complete (sinks commit) before they forward
+//! end-of-stream and finish.
 
 use rtrb::Consumer;
 
-use crate::collector::Collector;
+use crate::checkpoint::snapshot::{complete_async, TaskSnapshot};
+use crate::checkpoint::signals::Event;
+use crate::checkpoint::CheckpointMode;
+use crate::clock;
+use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::{SourceContext, TaskContext};
+use crate::data::{decode_all, encode_into, Data};
 use crate::error::BoxError;
-use crate::message::Message;
+use crate::message::{Barrier, Message};
 use crate::source::{Source, SourcePoll};
 
 /// What one scheduling turn of a task achieved.
@@ -29,23 +42,57 @@ pub(crate) enum TaskPoll {
 
 pub(crate) trait Task: Send {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError>;
+    /// False for a task driven by a source that cannot seek back.
+    fn replayable(&self) -> bool {
+        true
+    }
+    /// Loads the task's state from a checkpoint before its first poll.
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError>;
 }
 
 /// Lifecycle of a task; shared by both drivers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
     Running,
+    /// A source with no more records, still taking part in checkpoints
+    /// until the final one (checkpointing on).
+    Exhausted,
+    /// The final barrier passed; waiting for the final checkpoint to
+    /// complete before ending the stream.
+    AwaitFinal(u64),
     /// End-of-stream was handed to the chain; waiting for output to drain.
     Draining,
     Done,
 }
 
-/// Drains pending output; the common first step of every turn.
-fn drain_phase<T>(
+/// Passes checkpoint completions and aborts to the chain (sinks commit).
+fn poll_notices<T>(chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+    let Some(ck) = &ctx.ckpt else { return Ok(()) };
+    let completed = ck.signals.completed();
+    let abort_seq = ck.signals.abort_seq();
+    if abort_seq != ctx.abort_seq_seen {
+        let aborted = ck.signals.aborted_after(ctx.abort_id_seen);
+        ctx.abort_seq_seen = abort_seq;
+        for id in aborted {
+            ctx.abort_id_seen = ctx.abort_id_seen.max(id);
+            chain.notify(Notice::Abort(id), ctx)?;
+        }
+    }
+    if completed > ctx.notified {
+        ctx.notified = completed;
+        chain.notify(Notice::Complete(completed), ctx)?;
+    }
+    Ok(())
+}
+
+/// The first steps of every turn: notices, then the phases that do not
+/// read input. `Some` ends the turn with that result.
+fn common_phase<T>(
     phase: &mut Phase,
     chain: &mut dyn Collector<T>,
     ctx: &mut TaskContext,
 ) -> Result<Option<TaskPoll>, BoxError> {
+    poll_notices(chain, ctx)?;
     match *phase {
         Phase::Done => Ok(Some(TaskPoll::Done)),
         Phase::Draining => {
@@ -56,13 +103,55 @@ fn drain_phase<T>(
                 Ok(Some(TaskPoll::Idle))
             }
         }
-        Phase::Running => {
+        Phase::AwaitFinal(id) => {
+            if !chain.flush(ctx)? {
+                return Ok(Some(TaskPoll::Idle));
+            }
+            if ctx.notified >= id {
+                chain.finish(ctx)?;
+                *phase = Phase::Draining;
+                Ok(Some(TaskPoll::Progress))
+            } else {
+                Ok(Some(TaskPoll::Idle))
+            }
+        }
+        Phase::Running | Phase::Exhausted => {
             if chain.flush(ctx)? {
                 Ok(None)
             } else {
                 Ok(Some(TaskPoll::Idle))
             }
         }
+    }
+}
+
+/// Runs the chain's part of a barrier and hands the snapshot to the
+/// asynchronous writer (or keeps it, for an unaligned snapshot still
+/// recording channel state).
+fn snapshot_chain<T>(
+    chain: &mut dyn Collector<T>,
+    barrier: Barrier,
+    mut snap: TaskSnapshot,
+    ctx: &mut TaskContext,
+) -> Result<TaskSnapshot, BoxError> {
+    let t0 = clock::now_ns();
+    snap.alignment_ns = t0.saturating_sub(snap.first_barrier_ns);
+    chain.barrier(barrier, &mut snap, ctx)?;
+    snap.sync_ns = clock::now_ns().saturating_sub(t0);
+    ctx.last_barrier = barrier.id;
+    Ok(snap)
+}
+
+fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> TaskSnapshot {
+    let group = ctx.ckpt.as_ref().map_or(0, |c| c.group);
+    let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism, barrier.trigger_ns);
+    s.first_barrier_ns = first_barrier_ns;
+    s
+}
+
+fn send_snapshot(snap: TaskSnapshot, ctx: &TaskContext) {
+    if let Some(ck) = &ctx.ckpt {
+        complete_async(snap, ck.clone());
     }
 }
 
@@ -87,10 +176,55 @@ impl<T, S> SourceTask<T, S> {
     }
 }
 
+impl<T: Send, S: Source<T>> SourceTask<T, S> {
+    /// Injects the barriers of every checkpoint triggered since the last
+    /// one, between two batches: the offset taken here is exactly where
+    /// the barrier sits in the stream.
+    fn inject_barriers(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        let Some(ck) = &ctx.ckpt else { return Ok(false) };
+        let triggered = ck.signals.triggered();
+        if triggered <= ctx.last_barrier {
+            return Ok(false);
+        }
+        let mode = ck.signals.mode;
+        let final_id = ck.signals.final_id();
+        let trigger_ns: Vec<(u64, u64)> =
+            (ctx.last_barrier + 1..=triggered).map(|id| (id, ck.signals.trigger_ns(id))).collect();
+        for (id, trigger_ns) in trigger_ns {
+            let barrier = Barrier {
+                id,
+                trigger_ns,
+                unaligned: mode == CheckpointMode::Unaligned,
+                is_final: id == final_id,
+            };
+            let mut snap = new_snapshot(ctx, &barrier, clock::now_ns());
+            snap.is_final = barrier.is_final;
+            ctx.current_op = 0;
+            snap.state.source_offset = Some(self.source.offset());
+            let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
+            send_snapshot(snap, ctx);
+            if barrier.is_final {
+                self.phase = Phase::AwaitFinal(id);
+                break;
+            }
+        }
+        Ok(true)
+    }
+}
+
 impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
+    fn replayable(&self) -> bool {
+        self.source.is_replayable()
+    }
+
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
-        if let Some(p) = drain_phase(&mut self.phase, &mut *self.chain, ctx)? {
+        if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
+        }
+        let injected = self.inject_barriers(ctx)?;
+        if self.phase != Phase::Running {
+            // Exhausted, or the final barrier just went out.
+            return Ok(if injected { TaskPoll::Progress } else { TaskPoll::Idle });
         }
         ctx.current_op = 0;
         let status = self
@@ -104,13 +238,34 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
         }
         match status {
             SourcePoll::Done => {
-                self.chain.finish(ctx)?;
-                self.phase = Phase::Draining;
+                if let Some(ck) = &ctx.ckpt {
+                    // Stay to take part in checkpoints until the final one.
+                    ck.send(Event::SourceExhausted { task: ck.task });
+                    self.phase = Phase::Exhausted;
+                } else {
+                    self.chain.finish(ctx)?;
+                    self.phase = Phase::Draining;
+                }
                 Ok(TaskPoll::Progress)
             }
-            SourcePoll::Ready if emitted > 0 => Ok(TaskPoll::Progress),
-            SourcePoll::Ready | SourcePoll::Idle => Ok(TaskPoll::Idle),
+            SourcePoll::Ready if emitted > 0 || injected => Ok(TaskPoll::Progress),
+            SourcePoll::Ready | SourcePoll::Idle => Ok(if injected { TaskPoll::Progress } else { TaskPoll::Idle }),
         }
+    }
+
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let own = r.own.ok_or_else(|| {
+            format!(
+                "checkpoint {}: a source's offsets cannot be redistributed; restore with the same source parallelism",
+                r.checkpoint
+            )
+        })?;
+        if let Some(offset) = &own.source_offset {
+            ctx.current_op = 0;
+            self.source.seek(offset)?;
+        }
+        ctx.last_barrier = r.checkpoint;
+        self.chain.restore(r, ctx)
     }
 }
 
@@ -118,12 +273,47 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
 pub(crate) struct Inbox<T> {
     ring: Consumer<Message<T>>,
     ended: bool,
+    /// Aligned mode: this input delivered the barrier being aligned and is
+    /// paused until every input has.
+    blocked: bool,
+    /// Messages at the front of the ring already looked at by look-ahead
+    /// (and, while recording, encoded as channel state).
+    scanned: usize,
+    /// A barrier found by look-ahead that is still in the ring; reading it
+    /// later must not handle it twice.
+    ahead: Option<u64>,
+    /// Id of the latest barrier this input delivered or look-ahead found.
+    delivered: u64,
 }
 
 impl<T> Inbox<T> {
     pub(crate) fn new(ring: Consumer<Message<T>>) -> Self {
-        Inbox { ring, ended: false }
+        Inbox {
+            ring,
+            ended: false,
+            blocked: false,
+            scanned: 0,
+            ahead: None,
+            delivered: 0,
+        }
     }
+
+    fn has(&self, id: u64) -> bool {
+        self.ended || self.delivered >= id
+    }
+}
+
+/// Barrier handling of a task with inputs: an explicit state machine.
+///
+/// - `Idle` -> `Collecting` (aligned, at-least-once) at the first barrier;
+///   -> `Idle` once every input delivered it (snapshot taken then).
+/// - `Idle` -> `Recording` (unaligned, or an aligned checkpoint past its
+///   alignment timeout, or a barrier flagged unaligned) with the snapshot
+///   taken at once; -> `Idle` once the barrier was found in every input.
+enum Gate {
+    Idle,
+    Collecting { barrier: Barrier, first_ns: u64 },
+    Recording { snap: Box<TaskSnapshot>, buffers: Vec<Vec<u8>> },
 }
 
 /// A task whose chain starts at its input rings.
@@ -136,6 +326,9 @@ pub(crate) struct InputTask<T> {
     next_input: usize,
     open_inputs: usize,
     phase: Phase,
+    gate: Gate,
+    /// Restored channel state, fed to the chain before any live input.
+    replay: Vec<T>,
 }
 
 impl<T> InputTask<T> {
@@ -150,53 +343,328 @@ impl<T> InputTask<T> {
             next_input: 0,
             open_inputs,
             phase: Phase::Running,
+            gate: Gate::Idle,
+            replay: Vec::new(),
         }
     }
 }
 
-impl<T: Send> Task for InputTask<T> {
+impl<T: Data> InputTask<T> {
+    fn mode(ctx: &TaskContext) -> Option<CheckpointMode> {
+        ctx.ckpt.as_ref().map(|c| c.signals.mode)
+    }
+
+    /// Looks at the messages of `inbox` not scanned yet, up to the first
+    /// barrier newer than its last one; encodes records into `buffer` when
+    /// recording. Consumes nothing. Returns the barrier found, if any.
+    fn scan(inbox: &mut Inbox<T>, mut buffer: Option<&mut Vec<u8>>, records: &mut u64) -> Result<Option<Barrier>, BoxError> {
+        if inbox.ended || inbox.ahead.is_some() {
+            return Ok(None);
+        }
+        let available = inbox.ring.slots();
+        if available <= inbox.scanned {
+            return Ok(None);
+        }
+        let chunk = inbox
+            .ring
+            .read_chunk(available)
+            .expect("slots() promised this many readable messages");
+        let (a, b) = chunk.as_slices();
+        let mut found = None;
+        let mut pos = inbox.scanned;
+        while pos < available {
+            let m = if pos < a.len() { &a[pos] } else { &b[pos - a.len()] };
+            pos += 1;
+            match m {
+                Message::Data(r) => {
+                    if let Some(buf) = buffer.as_deref_mut() {
+                        encode_into(r, buf)?;
+                        *records += 1;
+                    }
+                }
+                Message::Barrier(bar) if bar.id > inbox.delivered => {
+                    found = Some(*bar);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        // The chunk is dropped without commit: scanning consumes nothing.
+        drop(chunk);
+        inbox.scanned = pos;
+        if let Some(bar) = found {
+            inbox.ahead = Some(bar.id);
+            inbox.delivered = bar.id;
+        }
+        Ok(found)
+    }
+
+    /// Takes an unaligned snapshot now, for `barrier`, and starts recording
+    /// in-flight records: everything queued before the barrier in inputs
+    /// that have not consumed it, and what arrives there until it shows up.
+    fn start_unaligned(&mut self, barrier: Barrier, first_ns: u64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let barrier = Barrier { unaligned: true, ..barrier };
+        let mut snap = new_snapshot(ctx, &barrier, first_ns);
+        snap.is_final = barrier.is_final;
+        let mut snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
+        let mut buffers = vec![Vec::new(); self.inputs.len()];
+        let mut records = 0;
+        for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
+            inbox.blocked = false;
+            let consumed = inbox.ahead.is_none() && inbox.delivered >= barrier.id;
+            if inbox.ended || consumed {
+                continue;
+            }
+            // Rescan from the front, encoding, up to the barrier if present.
+            inbox.scanned = 0;
+            inbox.ahead = None;
+            inbox.delivered = inbox.delivered.min(barrier.id - 1);
+            Self::scan(inbox, Some(buffer), &mut records)?;
+        }
+        snap.state.channel_records += records;
+        self.gate = Gate::Recording {
+            snap: Box::new(snap),
+            buffers,
+        };
+        self.finish_recording_if_done(ctx);
+        Ok(())
+    }
+
+    /// Ends recording once the barrier was found in every input.
+    fn finish_recording_if_done(&mut self, ctx: &mut TaskContext) {
+        let Gate::Recording { snap, .. } = &self.gate else { return };
+        let id = snap.id();
+        if !self.inputs.iter().all(|i| i.has(id)) {
+            return;
+        }
+        if let Gate::Recording { mut snap, buffers } = std::mem::replace(&mut self.gate, Gate::Idle) {
+            for (i, b) in buffers.into_iter().enumerate() {
+                if !b.is_empty() {
+                    snap.state.input_channels.push((i as u32, b));
+                }
+            }
+            if snap.is_final {
+                self.phase = Phase::AwaitFinal(snap.id());
+            }
+            send_snapshot(*snap, ctx);
+        }
+    }
+
+    /// Unaligned look-ahead: while a checkpoint is triggered but not taken
+    /// here, look for its barrier in every input; while recording, encode
+    /// what arrived before the barrier.
+    fn look_ahead(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        match &mut self.gate {
+            Gate::Idle => {
+                let triggered = ctx.ckpt.as_ref().map_or(0, |c| c.signals.triggered());
+                if triggered <= ctx.last_barrier {
+                    return Ok(());
+                }
+                let mut records = 0;
+                for i in 0..self.inputs.len() {
+                    if let Some(bar) = Self::scan(&mut self.inputs[i], None, &mut records)? {
+                        return self.start_unaligned(bar, clock::now_ns(), ctx);
+                    }
+                }
+                Ok(())
+            }
+            Gate::Recording { snap, buffers } => {
+                let id = snap.id();
+                let mut records = 0;
+                for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
+                    if !inbox.has(id) {
+                        Self::scan(inbox, Some(buffer), &mut records)?;
+                    }
+                }
+                snap.state.channel_records += records;
+                self.finish_recording_if_done(ctx);
+                Ok(())
+            }
+            Gate::Collecting { .. } => Ok(()),
+        }
+    }
+
+    /// A barrier read from input `i`, in order with its data.
+    fn on_barrier(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let mode = Self::mode(ctx).ok_or("a barrier reached a job without checkpointing")?;
+        let inbox = &mut self.inputs[i];
+        if inbox.ahead == Some(barrier.id) {
+            // Found earlier by look-ahead and handled then.
+            inbox.ahead = None;
+            return Ok(());
+        }
+        inbox.delivered = inbox.delivered.max(barrier.id);
+        match &mut self.gate {
+            Gate::Recording { snap, .. } => {
+                // Recording inputs are scanned before they are read, so
+                // their barrier is always found ahead; anything else is a
+                // broken invariant.
+                Err(format!(
+                    "barrier {} read on input {i} while recording checkpoint {} without look-ahead",
+                    barrier.id,
+                    snap.id()
+                )
+                .into())
+            }
+            Gate::Idle if barrier.unaligned || mode == CheckpointMode::Unaligned => {
+                self.start_unaligned(barrier, clock::now_ns(), ctx)
+            }
+            Gate::Idle => {
+                if mode == CheckpointMode::Aligned {
+                    self.inputs[i].blocked = true;
+                }
+                self.gate = Gate::Collecting {
+                    barrier,
+                    first_ns: clock::now_ns(),
+                };
+                self.complete_collecting(ctx)
+            }
+            Gate::Collecting { barrier: b, first_ns } => {
+                if barrier.id != b.id {
+                    return Err(format!(
+                        "barrier {} arrived on input {i} while aligning checkpoint {}: barriers out of order",
+                        barrier.id, b.id
+                    )
+                    .into());
+                }
+                if barrier.unaligned {
+                    // An upstream task went unaligned: so does this one.
+                    let (b, first) = (*b, *first_ns);
+                    self.gate = Gate::Idle;
+                    return self.start_unaligned(b, first, ctx);
+                }
+                if mode == CheckpointMode::Aligned {
+                    self.inputs[i].blocked = true;
+                }
+                self.complete_collecting(ctx)
+            }
+        }
+    }
+
+    /// Aligned / at-least-once: snapshot once every input delivered the barrier.
+    fn complete_collecting(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let Gate::Collecting { barrier, first_ns } = self.gate else { return Ok(()) };
+        if !self.inputs.iter().all(|i| i.has(barrier.id)) {
+            return Ok(());
+        }
+        self.gate = Gate::Idle;
+        let snap = new_snapshot(ctx, &barrier, first_ns);
+        let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
+        for inbox in &mut self.inputs {
+            inbox.blocked = false;
+        }
+        send_snapshot(snap, ctx);
+        if barrier.is_final {
+            self.phase = Phase::AwaitFinal(barrier.id);
+        }
+        Ok(())
+    }
+
+    /// Aligned mode with an alignment timeout: past it (counted from the
+    /// checkpoint's trigger), the checkpoint continues unaligned here.
+    fn check_alignment_timeout(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let Gate::Collecting { barrier, first_ns } = self.gate else { return Ok(()) };
+        let timeout = ctx.ckpt.as_ref().map_or(0, |c| c.signals.alignment_timeout_ns);
+        if timeout == 0 || clock::now_ns().saturating_sub(barrier.trigger_ns) < timeout {
+            return Ok(());
+        }
+        self.gate = Gate::Idle;
+        self.start_unaligned(barrier, first_ns, ctx)
+    }
+
+    fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let n = self.replay.len().min(self.batch_size);
+        self.batch.extend(self.replay.drain(..n));
+        ctx.records_in += n as u64;
+        self.chain.collect(&mut self.batch, ctx)?;
+        self.batch.clear();
+        Ok(())
+    }
+}
+
+impl<T: Data> Task for InputTask<T> {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
-        if let Some(p) = drain_phase(&mut self.phase, &mut *self.chain, ctx)? {
+        if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
+        }
+        if !self.replay.is_empty() {
+            self.feed_replay(ctx)?;
+            return Ok(TaskPoll::Progress);
+        }
+        let mode = Self::mode(ctx);
+        if mode == Some(CheckpointMode::Unaligned) || matches!(self.gate, Gate::Recording { .. }) {
+            self.look_ahead(ctx)?;
+        } else if mode == Some(CheckpointMode::Aligned) {
+            self.check_alignment_timeout(ctx)?;
         }
         let mut budget = self.batch_size;
         let mut progressed = false;
         let mut queued = 0u64;
         let n_inputs = self.inputs.len();
         for k in 0..n_inputs {
-            let i = (self.next_input + k) % n_inputs;
-            let inbox = &mut self.inputs[i];
-            if inbox.ended {
-                continue;
+            if self.phase != Phase::Running {
+                break;
             }
+            let i = (self.next_input + k) % n_inputs;
+            let recording_id = match &self.gate {
+                Gate::Recording { snap, .. } => Some(snap.id()),
+                _ => None,
+            };
+            if recording_id.is_some() {
+                // Everything readable must be recorded before it is consumed.
+                self.look_ahead(ctx)?;
+            }
+            let inbox = &mut self.inputs[i];
             let available = inbox.ring.slots();
             queued += available as u64;
-            let n = available.min(budget);
+            if inbox.ended || inbox.blocked {
+                continue;
+            }
+            let mut n = available.min(budget);
+            if matches!(recording_id, Some(id) if !inbox.has(id)) {
+                // Only what look-ahead has recorded.
+                n = n.min(inbox.scanned);
+            }
             if n == 0 {
                 continue;
             }
-            budget -= n;
             progressed = true;
-            let chunk = inbox
-                .ring
-                .read_chunk(n)
-                .expect("slots() promised n readable slots and only this consumer reads");
-            for message in chunk {
-                match message {
-                    Message::Data(record) => self.batch.push(record),
-                    Message::End => {
-                        inbox.ended = true;
-                        self.open_inputs -= 1;
-                    }
-                    Message::Barrier(_) | Message::Watermark(_) => {
-                        unreachable!("no producer emits barriers or watermarks without checkpointing/event time")
+            let mut control = None;
+            let mut consumed = 0;
+            {
+                let chunk = inbox
+                    .ring
+                    .read_chunk(n)
+                    .expect("slots() promised n readable slots and only this consumer reads");
+                for message in chunk {
+                    consumed += 1;
+                    match message {
+                        Message::Data(record) => self.batch.push(record),
+                        other => {
+                            // Stop here: what follows the control message
+                            // stays in the ring (an aligned input may block).
+                            control = Some(other);
+                            break;
+                        }
                     }
                 }
             }
+            inbox.scanned = inbox.scanned.saturating_sub(consumed);
+            budget -= consumed;
             ctx.records_in += self.batch.len() as u64;
             if !self.batch.is_empty() {
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();
+            }
+            match control {
+                Some(Message::End) => {
+                    self.inputs[i].ended = true;
+                    self.open_inputs -= 1;
+                    self.complete_collecting(ctx)?;
+                    self.finish_recording_if_done(ctx);
+                }
+                Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
+                Some(Message::Watermark(_)) | Some(Message::Data(_)) | None => {}
             }
             if budget == 0 {
                 break;
@@ -206,11 +674,44 @@ impl<T: Send> Task for InputTask<T> {
         ctx.counters
             .input_queued
             .store(queued, std::sync::atomic::Ordering::Relaxed);
-        if self.open_inputs == 0 {
-            self.chain.finish(ctx)?;
-            self.phase = Phase::Draining;
+        if self.open_inputs == 0 && self.phase == Phase::Running {
+            match ctx.ckpt.as_ref().map(|c| c.signals.final_id()) {
+                Some(final_id) if final_id > 0 => self.phase = Phase::AwaitFinal(final_id),
+                _ => {
+                    self.chain.finish(ctx)?;
+                    self.phase = Phase::Draining;
+                }
+            }
             return Ok(TaskPoll::Progress);
         }
         Ok(if progressed { TaskPoll::Progress } else { TaskPoll::Idle })
+    }
+
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.last_barrier = r.checkpoint;
+        for inbox in &mut self.inputs {
+            inbox.delivered = r.checkpoint;
+        }
+        match r.own {
+            Some(own) => {
+                for (i, bytes) in &own.input_channels {
+                    if *i as usize >= self.inputs.len() {
+                        return Err(format!("checkpoint {}: input channel {i} does not exist", r.checkpoint).into());
+                    }
+                    self.replay.extend(decode_all::<T>(bytes)?);
+                }
+            }
+            None => {
+                if r.all.iter().any(|s| !s.input_channels.is_empty()) {
+                    return Err(format!(
+                        "checkpoint {} holds in-flight records of an unaligned checkpoint; \
+                         restore it at the same parallelism",
+                        r.checkpoint
+                    )
+                    .into());
+                }
+            }
+        }
+        self.chain.restore(r, ctx)
     }
 }

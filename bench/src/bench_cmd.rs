@@ -1,0 +1,199 @@
+//! `weir bench`: run a benchmark job and report throughput and latency.
+
+use std::io::{IsTerminal, Write};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use weir_core::{clock, JobHandle, Outcome, RuntimeConfig};
+
+use crate::pipelines::{build, Kind, Spec, Totals};
+use crate::report::{header, row, BenchResult, Machine, Percentiles};
+
+/// Arguments of `weir bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    /// Which job to run.
+    #[arg(long, value_enum, default_value = "keyed")]
+    pub pipeline: Kind,
+    /// Records to generate [default: 100000000 closed loop, 5 s worth with --rate].
+    #[arg(long)]
+    pub events: Option<u64>,
+    /// Open loop at this many records per second (total); omit for full speed.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Distinct keys.
+    #[arg(long, default_value_t = 10_000)]
+    pub keys: u64,
+    /// Parallelism of every operator; a comma-separated list runs a sweep
+    /// [default: one per core].
+    #[arg(long, value_delimiter = ',')]
+    pub parallelism: Vec<usize>,
+    /// Worker threads [default: one per core].
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Slots per ring.
+    #[arg(long, default_value_t = RuntimeConfig::default().ring_capacity)]
+    pub ring_capacity: usize,
+    /// Records per scheduling turn.
+    #[arg(long, default_value_t = RuntimeConfig::default().batch_size)]
+    pub batch_size: usize,
+    /// Generator seed.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Append one JSON object per run to this file.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+}
+
+/// Errors of the `weir` command.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A bad argument.
+    #[error("{0}")]
+    Usage(String),
+    /// The engine failed.
+    #[error(transparent)]
+    Engine(#[from] weir_core::Error),
+    /// The benchmark delivered a wrong result: the engine lost or duplicated records.
+    #[error("wrong result: {0}")]
+    Wrong(String),
+    /// Writing the report failed.
+    #[error("cannot write {path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+/// Runs `weir bench`.
+pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
+    if args.keys == 0 {
+        return Err(CliError::Usage("--keys must be at least 1".into()));
+    }
+    if let Some(r) = args.rate {
+        if !(r.is_finite() && r > 0.0) {
+            return Err(CliError::Usage(format!("--rate must be a positive number, got {r}")));
+        }
+    }
+    let events = args.events.unwrap_or(match args.rate {
+        None => 100_000_000,
+        Some(r) => ((r * 5.0) as u64).max(1000),
+    });
+    if events == 0 {
+        return Err(CliError::Usage("--events must be at least 1".into()));
+    }
+    let cores = weir_core::available_cores();
+    let sweep = if args.parallelism.is_empty() {
+        vec![cores]
+    } else {
+        args.parallelism.clone()
+    };
+    let mut results = Vec::new();
+    println!("{}", header());
+    for &parallelism in &sweep {
+        let spec = Spec {
+            kind: args.pipeline,
+            events,
+            rate: args.rate,
+            keys: args.keys,
+            parallelism,
+            seed: args.seed,
+        };
+        let config = RuntimeConfig {
+            workers: args.workers.unwrap_or(cores),
+            ring_capacity: args.ring_capacity,
+            batch_size: args.batch_size,
+            ..RuntimeConfig::default()
+        };
+        let result = run_one(&spec, config)?;
+        println!("{}", row(&result));
+        if let Some(path) = &args.json {
+            append_json(path, &result)?;
+        }
+        results.push(result);
+    }
+    Ok(results)
+}
+
+fn run_one(spec: &Spec, config: RuntimeConfig) -> Result<BenchResult, CliError> {
+    let totals = Totals::default();
+    let workers = config.workers;
+    // Every generator subtask shares one schedule origin, slightly in the
+    // future so that thread start-up is not counted as latency.
+    let start_ns = clock::now_ns() + 5_000_000;
+    let job = build(spec, start_ns, &totals).run(config)?;
+    watch(&job, spec.events);
+    let result = job.join()?;
+    if result.outcome != Outcome::Finished {
+        return Err(CliError::Wrong("the job was cancelled".into()));
+    }
+    let delivered = totals.count.load(Ordering::Relaxed);
+    let expected = spec.kind.expected_output(spec.events);
+    if delivered != expected {
+        return Err(CliError::Wrong(format!(
+            "{delivered} records reached the sinks, expected {expected}"
+        )));
+    }
+    let seconds = result.elapsed.as_secs_f64();
+    Ok(BenchResult {
+        pipeline: spec.kind.name(),
+        mode: "none",
+        parallelism: spec.parallelism,
+        workers,
+        keys: spec.keys,
+        rate: spec.rate,
+        events: spec.events,
+        sink_records: delivered,
+        seconds,
+        events_per_sec: spec.events as f64 / seconds,
+        latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+        machine: Machine::here(),
+    })
+}
+
+/// Shows a progress bar on a terminal until the job ends.
+fn watch(job: &JobHandle, events: u64) {
+    let terminal = std::io::stderr().is_terminal();
+    let bar = terminal.then(|| {
+        let b = ProgressBar::new(events);
+        b.set_style(
+            ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {human_pos}/{human_len} {per_sec}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        b
+    });
+    while !job.is_finished() {
+        std::thread::sleep(Duration::from_millis(100));
+        if let Some(b) = &bar {
+            let emitted: u64 = job
+                .metrics()
+                .tasks
+                .iter()
+                .filter(|t| t.input_capacity == 0)
+                .map(|t| t.records_in)
+                .sum();
+            b.set_position(emitted);
+        }
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+}
+
+fn append_json(path: &std::path::Path, result: &BenchResult) -> Result<(), CliError> {
+    let io = |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    let line = serde_json::to_string(result).expect("a result always serialises");
+    writeln!(f, "{line}").map_err(io)
+}

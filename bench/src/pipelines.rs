@@ -1,0 +1,164 @@
+//! The benchmark jobs of `weir bench`, built with the public API exactly as
+//! a user would build them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use weir_core::{BoxError, Pipeline, Sink, SinkContext};
+use weir_io::{GenContext, Generator, GeneratorConfig};
+
+use crate::event::Event;
+
+/// Which benchmark job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// generator -> map -> filter -> counting sink (all chained).
+    Stateless,
+    /// generator -> key_by -> running sum per key -> counting sink.
+    Keyed,
+}
+
+impl Kind {
+    /// The name used in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Stateless => "stateless",
+            Kind::Keyed => "keyed",
+        }
+    }
+
+    /// How many records reach the sink for `events` generated.
+    pub fn expected_output(self, events: u64) -> u64 {
+        match self {
+            // The filter drops sequence numbers 15, 31, 47, ...
+            Kind::Stateless => events - events / 16,
+            Kind::Keyed => events,
+        }
+    }
+}
+
+/// Parameters of one benchmark run.
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The job.
+    pub kind: Kind,
+    /// Records generated in total.
+    pub events: u64,
+    /// Records per second in total, or full speed.
+    pub rate: Option<f64>,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Parallelism of every operator.
+    pub parallelism: usize,
+    /// Generator seed.
+    pub seed: u64,
+}
+
+/// Counts records and records their latency, one histogram update per run
+/// of records with the same emission stamp.
+pub struct CountSink {
+    count: u64,
+    checksum: u64,
+    total: Arc<AtomicU64>,
+    total_checksum: Arc<AtomicU64>,
+}
+
+impl CountSink {
+    /// A sink adding its final count and checksum into the shared totals.
+    pub fn new(total: Arc<AtomicU64>, total_checksum: Arc<AtomicU64>) -> Self {
+        CountSink {
+            count: 0,
+            checksum: 0,
+            total,
+            total_checksum,
+        }
+    }
+}
+
+impl Sink<Event> for CountSink {
+    #[inline]
+    fn write(&mut self, batch: &mut Vec<Event>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        let Some(first) = batch.first() else {
+            return Ok(());
+        };
+        let mut stamp = first.emitted_ns;
+        let mut run = 0u64;
+        let mut checksum = self.checksum;
+        for e in batch.iter() {
+            checksum = checksum.wrapping_add(e.value);
+            if e.emitted_ns == stamp {
+                run += 1;
+            } else {
+                ctx.record_latency_n(stamp, run);
+                stamp = e.emitted_ns;
+                run = 1;
+            }
+        }
+        ctx.record_latency_n(stamp, run);
+        self.checksum = checksum;
+        self.count += batch.len() as u64;
+        batch.clear();
+        Ok(())
+    }
+
+    fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.total.fetch_add(self.count, Ordering::Relaxed);
+        self.total_checksum.fetch_add(self.checksum, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Shared totals the sinks report into when they finish.
+#[derive(Debug, Default, Clone)]
+pub struct Totals {
+    /// Records that reached the sinks.
+    pub count: Arc<AtomicU64>,
+    /// Wrapping sum of the values that reached the sinks.
+    pub checksum: Arc<AtomicU64>,
+}
+
+/// Builds the job for `spec`; the generator's schedule starts at `start_ns`.
+pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
+    let gen = GeneratorConfig {
+        seed: spec.seed,
+        events: Some(spec.events),
+        rate: spec.rate,
+        start_ns: Some(start_ns),
+    };
+    let keys = spec.keys;
+    let p = spec.parallelism;
+    let pipeline = Pipeline::new(&format!("bench-{}", spec.kind.name()));
+    let events = pipeline.source("generator", p, move |i, p| {
+        Generator::new(gen, i, p, move |c: GenContext| Event {
+            // Multiply-shift maps the random word uniformly onto 0..keys
+            // without a division.
+            key: ((u128::from(c.random) * u128::from(keys)) >> 64) as u64,
+            value: c.seq,
+            emitted_ns: c.emitted_ns,
+            seq: c.seq,
+        })
+        .expect("generator settings are validated before the job is built")
+    });
+    let (count, checksum) = (totals.count.clone(), totals.checksum.clone());
+    let sink = move |_| CountSink::new(count.clone(), checksum.clone());
+    match spec.kind {
+        Kind::Stateless => events
+            .map(|e: Event| Event {
+                value: e.value.wrapping_mul(3).wrapping_add(1),
+                ..e
+            })
+            .filter(|e: &Event| e.seq % 16 != 15)
+            .sink("count", sink),
+        Kind::Keyed => events
+            .key_by(|e: &Event| e.key)
+            .parallelism(p)
+            .process(|_key: &u64, sum: &mut u64, e: Event, out| {
+                *sum = sum.wrapping_add(e.value);
+                out.emit(Event { value: *sum, ..e });
+            })
+            .name("running-sum")
+            .sink("count", sink),
+    }
+    pipeline
+}

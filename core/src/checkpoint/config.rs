@@ -1,0 +1,298 @@
+//! Checkpoint and restart settings, with their defaults and validation.
+//!
+//! Every setting is checked by [`CheckpointConfig::validate`] before a job
+//! starts; a bad value is an [`crate::Error::InvalidConfig`] naming it.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::{Error, Result};
+
+/// How barriers are handled at tasks with several inputs, and so what the
+/// job guarantees. Checkpointing off (no [`CheckpointConfig`]) is the fourth
+/// choice: at-most-once, nothing is replayed after a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum CheckpointMode {
+    /// Exactly-once: an input that delivered barrier `n` is not read again
+    /// until barrier `n` arrived on every input; then the task snapshots.
+    Aligned,
+    /// Exactly-once without waiting: the first barrier `n` triggers the
+    /// snapshot at once, overtaking queued records; the overtaken records
+    /// are stored in the checkpoint (channel state) and replayed on recovery.
+    Unaligned,
+    /// At-least-once: inputs are never blocked; the task snapshots when
+    /// barrier `n` arrived on every input. Records may be replayed twice.
+    AtLeastOnce,
+}
+
+impl CheckpointMode {
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckpointMode::Aligned => "aligned",
+            CheckpointMode::Unaligned => "unaligned",
+            CheckpointMode::AtLeastOnce => "at-least-once",
+        }
+    }
+
+    /// True for the modes that promise exactly-once state.
+    pub fn is_exactly_once(self) -> bool {
+        !matches!(self, CheckpointMode::AtLeastOnce)
+    }
+}
+
+/// What to keep when a job is cancelled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetainOnCancel {
+    /// Keep the retained completed checkpoints, to resume later.
+    Keep,
+    /// Delete every checkpoint of the job.
+    Delete,
+}
+
+/// Which checkpoint a starting job restores from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RestoreFrom {
+    /// The latest completed checkpoint in the directory, if any; a corrupt
+    /// latest checkpoint is an error (never silently skipped).
+    Latest,
+    /// The latest completed checkpoint that verifies; older ones are used
+    /// only when the user asks for it this way, because output committed
+    /// from a newer checkpoint could then be produced again.
+    LatestValid,
+    /// Exactly this checkpoint.
+    Id(u64),
+    /// Start fresh, ignoring (but not deleting) existing checkpoints.
+    Nothing,
+}
+
+/// Checkpoint settings of a job.
+///
+/// ```
+/// use std::time::Duration;
+/// use weir_core::{CheckpointConfig, CheckpointMode};
+/// let cfg = CheckpointConfig {
+///     interval: Duration::from_millis(100),
+///     ..CheckpointConfig::new(CheckpointMode::Aligned, "/tmp/weir-ckpt")
+/// };
+/// assert!(cfg.validate().is_ok());
+/// ```
+#[derive(Debug, Clone)]
+pub struct CheckpointConfig {
+    /// Barrier handling.
+    pub mode: CheckpointMode,
+    /// Where checkpoints are stored (created if missing).
+    pub dir: PathBuf,
+    /// Time between two checkpoint triggers. Default 1 s.
+    pub interval: Duration,
+    /// A checkpoint not complete after this long is aborted. Default 60 s.
+    pub timeout: Duration,
+    /// Least time between the end of one checkpoint and the next trigger.
+    /// Default 0.
+    pub min_pause: Duration,
+    /// Most checkpoints in flight at once. Default 1.
+    pub max_concurrent: usize,
+    /// Consecutive failed checkpoints tolerated; one more fails the job.
+    /// Default 3.
+    pub tolerable_failures: u32,
+    /// Completed checkpoints kept on disk (the newest ones). Default 2.
+    pub retained: usize,
+    /// What cancel leaves behind. Default: keep.
+    pub retain_on_cancel: RetainOnCancel,
+    /// Aligned mode only: when alignment of checkpoint `n` has lasted this
+    /// long since its trigger, the checkpoint switches to unaligned at that
+    /// task. Default: never.
+    pub alignment_timeout: Option<Duration>,
+    /// Which checkpoint to start from. Default: the latest.
+    pub restore: RestoreFrom,
+}
+
+/// Shortest accepted checkpoint interval: below it, barriers would be
+/// injected more often than a worker turn.
+pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
+/// Most checkpoints in flight at once: bounds memory for pending state.
+pub const MAX_CONCURRENT: usize = 16;
+/// Most completed checkpoints retained.
+pub const MAX_RETAINED: usize = 1000;
+
+impl CheckpointConfig {
+    /// Defaults for `mode`, storing into `dir`.
+    pub fn new(mode: CheckpointMode, dir: impl Into<PathBuf>) -> Self {
+        CheckpointConfig {
+            mode,
+            dir: dir.into(),
+            interval: Duration::from_secs(1),
+            timeout: Duration::from_secs(60),
+            min_pause: Duration::ZERO,
+            max_concurrent: 1,
+            tolerable_failures: 3,
+            retained: 2,
+            retain_on_cancel: RetainOnCancel::Keep,
+            alignment_timeout: None,
+            restore: RestoreFrom::Latest,
+        }
+    }
+
+    /// Checks every setting.
+    pub fn validate(&self) -> Result<()> {
+        if self.interval < MIN_INTERVAL {
+            return Err(Error::config(
+                "checkpoint.interval",
+                format!("{:?}", self.interval),
+                "must be at least 1 ms",
+            ));
+        }
+        if self.timeout < self.interval.min(Duration::from_millis(10)) {
+            return Err(Error::config(
+                "checkpoint.timeout",
+                format!("{:?}", self.timeout),
+                "must be at least 10 ms (or the interval, if smaller)",
+            ));
+        }
+        if self.max_concurrent == 0 || self.max_concurrent > MAX_CONCURRENT {
+            return Err(Error::config(
+                "checkpoint.max_concurrent",
+                self.max_concurrent,
+                "must be between 1 and 16",
+            ));
+        }
+        if self.retained == 0 || self.retained > MAX_RETAINED {
+            return Err(Error::config(
+                "checkpoint.retained",
+                self.retained,
+                "must be between 1 and 1000",
+            ));
+        }
+        if self.dir.as_os_str().is_empty() {
+            return Err(Error::config("checkpoint.dir", "\"\"", "must name a directory"));
+        }
+        if let Some(t) = self.alignment_timeout {
+            if self.mode != CheckpointMode::Aligned {
+                return Err(Error::config(
+                    "checkpoint.alignment_timeout",
+                    format!("{t:?}"),
+                    "applies only to the aligned mode",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What the job does when a task fails.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum RestartStrategy {
+    /// Fail the job at the first task failure.
+    None,
+    /// Restart after a fixed delay, at most `attempts` times in total.
+    FixedDelay {
+        /// Restarts allowed.
+        attempts: u32,
+        /// Wait before each restart.
+        delay: Duration,
+    },
+    /// Restart after a delay that grows by `multiplier` each time, from
+    /// `initial` up to `max`, at most `attempts` times in total.
+    ExponentialBackoff {
+        /// Restarts allowed.
+        attempts: u32,
+        /// First delay.
+        initial: Duration,
+        /// Largest delay.
+        max: Duration,
+        /// Growth factor, at least 1.
+        multiplier: f64,
+    },
+}
+
+impl Default for RestartStrategy {
+    fn default() -> Self {
+        RestartStrategy::None
+    }
+}
+
+impl RestartStrategy {
+    /// The delay before restart number `attempt` (1-based), or `None` when
+    /// no more restarts are allowed.
+    pub fn delay(&self, attempt: u32) -> Option<Duration> {
+        match *self {
+            RestartStrategy::None => None,
+            RestartStrategy::FixedDelay { attempts, delay } => (attempt <= attempts).then_some(delay),
+            RestartStrategy::ExponentialBackoff {
+                attempts,
+                initial,
+                max,
+                multiplier,
+            } => (attempt <= attempts).then(|| {
+                let f = multiplier.max(1.0).powi(attempt.saturating_sub(1).min(64) as i32);
+                initial.mul_f64(f.min(1e9)).min(max)
+            }),
+        }
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        if let RestartStrategy::ExponentialBackoff { multiplier, initial, max, .. } = *self {
+            if !(multiplier.is_finite() && multiplier >= 1.0) {
+                return Err(Error::config("restart.multiplier", multiplier, "must be a number >= 1"));
+            }
+            if initial > max {
+                return Err(Error::config(
+                    "restart.initial",
+                    format!("{initial:?}"),
+                    "must not exceed restart.max",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_are_named() {
+        let ok = CheckpointConfig::new(CheckpointMode::Unaligned, "/tmp/x");
+        ok.validate().unwrap();
+        let cases = [
+            (CheckpointConfig { interval: Duration::ZERO, ..ok.clone() }, "checkpoint.interval"),
+            (CheckpointConfig { max_concurrent: 0, ..ok.clone() }, "checkpoint.max_concurrent"),
+            (CheckpointConfig { retained: 0, ..ok.clone() }, "checkpoint.retained"),
+            (CheckpointConfig { dir: PathBuf::new(), ..ok.clone() }, "checkpoint.dir"),
+            (
+                CheckpointConfig { alignment_timeout: Some(Duration::from_millis(5)), ..ok.clone() },
+                "checkpoint.alignment_timeout",
+            ),
+        ];
+        for (cfg, name) in cases {
+            let msg = cfg.validate().unwrap_err().to_string();
+            assert!(msg.contains(name), "{msg}");
+        }
+    }
+
+    #[test]
+    fn restart_delays() {
+        let fixed = RestartStrategy::FixedDelay { attempts: 2, delay: Duration::from_millis(5) };
+        assert_eq!(fixed.delay(1), Some(Duration::from_millis(5)));
+        assert_eq!(fixed.delay(3), None);
+        let exp = RestartStrategy::ExponentialBackoff {
+            attempts: 10,
+            initial: Duration::from_millis(10),
+            max: Duration::from_millis(50),
+            multiplier: 2.0,
+        };
+        let d: Vec<_> = (1..=5).map(|a| exp.delay(a).unwrap().as_millis()).collect();
+        assert_eq!(d, vec![10, 20, 40, 50, 50]);
+        assert_eq!(RestartStrategy::None.delay(1), None);
+        let bad = RestartStrategy::ExponentialBackoff {
+            attempts: 1,
+            initial: Duration::from_millis(1),
+            max: Duration::from_millis(2),
+            multiplier: 0.5,
+        };
+        assert!(bad.validate().is_err());
+    }
+}

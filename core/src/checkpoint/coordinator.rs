@@ -1,0 +1,336 @@
+//! The checkpoint coordinator: decides when to trigger, collects the
+//! tasks' acknowledgements, makes completed checkpoints durable, notifies
+//! the tasks, aborts what failed or timed out, and prunes old checkpoints.
+//!
+//! It runs on the job's own thread, never on a worker: its only contact
+//! with the data path is [`Signals`] (a few atomics) and the [`Event`]
+//! channel.
+//!
+//! Trigger rule (one place, like Flink's request decider): a new checkpoint
+//! starts when fewer than `max_concurrent` are pending, `interval` has
+//! passed since the last trigger and `min_pause` since the last completion.
+//! Once every source is exhausted, the final checkpoint is triggered at
+//! once (at most `max_concurrent` still applies) and nothing after it.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use super::config::{CheckpointConfig, RetainOnCancel};
+use super::signals::{Event, Signals};
+use super::snapshot::TaskAck;
+use super::stats::{CheckpointRecord, CheckpointStats, TaskCheckpointStats};
+use super::storage::{self, Manifest, ManifestGroup, ManifestTask};
+use crate::clock;
+
+struct Pending {
+    trigger: Instant,
+    trigger_unix_ms: u64,
+    is_final: bool,
+    acks: Vec<Option<TaskAck>>,
+    received: usize,
+}
+
+/// Why the coordinator stops the job.
+#[derive(Debug)]
+pub(crate) enum CoordinatorError {
+    /// More consecutive failures than tolerated, or the final checkpoint failed.
+    Failed(String),
+}
+
+/// Identity of one task, in graph order.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskInfo {
+    pub(crate) group: usize,
+    pub(crate) subtask: usize,
+    pub(crate) name: String,
+    pub(crate) is_source: bool,
+}
+
+pub(crate) struct Coordinator {
+    cfg: CheckpointConfig,
+    root: PathBuf,
+    signals: Arc<Signals>,
+    job: String,
+    fingerprint: String,
+    groups: Vec<ManifestGroup>,
+    tasks: Vec<TaskInfo>,
+    sources_exhausted: Vec<bool>,
+    next_id: u64,
+    pending: BTreeMap<u64, Pending>,
+    last_trigger: Instant,
+    last_completion: Instant,
+    consecutive_failures: u32,
+    final_triggered: bool,
+    final_completed: Option<u64>,
+    retained: VecDeque<u64>,
+    stats: Arc<Mutex<CheckpointStats>>,
+    job_start_ns: u64,
+}
+
+impl Coordinator {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn new(
+        cfg: CheckpointConfig,
+        signals: Arc<Signals>,
+        job: String,
+        fingerprint: String,
+        groups: Vec<ManifestGroup>,
+        tasks: Vec<TaskInfo>,
+        last_completed: u64,
+        retained: VecDeque<u64>,
+        stats: Arc<Mutex<CheckpointStats>>,
+    ) -> Self {
+        let now = Instant::now();
+        let n = tasks.len();
+        Coordinator {
+            root: cfg.dir.clone(),
+            cfg,
+            signals,
+            job,
+            fingerprint,
+            groups,
+            tasks,
+            sources_exhausted: vec![false; n],
+            next_id: last_completed + 1,
+            pending: BTreeMap::new(),
+            last_trigger: now,
+            last_completion: now,
+            consecutive_failures: 0,
+            final_triggered: false,
+            final_completed: None,
+            retained,
+            stats,
+            job_start_ns: clock::now_ns(),
+        }
+    }
+
+    /// The final checkpoint of a bounded job, once complete.
+    pub(crate) fn final_completed(&self) -> Option<u64> {
+        self.final_completed
+    }
+
+    /// How long the job thread may wait for events before calling `tick`.
+    pub(crate) fn next_wakeup(&self) -> Duration {
+        let now = Instant::now();
+        let mut wake = Duration::from_millis(10);
+        let due = (self.last_trigger + self.cfg.interval).saturating_duration_since(now);
+        wake = wake.min(due);
+        for p in self.pending.values() {
+            wake = wake.min((p.trigger + self.cfg.timeout).saturating_duration_since(now));
+        }
+        wake.max(Duration::from_micros(100))
+    }
+
+    fn all_sources_exhausted(&self) -> bool {
+        self.tasks
+            .iter()
+            .zip(&self.sources_exhausted)
+            .all(|(t, e)| !t.is_source || *e)
+    }
+
+    /// Triggers and times out checkpoints as due.
+    pub(crate) fn tick(&mut self) -> Result<(), CoordinatorError> {
+        let now = Instant::now();
+        let timed_out: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.trigger) >= self.cfg.timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in timed_out {
+            self.abort(id, format!("not complete after the timeout of {:?}", self.cfg.timeout))?;
+        }
+        if self.final_triggered || self.pending.len() >= self.cfg.max_concurrent {
+            return Ok(());
+        }
+        let is_final = self.all_sources_exhausted();
+        let due = now.duration_since(self.last_trigger) >= self.cfg.interval
+            && now.duration_since(self.last_completion) >= self.cfg.min_pause;
+        if is_final || due {
+            self.trigger(now, is_final);
+        }
+        Ok(())
+    }
+
+    fn trigger(&mut self, now: Instant, is_final: bool) {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.last_trigger = now;
+        self.final_triggered = is_final;
+        let trigger_unix_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        self.pending.insert(
+            id,
+            Pending {
+                trigger: now,
+                trigger_unix_ms,
+                is_final,
+                acks: vec![None; self.tasks.len()],
+                received: 0,
+            },
+        );
+        tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
+        self.signals.trigger(id, clock::now_ns(), is_final);
+    }
+
+    /// Handles one event from a task.
+    pub(crate) fn handle(&mut self, event: Event) -> Result<(), CoordinatorError> {
+        match event {
+            Event::Ack(ack) => {
+                let id = ack.id;
+                let Some(p) = self.pending.get_mut(&id) else {
+                    // Late ack of an aborted checkpoint: its folder is gone
+                    // or going; remove what the task just wrote.
+                    let _ = storage::remove_checkpoint(&self.root, id);
+                    return Ok(());
+                };
+                let task = ack.task;
+                if p.acks[task].is_none() {
+                    p.received += 1;
+                }
+                p.acks[task] = Some(*ack);
+                if p.received == self.tasks.len() {
+                    self.complete(id)?;
+                }
+                Ok(())
+            }
+            Event::Decline { id, task, reason } => {
+                if self.pending.contains_key(&id) {
+                    let t = &self.tasks[task];
+                    self.abort(id, format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask))?;
+                }
+                Ok(())
+            }
+            Event::SourceExhausted { task } => {
+                self.sources_exhausted[task] = true;
+                Ok(())
+            }
+        }
+    }
+
+    fn complete(&mut self, id: u64) -> Result<(), CoordinatorError> {
+        let p = self.pending.remove(&id).expect("completing a pending checkpoint");
+        let acks: Vec<TaskAck> = p.acks.into_iter().map(|a| a.expect("every task acked")).collect();
+        let duration = p.trigger.elapsed();
+        let manifest = Manifest {
+            version: 1,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            id,
+            mode: self.cfg.mode,
+            is_final: p.is_final,
+            trigger_unix_ms: p.trigger_unix_ms,
+            duration_us: duration.as_micros() as u64,
+            groups: self.groups.clone(),
+            tasks: acks
+                .iter()
+                .map(|a| ManifestTask {
+                    group: self.tasks[a.task].group,
+                    subtask: self.tasks[a.task].subtask,
+                    file: a.file.clone(),
+                    state_bytes: a.state_bytes,
+                    channel_state_bytes: a.channel_state_bytes,
+                    sync_us: a.sync_ns / 1000,
+                    async_us: a.async_ns / 1000,
+                    alignment_us: a.alignment_ns / 1000,
+                })
+                .collect(),
+            files: acks.iter().map(|a| a.file.clone()).collect(),
+        };
+        if let Err(e) = manifest.commit(&self.root) {
+            // Put it back so that abort() accounts for it.
+            self.pending.insert(
+                id,
+                Pending {
+                    trigger: p.trigger,
+                    trigger_unix_ms: p.trigger_unix_ms,
+                    is_final: p.is_final,
+                    acks: Vec::new(),
+                    received: 0,
+                },
+            );
+            return self.abort(id, format!("writing the manifest failed: {e}"));
+        }
+        let duration = p.trigger.elapsed();
+        self.signals.complete(id);
+        self.last_completion = Instant::now();
+        self.consecutive_failures = 0;
+        if p.is_final {
+            self.final_completed = Some(id);
+        }
+        tracing::debug!(checkpoint = id, ?duration, "checkpoint complete");
+        let record = CheckpointRecord {
+            id,
+            is_final: p.is_final,
+            trigger_ms: (clock::now_ns().saturating_sub(self.job_start_ns) as f64 / 1e6) - duration.as_secs_f64() * 1e3,
+            duration_us: duration.as_micros() as u64,
+            state_bytes: acks.iter().map(|a| a.state_bytes).sum(),
+            channel_state_bytes: acks.iter().map(|a| a.channel_state_bytes).sum(),
+            tasks: acks
+                .iter()
+                .map(|a| TaskCheckpointStats {
+                    task: self.tasks[a.task].name.clone(),
+                    subtask: self.tasks[a.task].subtask,
+                    sync_us: a.sync_ns / 1000,
+                    async_us: a.async_ns / 1000,
+                    alignment_us: a.alignment_ns / 1000,
+                    state_bytes: a.state_bytes,
+                    channel_state_bytes: a.channel_state_bytes,
+                })
+                .collect(),
+        };
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).record_completed(record);
+        self.retained.push_back(id);
+        while self.retained.len() > self.cfg.retained {
+            let old = self.retained.pop_front().expect("non-empty");
+            if let Err(e) = storage::remove_checkpoint(&self.root, old) {
+                tracing::warn!(checkpoint = old, error = %e, "could not delete an old checkpoint");
+            }
+        }
+        Ok(())
+    }
+
+    fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
+        let Some(p) = self.pending.remove(&id) else { return Ok(()) };
+        self.signals.abort(id);
+        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
+        }
+        self.consecutive_failures += 1;
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
+        tracing::warn!(checkpoint = id, %reason, "checkpoint aborted");
+        if p.is_final {
+            return Err(CoordinatorError::Failed(format!("the final checkpoint {id} failed: {reason}")));
+        }
+        if self.consecutive_failures > self.cfg.tolerable_failures {
+            return Err(CoordinatorError::Failed(format!(
+                "{} consecutive checkpoints failed (tolerated: {}); last: checkpoint {id}: {reason}",
+                self.consecutive_failures, self.cfg.tolerable_failures
+            )));
+        }
+        Ok(())
+    }
+
+    /// The job is over: abort what is pending; on cancel, apply retention.
+    pub(crate) fn shutdown(&mut self, cancelled: bool) {
+        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        for id in ids {
+            self.pending.remove(&id);
+            self.signals.abort(id);
+            let _ = storage::remove_checkpoint(&self.root, id);
+        }
+        if cancelled && self.cfg.retain_on_cancel == RetainOnCancel::Delete {
+            for id in self.retained.drain(..) {
+                let _ = storage::remove_checkpoint(&self.root, id);
+            }
+        }
+    }
+
+    /// Completed checkpoints on disk, oldest first.
+    pub(crate) fn retained(&self) -> VecDeque<u64> {
+        self.retained.clone()
+    }
+}

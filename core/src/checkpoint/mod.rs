@@ -1,0 +1,28 @@
+//! Consistent checkpoints by asynchronous barrier snapshotting, and
+//! recovery from them.
+//!
+//! A coordinator (its own thread) triggers checkpoint `n`; every source
+//! injects barrier `n` between two batches and stores its offset; every task
+//! snapshots its operators' state when barrier `n` has passed (how depends
+//! on the [`CheckpointMode`]) and acknowledges with the files it wrote; when
+//! every task has acknowledged, the coordinator writes the manifest durably
+//! and the checkpoint is complete. Sinks commit on the completion notice.
+//! On failure, the job restarts by its [`RestartStrategy`] from the latest
+//! completed checkpoint: operator state restored, sources rewound to their
+//! offsets, in-flight records of an unaligned checkpoint replayed first.
+//!
+//! See `docs/checkpointing.md` for the modes, settings and file layout.
+
+mod config;
+pub(crate) mod coordinator;
+pub(crate) mod recovery;
+pub(crate) mod signals;
+pub(crate) mod snapshot;
+pub(crate) mod stats;
+pub mod storage;
+
+pub use config::{
+    CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, MAX_CONCURRENT, MAX_RETAINED,
+    MIN_INTERVAL,
+};
+pub use stats::{CheckpointRecord, CheckpointStats, RestartRecord, TaskCheckpointStats, MAX_HISTORY};

@@ -1,0 +1,94 @@
+//! Finding and loading the checkpoint a job starts from.
+//!
+//! Only complete checkpoints (a manifest that verifies) are candidates.
+//! Every file the manifest names is checked (present, size, CRC32) before
+//! anything is restored; a failure is an error naming the checkpoint, the
+//! file and the position, and the job does not start. Falling back to an
+//! older checkpoint happens only with [`RestoreFrom::LatestValid`].
+
+use std::path::Path;
+
+use super::config::RestoreFrom;
+use super::snapshot::TaskState;
+use super::storage::{self, Manifest};
+use crate::error::{Error, Result};
+
+/// A loaded checkpoint.
+#[derive(Debug)]
+pub(crate) struct Restored {
+    pub(crate) manifest: Manifest,
+    /// Task states by chain group.
+    pub(crate) states: Vec<Vec<TaskState>>,
+}
+
+/// Loads and verifies checkpoint `id`.
+pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Result<Restored> {
+    let manifest = storage::read_manifest(root, id)
+        .map_err(Error::Restore)?
+        .ok_or_else(|| Error::Restore(format!("checkpoint {id} in {} is not complete (no manifest)", root.display())))?;
+    if manifest.fingerprint != fingerprint {
+        let theirs: Vec<String> = manifest.groups.iter().map(|g| g.operators.join(" -> ")).collect();
+        return Err(Error::Restore(format!(
+            "checkpoint {id} in {} belongs to another job graph (job '{}', fingerprint {}, chains [{}]); \
+             this job's fingerprint is {fingerprint}: use another checkpoint directory or start fresh",
+            root.display(),
+            manifest.job,
+            manifest.fingerprint,
+            theirs.join("; ")
+        )));
+    }
+    storage::verify_files(root, &manifest).map_err(Error::Restore)?;
+    let mut states: Vec<Vec<TaskState>> = (0..groups).map(|_| Vec::new()).collect();
+    for t in &manifest.tasks {
+        let path = root.join(&t.file.path);
+        let bytes = std::fs::read(&path).map_err(|e| Error::Restore(format!("{}: {e}", path.display())))?;
+        let state = TaskState::decode(&bytes, &format!("checkpoint {id}: {}", path.display())).map_err(Error::Restore)?;
+        let g = states
+            .get_mut(t.group)
+            .ok_or_else(|| Error::Restore(format!("checkpoint {id}: chain {} does not exist in this job", t.group)))?;
+        g.push(state);
+    }
+    Ok(Restored { manifest, states })
+}
+
+/// Completed checkpoint ids on disk (with a manifest), ascending.
+pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
+    let ids = storage::list_ids(root).map_err(|e| Error::Restore(format!("listing {}: {e}", root.display())))?;
+    Ok(ids
+        .into_iter()
+        .filter(|&id| storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists())
+        .collect())
+}
+
+/// Deletes checkpoint folders that never got a manifest (a crash or an
+/// abort left them); they are never restored.
+pub(crate) fn remove_incomplete(root: &Path) {
+    if let Ok(ids) = storage::list_ids(root) {
+        for id in ids {
+            if !storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists() {
+                let _ = storage::remove_checkpoint(root, id);
+            }
+        }
+    }
+}
+
+/// Picks and loads the checkpoint to start from.
+pub(crate) fn find(root: &Path, from: RestoreFrom, fingerprint: &str, groups: usize) -> Result<Option<Restored>> {
+    match from {
+        RestoreFrom::Nothing => Ok(None),
+        RestoreFrom::Id(id) => load(root, id, fingerprint, groups).map(Some),
+        RestoreFrom::Latest => match completed_ids(root)?.last() {
+            Some(&id) => load(root, id, fingerprint, groups).map(Some),
+            None => Ok(None),
+        },
+        RestoreFrom::LatestValid => {
+            for &id in completed_ids(root)?.iter().rev() {
+                match load(root, id, fingerprint, groups) {
+                    Ok(r) => return Ok(Some(r)),
+                    Err(e) => tracing::warn!(checkpoint = id, error = %e, "skipping a checkpoint that does not verify"),
+                }
+            }
+            Ok(None)
+        }
+    }
+}

@@ -1,0 +1,145 @@
+//! The few words the coordinator and the tasks exchange, off the data path.
+//!
+//! Coordinator to tasks: the latest triggered checkpoint (sources inject a
+//! barrier when it moves), the latest completed checkpoint (sinks commit
+//! when it moves), aborted checkpoints, and which checkpoint is the final
+//! one of a bounded job. A task reads these with one atomic load per
+//! scheduling turn; the locks here are taken only when a value changed.
+//!
+//! Tasks to coordinator: an [`Event`] channel carrying acknowledgements
+//! with state handles, refusals, and "source exhausted" notices.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+
+use super::config::CheckpointMode;
+use super::snapshot::TaskAck;
+
+/// Slots of the trigger-time table; a checkpoint's trigger time is found at
+/// `id % TRIGGER_SLOTS`. Larger than `MAX_CONCURRENT` so that no pending
+/// checkpoint's slot is reused while it is in flight.
+const TRIGGER_SLOTS: usize = 64;
+
+/// Shared between the coordinator and every task of one job attempt.
+#[derive(Debug)]
+pub(crate) struct Signals {
+    pub(crate) mode: CheckpointMode,
+    /// Latest triggered checkpoint id (0: none yet).
+    triggered: AtomicU64,
+    trigger_ns: [AtomicU64; TRIGGER_SLOTS],
+    /// The final checkpoint of a bounded job (0: not yet decided).
+    final_id: AtomicU64,
+    /// Latest completed checkpoint id (0: none).
+    completed: AtomicU64,
+    /// Incremented whenever `aborted` grows.
+    abort_seq: AtomicU64,
+    aborted: Mutex<Vec<u64>>,
+    /// Alignment timeout in nanoseconds (0: none).
+    pub(crate) alignment_timeout_ns: u64,
+}
+
+impl Signals {
+    pub(crate) fn new(mode: CheckpointMode, alignment_timeout_ns: u64, completed: u64) -> Self {
+        Signals {
+            mode,
+            triggered: AtomicU64::new(completed),
+            trigger_ns: std::array::from_fn(|_| AtomicU64::new(0)),
+            final_id: AtomicU64::new(0),
+            completed: AtomicU64::new(completed),
+            abort_seq: AtomicU64::new(0),
+            aborted: Mutex::new(Vec::new()),
+            alignment_timeout_ns,
+        }
+    }
+
+    /// Coordinator: trigger checkpoint `id` (ids strictly increase).
+    pub(crate) fn trigger(&self, id: u64, now_ns: u64, is_final: bool) {
+        debug_assert!(id > self.triggered.load(Ordering::Relaxed));
+        self.trigger_ns[id as usize % TRIGGER_SLOTS].store(now_ns, Ordering::Relaxed);
+        if is_final {
+            self.final_id.store(id, Ordering::Relaxed);
+        }
+        // Release: a task that sees `id` also sees its trigger time and flag.
+        self.triggered.store(id, Ordering::Release);
+    }
+
+    /// Latest triggered checkpoint.
+    #[inline]
+    pub(crate) fn triggered(&self) -> u64 {
+        self.triggered.load(Ordering::Acquire)
+    }
+
+    pub(crate) fn trigger_ns(&self, id: u64) -> u64 {
+        self.trigger_ns[id as usize % TRIGGER_SLOTS].load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn final_id(&self) -> u64 {
+        self.final_id.load(Ordering::Relaxed)
+    }
+
+    /// Coordinator: checkpoint `id` is complete and durable.
+    pub(crate) fn complete(&self, id: u64) {
+        self.completed.fetch_max(id, Ordering::Release);
+    }
+
+    #[inline]
+    pub(crate) fn completed(&self) -> u64 {
+        self.completed.load(Ordering::Acquire)
+    }
+
+    /// Coordinator: checkpoint `id` was aborted.
+    pub(crate) fn abort(&self, id: u64) {
+        let mut a = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        a.push(id);
+        // Bounded: tasks only need recent aborts.
+        if a.len() > 1024 {
+            a.drain(..512);
+        }
+        self.abort_seq.fetch_add(1, Ordering::Release);
+    }
+
+    #[inline]
+    pub(crate) fn abort_seq(&self) -> u64 {
+        self.abort_seq.load(Ordering::Acquire)
+    }
+
+    /// Aborted checkpoint ids greater than `after`.
+    pub(crate) fn aborted_after(&self, after: u64) -> Vec<u64> {
+        let a = self.aborted.lock().unwrap_or_else(|p| p.into_inner());
+        a.iter().copied().filter(|&id| id > after).collect()
+    }
+}
+
+/// What tasks tell the coordinator.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A task finished its part of a checkpoint (state durable in files).
+    Ack(Box<TaskAck>),
+    /// A task could not take part in checkpoint `id` (it is aborted).
+    Decline { id: u64, task: usize, reason: String },
+    /// A source task has no more input; it will take part in the final
+    /// checkpoint and then end its stream.
+    SourceExhausted { task: usize },
+}
+
+/// A task's handle on checkpointing.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskCheckpointing {
+    pub(crate) signals: Arc<Signals>,
+    pub(crate) events: Sender<Event>,
+    /// Global index of the task in the job (graph order).
+    pub(crate) task: usize,
+    /// Chain group index and subtask, for file names.
+    pub(crate) group: usize,
+    /// Root of the job's checkpoint directory.
+    pub(crate) root: Arc<std::path::Path>,
+}
+
+impl TaskCheckpointing {
+    pub(crate) fn send(&self, e: Event) {
+        // The coordinator outlives every task of its attempt; if it is gone
+        // the job is stopping and the event has no reader.
+        let _ = self.events.send(e);
+    }
+}

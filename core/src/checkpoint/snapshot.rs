@@ -1,0 +1,239 @@
+//! One task's part of a checkpoint: what it collects at the barrier, the
+//! file it writes, and the acknowledgement it sends.
+//!
+//! At the barrier (synchronous part) each operator of the chain adds its
+//! state: the source its offset, keyed operators their state (as bytes, or
+//! as an asynchronous job for the memory-mapped backend), sinks what they
+//! pre-committed, exchanges the records an unaligned barrier overtook. The
+//! asynchronous part runs on the rayon pool: it runs the state jobs and
+//! writes the task's state file durably, then acknowledges.
+//!
+//! Task state file: `WEIRTSK1` magic, payload length (u64 LE), payload
+//! (postcard-encoded [`TaskState`]), CRC32 of the payload (u32 LE). The
+//! manifest also records the file's size and whole-file CRC32.
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use super::signals::{Event, TaskCheckpointing};
+use super::storage::{self, FileRef};
+use crate::error::BoxError;
+
+/// Magic at the start of every task state file.
+pub(crate) const TASK_MAGIC: &[u8; 8] = b"WEIRTSK1";
+
+/// Everything one task stores in one checkpoint.
+#[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
+pub(crate) struct TaskState {
+    pub(crate) checkpoint: u64,
+    pub(crate) group: u32,
+    pub(crate) subtask: u32,
+    pub(crate) parallelism: u32,
+    /// The source's offset at the barrier (source chains only).
+    pub(crate) source_offset: Option<Vec<u8>>,
+    /// Operator states by operator index in the chain.
+    pub(crate) operators: Vec<(u32, Vec<u8>)>,
+    /// In-flight records per input channel (unaligned), encoded.
+    pub(crate) input_channels: Vec<(u32, Vec<u8>)>,
+    /// Records staged for output channels that the barrier overtook.
+    pub(crate) output_channels: Vec<(u32, Vec<u8>)>,
+    /// Records encoded in input and output channel state.
+    pub(crate) channel_records: u64,
+}
+
+impl TaskState {
+    pub(crate) fn operator(&self, op: usize) -> Option<&[u8]> {
+        self.operators
+            .iter()
+            .find(|(i, _)| *i as usize == op)
+            .map(|(_, b)| b.as_slice())
+    }
+
+    pub(crate) fn channel_bytes(&self) -> u64 {
+        self.input_channels
+            .iter()
+            .chain(&self.output_channels)
+            .map(|(_, b)| b.len() as u64)
+            .sum()
+    }
+
+    pub(crate) fn state_bytes(&self) -> u64 {
+        self.operators.iter().map(|(_, b)| b.len() as u64).sum::<u64>()
+            + self.source_offset.as_ref().map_or(0, |o| o.len() as u64)
+    }
+
+    /// The file format described in the module docs.
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let payload = postcard::to_stdvec(self).expect("task state always encodes");
+        let mut out = Vec::with_capacity(payload.len() + 20);
+        out.extend_from_slice(TASK_MAGIC);
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(&payload);
+        out.extend_from_slice(&crc32fast::hash(&payload).to_le_bytes());
+        out
+    }
+
+    /// Decodes and verifies a task state file's bytes; `what` names the
+    /// file in errors.
+    pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Self, String> {
+        if bytes.len() < 20 || &bytes[..8] != TASK_MAGIC {
+            return Err(format!("{what}: not a task state file (bad magic or shorter than 20 bytes)"));
+        }
+        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
+        if bytes.len() != 16 + len + 4 {
+            return Err(format!(
+                "{what}: length field says {} bytes of payload but the file has {}",
+                len,
+                bytes.len().saturating_sub(20)
+            ));
+        }
+        let payload = &bytes[16..16 + len];
+        let expected = u32::from_le_bytes(bytes[16 + len..].try_into().expect("4 bytes"));
+        let actual = crc32fast::hash(payload);
+        if expected != actual {
+            return Err(format!(
+                "{what}: payload CRC mismatch at offset 16..{}: expected {expected:08x}, actual {actual:08x}",
+                16 + len
+            ));
+        }
+        postcard::from_bytes(payload).map_err(|e| format!("{what}: payload does not decode: {e}"))
+    }
+}
+
+/// An asynchronous piece of a snapshot (the memory-mapped state backend's
+/// page writer): runs off the task thread and returns state bytes to store
+/// in the task state (for example, a serialised state handle).
+pub(crate) type AsyncStateJob = Box<dyn FnOnce(&Path) -> Result<Vec<u8>, BoxError> + Send>;
+
+/// What a task collects while handling a barrier.
+pub(crate) struct TaskSnapshot {
+    pub(crate) state: TaskState,
+    pub(crate) async_jobs: Vec<(u32, AsyncStateJob)>,
+    pub(crate) trigger_ns: u64,
+    /// When the first barrier of this checkpoint reached the task.
+    pub(crate) first_barrier_ns: u64,
+    pub(crate) alignment_ns: u64,
+    pub(crate) sync_ns: u64,
+    pub(crate) started: Instant,
+    /// The final checkpoint of a bounded job.
+    pub(crate) is_final: bool,
+}
+
+impl TaskSnapshot {
+    pub(crate) fn new(id: u64, group: usize, subtask: usize, parallelism: usize, trigger_ns: u64) -> Self {
+        TaskSnapshot {
+            state: TaskState {
+                checkpoint: id,
+                group: group as u32,
+                subtask: subtask as u32,
+                parallelism: parallelism as u32,
+                ..TaskState::default()
+            },
+            async_jobs: Vec::new(),
+            trigger_ns,
+            first_barrier_ns: 0,
+            alignment_ns: 0,
+            sync_ns: 0,
+            started: Instant::now(),
+            is_final: false,
+        }
+    }
+
+    pub(crate) fn id(&self) -> u64 {
+        self.state.checkpoint
+    }
+
+    /// Adds operator `op`'s synchronous state.
+    pub(crate) fn put_operator(&mut self, op: usize, bytes: Vec<u8>) {
+        self.state.operators.push((op as u32, bytes));
+    }
+
+    /// Adds operator `op`'s asynchronous state job.
+    #[allow(dead_code)]
+    pub(crate) fn put_async(&mut self, op: usize, job: AsyncStateJob) {
+        self.async_jobs.push((op as u32, job));
+    }
+}
+
+/// A task's acknowledgement of a checkpoint.
+#[derive(Debug, Clone)]
+pub(crate) struct TaskAck {
+    pub(crate) id: u64,
+    pub(crate) task: usize,
+    pub(crate) file: FileRef,
+    pub(crate) state_bytes: u64,
+    pub(crate) channel_state_bytes: u64,
+    pub(crate) sync_ns: u64,
+    pub(crate) async_ns: u64,
+    pub(crate) alignment_ns: u64,
+}
+
+/// Finishes a snapshot off the task thread: runs the asynchronous state
+/// jobs, writes the task state file durably, and acknowledges (or declines
+/// on error).
+pub(crate) fn complete_async(snapshot: TaskSnapshot, ck: TaskCheckpointing) {
+    rayon::spawn(move || {
+        let id = snapshot.id();
+        let task = ck.task;
+        match write_task_state(snapshot, &ck) {
+            Ok(ack) => ck.send(Event::Ack(Box::new(ack))),
+            Err(reason) => ck.send(Event::Decline { id, task, reason }),
+        }
+    });
+}
+
+fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Result<TaskAck, String> {
+    let async_start = Instant::now();
+    let id = snapshot.id();
+    for (op, job) in std::mem::take(&mut snapshot.async_jobs) {
+        let bytes = job(&ck.root).map_err(|e| format!("operator {op}: asynchronous snapshot failed: {e}"))?;
+        snapshot.state.operators.push((op, bytes));
+    }
+    let bytes = snapshot.state.encode();
+    let dir = storage::checkpoint_dir(&ck.root, id);
+    let name = storage::task_file_name(snapshot.state.group as usize, snapshot.state.subtask as usize);
+    let file = storage::write_durable(&ck.root, &dir, &name, &bytes)
+        .map_err(|e| format!("writing {}: {e}", dir.join(&name).display()))?;
+    Ok(TaskAck {
+        id,
+        task: ck.task,
+        file,
+        state_bytes: snapshot.state.state_bytes(),
+        channel_state_bytes: snapshot.state.channel_bytes(),
+        sync_ns: snapshot.sync_ns,
+        async_ns: async_start.elapsed().as_nanos() as u64,
+        alignment_ns: snapshot.alignment_ns,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_state_roundtrip_and_every_corruption_detected() {
+        let st = TaskState {
+            checkpoint: 7,
+            group: 1,
+            subtask: 2,
+            parallelism: 3,
+            source_offset: Some(vec![1, 2, 3]),
+            operators: vec![(0, vec![9; 40])],
+            input_channels: vec![(1, vec![5; 10])],
+            output_channels: vec![],
+            channel_records: 2,
+        };
+        let bytes = st.encode();
+        assert_eq!(TaskState::decode(&bytes, "f").unwrap(), st);
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x40;
+            assert!(TaskState::decode(&b, "f").is_err(), "flip at {i} not detected");
+        }
+        for len in 0..bytes.len() {
+            assert!(TaskState::decode(&bytes[..len], "f").is_err(), "truncation to {len} not detected");
+        }
+    }
+}

@@ -1,0 +1,80 @@
+//! Checkpoint statistics exposed through [`crate::JobHandle::metrics`].
+
+use std::collections::VecDeque;
+
+/// Most checkpoint records kept in memory (the oldest are dropped).
+pub const MAX_HISTORY: usize = 4096;
+
+/// One task's share of a completed checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskCheckpointStats {
+    /// Chain name.
+    pub task: String,
+    /// Subtask index.
+    pub subtask: usize,
+    /// Synchronous part at the barrier, µs.
+    pub sync_us: u64,
+    /// Asynchronous part (state jobs and file write), µs.
+    pub async_us: u64,
+    /// From the first barrier at this task to its snapshot, µs.
+    pub alignment_us: u64,
+    /// Operator state bytes.
+    pub state_bytes: u64,
+    /// In-flight records stored (unaligned), bytes.
+    pub channel_state_bytes: u64,
+}
+
+/// One completed checkpoint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointRecord {
+    /// Checkpoint id.
+    pub id: u64,
+    /// The final checkpoint of a bounded job.
+    pub is_final: bool,
+    /// Trigger time, ms since the job started.
+    pub trigger_ms: f64,
+    /// Trigger to durable manifest, µs.
+    pub duration_us: u64,
+    /// Operator state bytes, all tasks.
+    pub state_bytes: u64,
+    /// Channel state bytes, all tasks.
+    pub channel_state_bytes: u64,
+    /// Per task.
+    pub tasks: Vec<TaskCheckpointStats>,
+}
+
+/// A restart of the job after a failure.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RestartRecord {
+    /// 1-based restart number.
+    pub attempt: u32,
+    /// The failure that caused it.
+    pub error: String,
+    /// The checkpoint the restarted job restored from (`None`: from scratch).
+    pub restored_from: Option<u64>,
+}
+
+/// Checkpointing counters and history of a job.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CheckpointStats {
+    /// Checkpoints completed.
+    pub completed: u64,
+    /// Checkpoints aborted (failed, declined or timed out).
+    pub failed: u64,
+    /// The latest completed checkpoints, oldest first (at most [`MAX_HISTORY`]).
+    pub history: VecDeque<CheckpointRecord>,
+    /// Restarts after failures.
+    pub restarts: Vec<RestartRecord>,
+    /// The checkpoint the job (first) started from, if any.
+    pub restored_from: Option<u64>,
+}
+
+impl CheckpointStats {
+    pub(crate) fn record_completed(&mut self, r: CheckpointRecord) {
+        self.completed += 1;
+        if self.history.len() == MAX_HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(r);
+    }
+}

@@ -1,0 +1,325 @@
+//! The on-disk layout of checkpoints and the durable-write protocol.
+//!
+//! ```text
+//! <dir>/
+//!   chk-0000000042/            one folder per checkpoint
+//!     task-003-001.state       task state of chain 3, subtask 1
+//!     MANIFEST                 written last: its presence makes 42 complete
+//!   shared/                    files shared between checkpoints (state backend)
+//! ```
+//!
+//! Every file is written to a hidden temporary name, fsynced, renamed to its
+//! final name, and its folder fsynced, so a crash at any instant leaves
+//! either no file or the whole file. The manifest is written only after
+//! every file it names is durable; a checkpoint folder without a valid
+//! manifest is garbage from an unfinished checkpoint and is never restored.
+//!
+//! Manifest format: one line of JSON ([`Manifest`]), then a line
+//! `crc32 <8 hex digits>` holding the CRC32 of the JSON line's bytes.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Name of a checkpoint's manifest inside its folder.
+pub const MANIFEST: &str = "MANIFEST";
+/// Folder for files shared between checkpoints.
+pub const SHARED: &str = "shared";
+const CHK_PREFIX: &str = "chk-";
+
+/// A file a checkpoint relies on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileRef {
+    /// Path relative to the checkpoint directory root.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// CRC32 of the whole file.
+    pub crc32: u32,
+}
+
+/// One task's entry in a manifest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ManifestTask {
+    /// Chain group index in the job graph.
+    pub group: usize,
+    /// Subtask index.
+    pub subtask: usize,
+    /// The task's state file.
+    pub file: FileRef,
+    /// Bytes of operator state.
+    pub state_bytes: u64,
+    /// Bytes of channel state (unaligned).
+    pub channel_state_bytes: u64,
+    /// Synchronous snapshot time, µs.
+    pub sync_us: u64,
+    /// Asynchronous snapshot time, µs.
+    pub async_us: u64,
+    /// Alignment time, µs.
+    pub alignment_us: u64,
+}
+
+/// One chain of the job graph, as recorded in a manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestGroup {
+    /// Stable operator ids of the chain (`<group>.<index>:<name>`).
+    pub operators: Vec<String>,
+    /// Parallelism at the time of the checkpoint.
+    pub parallelism: usize,
+}
+
+/// The description of one completed checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Format version (1).
+    pub version: u32,
+    /// Job name.
+    pub job: String,
+    /// Fingerprint of the job graph: restoring into another graph is refused.
+    pub fingerprint: String,
+    /// Checkpoint id.
+    pub id: u64,
+    /// Mode the checkpoint was taken in.
+    pub mode: super::CheckpointMode,
+    /// True for the final checkpoint of a bounded job.
+    pub is_final: bool,
+    /// Wall-clock trigger time, milliseconds since the Unix epoch.
+    pub trigger_unix_ms: u64,
+    /// Trigger to durable manifest, µs.
+    pub duration_us: u64,
+    /// Chains of the job graph.
+    pub groups: Vec<ManifestGroup>,
+    /// Per-task entries.
+    pub tasks: Vec<ManifestTask>,
+    /// Every file this checkpoint relies on, with size and CRC32.
+    pub files: Vec<FileRef>,
+}
+
+/// The folder of checkpoint `id`.
+pub fn checkpoint_dir(root: &Path, id: u64) -> PathBuf {
+    root.join(format!("{CHK_PREFIX}{id:010}"))
+}
+
+pub(crate) fn task_file_name(group: usize, subtask: usize) -> String {
+    format!("task-{group:03}-{subtask:03}.state")
+}
+
+/// fsyncs a folder so that renames and creations in it are durable.
+pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
+/// fsync folder); returns the file's reference relative to `root`.
+pub(crate) fn write_durable(root: &Path, dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<FileRef> {
+    crate::fault::hit("checkpoint.write.before")?;
+    if !dir.exists() {
+        fs::create_dir_all(dir)?;
+        if let Some(parent) = dir.parent() {
+            sync_dir(parent)?;
+        }
+    }
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let target = dir.join(name);
+    {
+        let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
+        f.write_all(bytes)?;
+        crate::fault::hit("checkpoint.write.before-fsync")?;
+        f.sync_all()?;
+    }
+    crate::fault::hit("checkpoint.write.before-rename")?;
+    fs::rename(&tmp, &target)?;
+    sync_dir(dir)?;
+    let rel = target
+        .strip_prefix(root)
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| target.to_string_lossy().into_owned());
+    Ok(FileRef {
+        path: rel,
+        size: bytes.len() as u64,
+        crc32: crc32fast::hash(bytes),
+    })
+}
+
+impl Manifest {
+    /// The manifest file's bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let json = serde_json::to_string(self).expect("manifest always serialises");
+        format!("{json}\ncrc32 {:08x}\n", crc32fast::hash(json.as_bytes())).into_bytes()
+    }
+
+    /// Parses and verifies a manifest's bytes; `path` names it in errors.
+    pub fn decode(bytes: &[u8], path: &Path) -> Result<Manifest, String> {
+        let p = path.display();
+        let text = std::str::from_utf8(bytes).map_err(|e| format!("{p}: not UTF-8 at byte {}", e.valid_up_to()))?;
+        let (json, rest) = text
+            .split_once('\n')
+            .ok_or_else(|| format!("{p}: truncated ({} bytes, no line end)", bytes.len()))?;
+        let crc_hex = rest
+            .strip_prefix("crc32 ")
+            .and_then(|r| r.strip_suffix('\n'))
+            .ok_or_else(|| format!("{p}: missing or malformed crc32 line at byte {}", json.len() + 1))?;
+        let expected =
+            u32::from_str_radix(crc_hex, 16).map_err(|_| format!("{p}: bad crc32 value '{crc_hex}'"))?;
+        let actual = crc32fast::hash(json.as_bytes());
+        if expected != actual {
+            return Err(format!(
+                "{p}: CRC mismatch over bytes 0..{}: expected {expected:08x}, actual {actual:08x}",
+                json.len()
+            ));
+        }
+        serde_json::from_str(json).map_err(|e| format!("{p}: manifest does not parse: {e}"))
+    }
+
+    /// Makes the manifest durable: the checkpoint is complete afterwards.
+    pub(crate) fn commit(&self, root: &Path) -> std::io::Result<()> {
+        let dir = checkpoint_dir(root, self.id);
+        crate::fault::hit("checkpoint.manifest.before")?;
+        write_durable(root, &dir, MANIFEST, &self.encode())?;
+        crate::fault::hit("checkpoint.manifest.after")?;
+        Ok(())
+    }
+}
+
+/// Ids of the checkpoint folders under `root`, ascending (complete or not).
+pub fn list_ids(root: &Path) -> std::io::Result<Vec<u64>> {
+    let mut ids = Vec::new();
+    let entries = match fs::read_dir(root) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
+        Err(e) => return Err(e),
+    };
+    for entry in entries {
+        let name = entry?.file_name();
+        if let Some(id) = name.to_str().and_then(|n| n.strip_prefix(CHK_PREFIX)).and_then(|n| n.parse().ok()) {
+            ids.push(id);
+        }
+    }
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Reads and verifies the manifest of checkpoint `id`; `Ok(None)` if the
+/// folder has no manifest (an unfinished checkpoint).
+pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
+    let path = checkpoint_dir(root, id).join(MANIFEST);
+    match fs::read(&path) {
+        Ok(bytes) => Manifest::decode(&bytes, &path).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
+/// Checks every file of a manifest: present, of the recorded size, with the
+/// recorded CRC32. The error names the checkpoint, the file and what is
+/// wrong (for a CRC mismatch, the expected and actual values).
+pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
+    for f in &manifest.files {
+        let path = root.join(&f.path);
+        let mut file = File::open(&path).map_err(|e| {
+            format!("checkpoint {}: file {} is missing or unreadable: {e}", manifest.id, path.display())
+        })?;
+        let mut bytes = Vec::with_capacity(f.size as usize);
+        file.read_to_end(&mut bytes)
+            .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?;
+        if bytes.len() as u64 != f.size {
+            return Err(format!(
+                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
+                manifest.id,
+                path.display(),
+                bytes.len(),
+                f.size,
+                bytes.len().min(f.size as usize)
+            ));
+        }
+        let actual = crc32fast::hash(&bytes);
+        if actual != f.crc32 {
+            return Err(format!(
+                "checkpoint {}: file {} (bytes 0..{}) CRC mismatch: expected {:08x}, actual {actual:08x}",
+                manifest.id,
+                path.display(),
+                f.size,
+                f.crc32
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Deletes checkpoint `id`'s folder (its own files only; shared files are
+/// reference-counted by the coordinator).
+pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<()> {
+    let dir = checkpoint_dir(root, id);
+    // Remove the manifest first: a crash midway leaves an incomplete
+    // checkpoint (ignored), never a manifest naming deleted files.
+    match fs::remove_file(dir.join(MANIFEST)) {
+        Ok(()) => sync_dir(&dir)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    match fs::remove_dir_all(&dir) {
+        Ok(()) => sync_dir(root),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest(id: u64) -> Manifest {
+        Manifest {
+            version: 1,
+            job: "j".into(),
+            fingerprint: "f".into(),
+            id,
+            mode: super::super::CheckpointMode::Aligned,
+            is_final: false,
+            trigger_unix_ms: 1,
+            duration_us: 2,
+            groups: vec![],
+            tasks: vec![],
+            files: vec![],
+        }
+    }
+
+    #[test]
+    fn manifest_detects_every_flipped_byte_and_truncation() {
+        let bytes = manifest(3).encode();
+        let p = Path::new("M");
+        assert_eq!(Manifest::decode(&bytes, p).unwrap(), manifest(3));
+        for i in 0..bytes.len() {
+            let mut b = bytes.clone();
+            b[i] ^= 0x01;
+            assert!(Manifest::decode(&b, p).is_err(), "flip at {i}");
+        }
+        for len in 0..bytes.len() {
+            assert!(Manifest::decode(&bytes[..len], p).is_err(), "truncated to {len}");
+        }
+    }
+
+    #[test]
+    fn durable_write_and_verify() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = checkpoint_dir(root.path(), 5);
+        let f = write_durable(root.path(), &dir, "a.state", b"hello").unwrap();
+        assert_eq!(f.path, "chk-0000000005/a.state");
+        let mut m = manifest(5);
+        m.files.push(f.clone());
+        m.commit(root.path()).unwrap();
+        assert_eq!(list_ids(root.path()).unwrap(), vec![5]);
+        let read = read_manifest(root.path(), 5).unwrap().unwrap();
+        verify_files(root.path(), &read).unwrap();
+        fs::write(dir.join("a.state"), b"hellO").unwrap();
+        let e = verify_files(root.path(), &read).unwrap_err();
+        assert!(e.contains("checkpoint 5") && e.contains("a.state") && e.contains("CRC mismatch"), "{e}");
+        fs::write(dir.join("a.state"), b"hell").unwrap();
+        let e = verify_files(root.path(), &read).unwrap_err();
+        assert!(e.contains("has 4 bytes"), "{e}");
+        remove_checkpoint(root.path(), 5).unwrap();
+        assert!(list_ids(root.path()).unwrap().is_empty());
+    }
+}

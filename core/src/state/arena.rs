@@ -1,0 +1,568 @@
+//! The page arena under every store: memory-mapped segments cut into pages,
+//! pages cut into fixed-size slots, and the bookkeeping that makes a
+//! snapshot cheap at the barrier.
+//!
+//! It exists so that value, map and list state share one implementation of
+//! the hard parts: file-backed memory, key-group ownership of pages,
+//! change tracking, and copy-on-write against a snapshot job that reads the
+//! same pages from another thread.
+//!
+//! # Addresses
+//!
+//! A slot is named by its byte offset in the arena (`u64`): page
+//! `off >> page_shift`, segment `off >> SEGMENT_SHIFT`. Segments are mapped
+//! once and never moved or unmapped while the store or any snapshot job
+//! lives, so a pointer computed from an offset stays valid.
+//!
+//! # Change tracking (epochs)
+//!
+//! The arena counts epochs: epoch `e` is the time between the barriers of
+//! the `e-1`-th and `e`-th snapshot. Every write stamps the slot with the
+//! current epoch (a store to the slot's first four bytes), and the first
+//! write to a page in an epoch records the page in that epoch's dirty list.
+//! A snapshot at the end of epoch `j` on a base completed at epoch `b` needs
+//! exactly the pages first written in an epoch of `(b, j]` (the union of
+//! those dirty lists) and, inside them, the slots stamped in `(b, j]`. The
+//! barrier only closes the dirty list and bumps the epoch: O(1).
+//!
+//! # Copy-on-write
+//!
+//! A job captures pages after the barrier while the task keeps writing. The
+//! first write to page `p` in an epoch (and only that one: later writes in
+//! the same epoch see `page_epoch[p] == epoch` and take the fast path) asks
+//! every unfinished job whether it still needs `p` as it is now; a job needs
+//! `p` if the page's last change `m` satisfies `b < m <= j` (or the job is
+//! full and `p` existed at its barrier) and the job has not captured `p`
+//! yet. Such a job gets a private copy of the page before the task writes.
+//! The per-page claim protocol that makes this race-free is in
+//! [`super::snapshot`].
+
+use std::collections::VecDeque;
+use std::fs::OpenOptions;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use memmap2::MmapMut;
+
+use super::handle::{SlotLayout, StateFile, StateKind};
+use super::options::StoreOptions;
+use super::snapshot::{JobShared, SnapshotJob};
+use crate::error::{Error, Result};
+
+/// Bytes per mapped segment file: 16 MiB, a power of two so that the
+/// segment of an offset is a shift. Small enough that a store of a few keys
+/// maps little; large enough that 1 GiB is 64 mappings.
+pub(crate) const SEGMENT_BYTES: usize = 16 << 20;
+const SEGMENT_SHIFT: u32 = SEGMENT_BYTES.trailing_zeros();
+
+/// Bytes at the start of every page: the key group (u32 LE), the page magic
+/// (u32 LE), eight reserved zero bytes. Sixteen so that slots of values
+/// aligned to 16 stay aligned.
+pub(crate) const PAGE_HEADER: usize = 16;
+/// Marks an initialised page: b"WPG1" little-endian.
+pub(crate) const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"WPG1");
+/// Bytes at the start of every slot: the epoch of its last write (u32 LE)
+/// and its meta word (u32 LE: 0 = free, otherwise occupied; `1 + len` of the
+/// encoded value for codec values).
+pub(crate) const SLOT_HEADER: usize = 8;
+
+/// Closed dirty lists kept for incremental snapshots before the arena gives
+/// up on its base and takes a full snapshot: bounds memory when checkpoints
+/// keep failing (64 lists of at most one `u32` per page each).
+const MAX_HISTORY: usize = 64;
+/// Snapshots awaiting `snapshot_done`; older ones are forgotten (a
+/// coordinator never has this many in flight).
+const MAX_PENDING: usize = 64;
+
+impl SlotLayout {
+    /// The layout of slots with `key_bytes` of key and `value_bytes` of
+    /// value aligned to `value_align`, in pages of `page_size`.
+    pub(crate) fn compute(
+        kind: StateKind,
+        page_size: usize,
+        key_bytes: usize,
+        value_bytes: usize,
+        value_align: usize,
+    ) -> Result<SlotLayout> {
+        if value_align > 16 {
+            return Err(Error::config("value alignment", value_align, "state values must be aligned to at most 16"));
+        }
+        let align = value_align.max(8);
+        let value_offset = (SLOT_HEADER + key_bytes).next_multiple_of(value_align.max(1));
+        let slot_size = (value_offset + value_bytes).next_multiple_of(align);
+        if PAGE_HEADER + slot_size > page_size {
+            return Err(Error::config("page_size", page_size, "too small to hold one slot of this state"));
+        }
+        Ok(SlotLayout {
+            kind,
+            page_size: page_size as u32,
+            slot_size: slot_size as u32,
+            key_bytes: key_bytes as u32,
+            value_offset: value_offset as u32,
+            value_bytes: value_bytes as u32,
+        })
+    }
+
+    pub(crate) fn slots_per_page(&self) -> usize {
+        (self.page_size as usize - PAGE_HEADER) / self.slot_size as usize
+    }
+}
+
+/// The base address of a mapped segment.
+#[derive(Clone, Copy)]
+pub(crate) struct SegPtr(pub(crate) *mut u8);
+
+// SAFETY: a SegPtr is only an address; every access through it follows the
+// ownership rules of the module docs (the task writes, jobs read pages they
+// have claimed), and the mapping outlives every holder via `Arc<Segment>`.
+unsafe impl Send for SegPtr {}
+// SAFETY: as above; shared access is read-only or claim-protected.
+unsafe impl Sync for SegPtr {}
+
+/// One mapped file of the arena. Dropping it unmaps and deletes the file.
+pub(crate) struct Segment {
+    base: SegPtr,
+    map: MmapMut,
+    path: PathBuf,
+}
+
+impl Segment {
+    fn create(path: PathBuf) -> Result<Segment> {
+        let io = |e: std::io::Error| Error::State {
+            context: format!("mapping state segment {}", path.display()),
+            message: e.to_string(),
+        };
+        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
+        // Sparse: pages take disk and memory only once touched.
+        file.set_len(SEGMENT_BYTES as u64).map_err(io)?;
+        // SAFETY: the file was created here (create_new) under a name unique
+        // to this store in the subtask's private working directory; nothing
+        // else opens, truncates or writes it while it is mapped.
+        let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
+        let base = SegPtr(map.as_mut_ptr());
+        Ok(Segment { base, map, path })
+    }
+
+    pub(crate) fn base(&self) -> *mut u8 {
+        self.base.0
+    }
+}
+
+impl Drop for Segment {
+    fn drop(&mut self) {
+        debug_assert_eq!(self.map.len(), SEGMENT_BYTES);
+        // Scratch data: the durable copy is in the checkpoint.
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Slot allocation within one key group.
+#[derive(Default)]
+struct GroupAlloc {
+    /// Freed slots, reused before new ones.
+    free: Vec<u64>,
+    /// Next never-used slot in the group's newest page; `next < end` while
+    /// that page has room.
+    next: u64,
+    end: u64,
+}
+
+/// The last completed snapshot, on which incremental ones build.
+struct Base {
+    epoch: u32,
+    files: Vec<StateFile>,
+}
+
+/// A snapshot taken but not yet reported completed or aborted.
+struct Pending {
+    checkpoint: u64,
+    epoch: u32,
+    base_files: Vec<StateFile>,
+    shared: Arc<JobShared>,
+}
+
+/// A unique name for a store instance: files of two stores never collide,
+/// even across processes sharing a checkpoint directory.
+fn unique_id() -> String {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{:x}-{:x}-{n:x}", std::process::id(), nanos)
+}
+
+/// The memory-mapped pages of one store; see the module docs.
+pub(crate) struct Arena {
+    pub(crate) opts: StoreOptions,
+    pub(crate) layout: SlotLayout,
+    uid: String,
+    page_shift: u32,
+    slot_size: usize,
+    slots_per_page: usize,
+    segments: Vec<Arc<Segment>>,
+    /// `segments[i].base()`, kept flat for the hot path.
+    bases: Vec<SegPtr>,
+    /// Per page: the epoch of its last write (0 = restored, unwritten since).
+    page_epoch: Vec<u32>,
+    /// Per owned key group (index `kg - key_groups.start`).
+    groups: Vec<GroupAlloc>,
+    /// The current epoch, >= 1.
+    epoch: u32,
+    /// Pages first written in the current epoch.
+    dirty: Vec<u32>,
+    /// Dirty lists of closed epochs after the base's epoch, oldest first.
+    history: VecDeque<(u32, Arc<Vec<u32>>)>,
+    /// Jobs that may still capture pages.
+    in_flight: Vec<Arc<JobShared>>,
+    base: Option<Base>,
+    pending: Vec<Pending>,
+    /// Completions of snapshots older than this epoch are ignored (their
+    /// dirty lists were dropped).
+    horizon: u32,
+    /// Snapshots taken, for unique file names.
+    snapshots: u64,
+}
+
+impl Arena {
+    /// An empty arena; no file is created until the first slot.
+    pub(crate) fn create(opts: StoreOptions, layout: SlotLayout) -> Result<Arena> {
+        opts.validate()?;
+        debug_assert_eq!(layout.page_size as usize, opts.page_size);
+        std::fs::create_dir_all(&opts.working_dir).map_err(|e| Error::State {
+            context: format!("creating state working directory {}", opts.working_dir.display()),
+            message: e.to_string(),
+        })?;
+        let groups = opts.key_groups.clone().map(|_| GroupAlloc::default()).collect();
+        Ok(Arena {
+            page_shift: opts.page_size.trailing_zeros(),
+            slot_size: layout.slot_size as usize,
+            slots_per_page: layout.slots_per_page(),
+            opts,
+            layout,
+            uid: unique_id(),
+            segments: Vec::new(),
+            bases: Vec::new(),
+            page_epoch: Vec::new(),
+            groups,
+            epoch: 1,
+            dirty: Vec::new(),
+            history: VecDeque::new(),
+            in_flight: Vec::new(),
+            base: None,
+            pending: Vec::new(),
+            horizon: 0,
+            snapshots: 0,
+        })
+    }
+
+    /// Number of allocated pages.
+    pub(crate) fn pages(&self) -> usize {
+        self.page_epoch.len()
+    }
+
+    /// Offset of slot `index` of `page`.
+    #[inline]
+    pub(crate) fn slot_offset(&self, page: usize, index: usize) -> u64 {
+        ((page as u64) << self.page_shift) + (PAGE_HEADER + index * self.slot_size) as u64
+    }
+
+    /// The address of the byte at arena offset `off`.
+    #[inline(always)]
+    pub(crate) fn ptr(&self, off: u64) -> *mut u8 {
+        let seg = self.bases[(off >> SEGMENT_SHIFT) as usize].0;
+        // SAFETY: the offset within the segment is below SEGMENT_BYTES, the
+        // length of the mapping `seg` points to.
+        unsafe { seg.add(off as usize & (SEGMENT_BYTES - 1)) }
+    }
+
+    /// The bytes of the slot at `off`, for reading.
+    #[inline]
+    pub(crate) fn slot(&self, off: u64) -> &[u8] {
+        debug_assert!(((off >> self.page_shift) as usize) < self.pages());
+        // SAFETY: `off` names a slot of an allocated page, which lies in a
+        // live mapping; only the task (holding `&mut self`) writes mapped
+        // bytes, and jobs only read, so no write aliases this shared borrow.
+        unsafe { std::slice::from_raw_parts(self.ptr(off), self.slot_size) }
+    }
+
+    /// Prepares the slot at `off` for writing and returns its address: the
+    /// one entry point for every mutation of mapped bytes. Stamps the slot
+    /// with the current epoch; the first write to a page in an epoch
+    /// records it as dirty and resolves copy-on-write with in-flight jobs.
+    #[inline(always)]
+    pub(crate) fn write_slot(&mut self, off: u64) -> *mut u8 {
+        let page = (off >> self.page_shift) as usize;
+        if self.page_epoch[page] != self.epoch {
+            self.first_write(page);
+        }
+        let p = self.ptr(off);
+        // SAFETY: `off` names a slot of an allocated page (slots start
+        // 8-aligned: pages are page-aligned, the header is 16 bytes, slot
+        // sizes are multiples of 8); no job reads this page now, because
+        // `first_write` resolved every job's claim on it in this epoch.
+        unsafe { p.cast::<u32>().write(self.epoch) };
+        p
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_write(&mut self, page: usize) {
+        let last = self.page_epoch[page];
+        if !self.in_flight.is_empty() {
+            self.in_flight.retain(|job| !job.is_finished());
+            let src = self.ptr((page as u64) << self.page_shift);
+            for job in &self.in_flight {
+                job.protect(page, last, src);
+            }
+        }
+        self.page_epoch[page] = self.epoch;
+        self.dirty.push(page as u32);
+    }
+
+    /// A free slot in key group `kg`, zeroed but for a stale epoch stamp.
+    ///
+    /// # Panics
+    ///
+    /// If a new segment file cannot be created or mapped (disk full, working
+    /// directory gone): the hot path has no error channel, and a store that
+    /// cannot grow cannot go on.
+    pub(crate) fn alloc_slot(&mut self, kg: usize) -> u64 {
+        let slot = self.slot_size as u64;
+        let gi = kg - self.opts.key_groups.start;
+        if let Some(off) = self.groups[gi].free.pop() {
+            return off;
+        }
+        let g = &mut self.groups[gi];
+        if g.next + slot <= g.end {
+            g.next += slot;
+            return g.next - slot;
+        }
+        let page = self.new_page(kg, true).unwrap_or_else(|e| panic!("state store cannot grow: {e}"));
+        let first = self.slot_offset(page, 0);
+        let g = &mut self.groups[gi];
+        g.next = first + slot;
+        g.end = first + (self.slots_per_page * self.slot_size) as u64;
+        first
+    }
+
+    /// Writes the occupied slot at `off` (after [`Self::write_slot`]): the
+    /// meta word, the key area (filled by `key`) and `value` at the start
+    /// of the value area, the rest of which is zeroed.
+    pub(crate) fn write_entry(&mut self, off: u64, meta: u32, key: impl FnOnce(&mut [u8]), value: &[u8]) {
+        let (slot_size, layout) = (self.slot_size, self.layout);
+        let p = self.write_slot(off);
+        // SAFETY: `write_slot` returned the start of a slot of `slot_size`
+        // bytes in a live mapping that no job reads now; `&mut self` makes
+        // this the only reference to it.
+        let slot = unsafe { std::slice::from_raw_parts_mut(p, slot_size) };
+        slot[4..8].copy_from_slice(&meta.to_le_bytes());
+        key(&mut slot[SLOT_HEADER..SLOT_HEADER + layout.key_bytes as usize]);
+        let area = &mut slot[layout.value_offset as usize..][..layout.value_bytes as usize];
+        area[..value.len()].copy_from_slice(value);
+        area[value.len()..].fill(0);
+    }
+
+    /// Clears the slot at `off` (all but the epoch stamp, which tells the
+    /// next snapshot it changed) and returns it to its free list.
+    pub(crate) fn clear_slot(&mut self, off: u64) {
+        let slot_size = self.slot_size;
+        let p = self.write_slot(off);
+        // SAFETY: as in `write_entry`.
+        unsafe { std::ptr::write_bytes(p.add(4), 0, slot_size - 4) };
+        self.free_slot(off);
+    }
+
+    /// The encoded value of an occupied codec slot (meta word = 1 + length).
+    pub(crate) fn entry_value(&self, off: u64) -> &[u8] {
+        let slot = self.slot(off);
+        let len = u32::from_le_bytes(slot[4..8].try_into().expect("4 bytes")) as usize - 1;
+        &slot[self.layout.value_offset as usize..][..len]
+    }
+
+    /// Returns the slot at `off`, which the caller has cleared through
+    /// [`Self::write_slot`], to its key group's free list.
+    pub(crate) fn free_slot(&mut self, off: u64) {
+        let kg = self.page_key_group((off >> self.page_shift) as usize);
+        self.groups[kg - self.opts.key_groups.start].free.push(off);
+    }
+
+    /// The key group a page belongs to (from its header).
+    pub(crate) fn page_key_group(&self, page: usize) -> usize {
+        let p = self.ptr((page as u64) << self.page_shift);
+        // SAFETY: the page is allocated, so its 16-byte header lies in a
+        // live mapping; the header is written once, when the page is made.
+        (unsafe { p.cast::<u32>().read() }) as usize
+    }
+
+    /// Appends a page owned by `kg`; `dirty` pages join the current epoch's
+    /// dirty list (new pages), others (restored pages) start at epoch 0.
+    pub(crate) fn new_page(&mut self, kg: usize, dirty: bool) -> Result<usize> {
+        debug_assert!(self.opts.key_groups.contains(&kg));
+        let page = self.page_epoch.len();
+        assert!(page < u32::MAX as usize, "state store exceeds 2^32 pages");
+        let off = (page as u64) << self.page_shift;
+        if (off >> SEGMENT_SHIFT) as usize == self.segments.len() {
+            let path = self.opts.working_dir.join(format!("{}-{:05}.seg", self.uid, self.segments.len()));
+            let seg = Segment::create(path)?;
+            self.bases.push(seg.base);
+            self.segments.push(Arc::new(seg));
+        }
+        let p = self.ptr(off);
+        // SAFETY: a new page lies past every job's captured range and in a
+        // freshly mapped, 8-aligned region; nothing else references it.
+        unsafe {
+            p.cast::<u32>().write(kg as u32);
+            p.add(4).cast::<u32>().write(PAGE_MAGIC);
+        }
+        self.page_epoch.push(if dirty { self.epoch } else { 0 });
+        if dirty {
+            self.dirty.push(page as u32);
+        }
+        Ok(page)
+    }
+
+    /// Raw page addresses for a restore that fills pages in parallel.
+    pub(crate) fn page_writer(&self) -> PageWriter<'_> {
+        PageWriter {
+            bases: &self.bases,
+            page_shift: self.page_shift,
+        }
+    }
+
+    /// Walks every slot of a restored arena: free slots go to their key
+    /// group's free list, occupied ones to `f(offset, key_group, slot)`,
+    /// and every epoch stamp is reset to 0 (the restored state is the
+    /// epoch-0 base; the first snapshot after a restore is full).
+    pub(crate) fn rebuild(&mut self, mut f: impl FnMut(u64, usize, &[u8]) -> Result<()>) -> Result<()> {
+        debug_assert!(self.in_flight.is_empty() && self.epoch == 1);
+        for page in 0..self.pages() {
+            let kg = self.page_key_group(page);
+            let gi = kg - self.opts.key_groups.start;
+            for i in (0..self.slots_per_page).rev() {
+                let off = self.slot_offset(page, i);
+                let p = self.ptr(off);
+                // SAFETY: the slot lies in an allocated page; no job exists
+                // yet, so the task is the only one touching the mapping.
+                let meta = unsafe {
+                    p.cast::<u32>().write(0);
+                    p.add(4).cast::<u32>().read()
+                };
+                if meta == 0 {
+                    self.groups[gi].free.push(off);
+                } else {
+                    f(off, kg, self.slot(off))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The synchronous part of a snapshot; see the module docs.
+    pub(crate) fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob {
+        let start = Instant::now();
+        self.in_flight.retain(|job| !job.is_finished());
+        let epoch = self.epoch;
+        assert!(epoch < u32::MAX - 1, "state store epoch overflow");
+        let capacity = self.dirty.capacity().max(64);
+        let closed = std::mem::replace(&mut self.dirty, Vec::with_capacity(capacity));
+        self.history.push_back((epoch, Arc::new(closed)));
+        if self.history.len() > MAX_HISTORY {
+            // Nothing completed for too long: stop building on the old base.
+            self.base = None;
+            self.history.clear();
+            self.horizon = epoch;
+        }
+        let chain_ok = |b: &&Base| b.files.len() <= self.opts.max_delta_chain;
+        let (full, base_epoch, base_files, lists) = match self.base.as_ref().filter(chain_ok) {
+            None => (true, 0, Vec::new(), Vec::new()),
+            Some(b) => {
+                let lists = self.history.iter().filter(|(e, _)| *e > b.epoch).map(|(_, l)| l.clone()).collect();
+                (false, b.epoch, b.files.clone(), lists)
+            }
+        };
+        let n_pages = self.pages();
+        let shared = Arc::new(JobShared::new(epoch, base_epoch, full, n_pages, self.opts.page_size));
+        self.in_flight.push(shared.clone());
+        if self.pending.len() == MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.pending.push(Pending {
+            checkpoint: checkpoint_id,
+            epoch,
+            base_files: base_files.clone(),
+            shared: shared.clone(),
+        });
+        self.epoch += 1;
+        self.snapshots += 1;
+        let name = format!(
+            "shared/{}-c{checkpoint_id}-s{}.{}.pages",
+            self.uid,
+            self.snapshots,
+            if full { "full" } else { "delta" }
+        );
+        SnapshotJob {
+            shared,
+            segments: self.segments.clone(),
+            lists,
+            name,
+            checkpoint_id,
+            layout: self.layout,
+            max_parallelism: self.opts.max_parallelism,
+            key_groups: self.opts.key_groups.clone(),
+            base_files,
+            n_pages,
+            sync_micros: start.elapsed().as_micros() as u64,
+        }
+    }
+
+    /// Records the outcome of checkpoint `checkpoint_id`: a completed one
+    /// whose file was written becomes the base of the next incremental
+    /// snapshot; anything else is forgotten.
+    pub(crate) fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool) {
+        let Some(i) = self.pending.iter().position(|p| p.checkpoint == checkpoint_id) else {
+            return;
+        };
+        let p = self.pending.remove(i);
+        if !completed || p.epoch < self.horizon || self.base.as_ref().is_some_and(|b| b.epoch >= p.epoch) {
+            return;
+        }
+        let Some(file) = p.shared.output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+            // Completed without a written file: the coordinator and the job
+            // disagree; building on it would lose data, so keep the old base.
+            debug_assert!(false, "checkpoint {checkpoint_id} completed but its state was never written");
+            return;
+        };
+        let mut files = p.base_files;
+        files.push(file);
+        self.base = Some(Base { epoch: p.epoch, files });
+        self.history.retain(|(e, _)| *e > p.epoch);
+        self.pending.retain(|q| q.epoch > p.epoch);
+    }
+
+    /// Number of mapped segment files.
+    #[cfg(test)]
+    pub(crate) fn segment_count(&self) -> usize {
+        self.segments.len()
+    }
+}
+
+/// Writes whole pages of an arena from several threads during restore.
+pub(crate) struct PageWriter<'a> {
+    bases: &'a [SegPtr],
+    page_shift: u32,
+}
+
+impl PageWriter<'_> {
+    /// The address of `page`'s first byte.
+    ///
+    /// # Safety
+    ///
+    /// `page` must be allocated, and no two threads may write the same page
+    /// (restore gives each page record of a file its own target page).
+    pub(crate) unsafe fn page_ptr(&self, page: usize) -> *mut u8 {
+        let off = (page as u64) << self.page_shift;
+        // SAFETY: per the contract, the page lies in a live mapping.
+        unsafe { self.bases[(off >> SEGMENT_SHIFT) as usize].0.add(off as usize & (SEGMENT_BYTES - 1)) }
+    }
+}

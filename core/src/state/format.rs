@@ -1,0 +1,404 @@
+//! The snapshot file format, its durable write and its verified read.
+//!
+//! All integers little-endian; CRC32 is IEEE (crc32fast).
+//!
+//! ```text
+//! header   48 B  magic "WEIRSTAT" | version u32 | flags u32 (bit 0: full;
+//!                bits 8..16: state kind) | page_size u32 | slot_size u32 |
+//!                checkpoint u64 | epoch u32 | base_epoch u32 | key_bytes u32 |
+//!                crc32 of the 44 bytes before
+//! record*        page u32 | key_group u32 | kind u32 (0 full, 1 delta) |
+//!                count u32 (full: page_size; delta: slots) |
+//!                crc32 of the 16 bytes before and the payload |
+//!                payload: full = the page image (page_size bytes);
+//!                         delta = count x (slot index u32, slot bytes)
+//! trailer  24 B  magic "WEIREND1" | records u64 | crc32 of every byte
+//!                before the trailer | crc32 of the 20 trailer bytes before
+//! ```
+//!
+//! The handle records the file's size and the CRC32 of the whole file, so a
+//! file can also be checked without parsing it (the coordinator does).
+//!
+//! A file is written under a temp name, fsynced, renamed to its final name
+//! and the directory fsynced: a crash at any instant leaves either no file
+//! under the final name or a complete one. Once renamed it never changes.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::Path;
+
+use rayon::prelude::*;
+
+use super::handle::{SlotLayout, StateFile, StateKind};
+use super::snapshot::FailPoint;
+use crate::error::{Error, Result};
+
+const MAGIC: &[u8; 8] = b"WEIRSTAT";
+const TRAILER_MAGIC: &[u8; 8] = b"WEIREND1";
+const VERSION: u32 = 1;
+pub(crate) const HEADER_LEN: usize = 48;
+pub(crate) const TRAILER_LEN: usize = 24;
+pub(crate) const RECORD_HEADER_LEN: usize = 20;
+/// Bytes per unit of parallel whole-file CRC work.
+const CRC_CHUNK: usize = 4 << 20;
+
+/// What a page record holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RecordKind {
+    /// The whole page image.
+    Full,
+    /// This many changed slots, each with its index.
+    Delta(u32),
+}
+
+/// A run of encoded page records with the CRC of its bytes.
+#[derive(Default)]
+pub(crate) struct Chunk {
+    pub(crate) bytes: Vec<u8>,
+    pub(crate) records: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl Chunk {
+    /// Appends a record header (CRC still zero) and `payload`; returns the
+    /// record's start, to [`Chunk::seal_record`] once the payload is complete.
+    pub(crate) fn push_record(&mut self, page: u32, kg: u32, kind: RecordKind, payload: &[&[u8]]) -> usize {
+        let start = self.bytes.len();
+        let (k, count) = match kind {
+            RecordKind::Full => (0u32, payload.iter().map(|p| p.len()).sum::<usize>() as u32),
+            RecordKind::Delta(n) => (1, n),
+        };
+        for w in [page, kg, k, count, 0] {
+            self.bytes.extend_from_slice(&w.to_le_bytes());
+        }
+        for p in payload {
+            self.bytes.extend_from_slice(p);
+        }
+        start
+    }
+
+    /// Computes and stores the CRC of the record starting at `start`.
+    pub(crate) fn seal_record(&mut self, start: usize) {
+        let crc = record_crc(&self.bytes[start..]);
+        self.bytes[start + 16..start + 20].copy_from_slice(&crc.to_le_bytes());
+        self.records += 1;
+    }
+
+    /// Computes the CRC of the whole chunk (on the capturing thread, so
+    /// that file checksums are computed in parallel).
+    pub(crate) fn finish(&mut self) {
+        self.crc = crc32fast::Hasher::new();
+        self.crc.update(&self.bytes);
+    }
+}
+
+/// The CRC of a record (header without its CRC field, then payload).
+fn record_crc(record: &[u8]) -> u32 {
+    let mut h = crc32fast::Hasher::new();
+    h.update(&record[..16]);
+    h.update(&record[RECORD_HEADER_LEN..]);
+    h.finalize()
+}
+
+fn crc(bytes: &[u8]) -> u32 {
+    crc32fast::hash(bytes)
+}
+
+/// The CRC of `bytes`, computed in parallel pieces and combined.
+fn par_crc(bytes: &[u8]) -> crc32fast::Hasher {
+    let parts: Vec<crc32fast::Hasher> = bytes
+        .par_chunks(CRC_CHUNK)
+        .map(|c| {
+            let mut h = crc32fast::Hasher::new();
+            h.update(c);
+            h
+        })
+        .collect();
+    let mut all = crc32fast::Hasher::new();
+    for p in &parts {
+        all.combine(p);
+    }
+    all
+}
+
+/// The fixed facts at the start of a file.
+pub(crate) struct FileHeader {
+    pub(crate) full: bool,
+    pub(crate) layout: SlotLayout,
+    pub(crate) checkpoint: u64,
+    pub(crate) epoch: u32,
+    pub(crate) base_epoch: u32,
+}
+
+fn kind_code(kind: StateKind) -> u32 {
+    match kind {
+        StateKind::Value => 0,
+        StateKind::Map => 1,
+        StateKind::List => 2,
+    }
+}
+
+impl FileHeader {
+    fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..8].copy_from_slice(MAGIC);
+        let flags = u32::from(self.full) | kind_code(self.layout.kind) << 8;
+        let words = [VERSION, flags, self.layout.page_size, self.layout.slot_size];
+        for (i, w) in words.iter().enumerate() {
+            b[8 + 4 * i..12 + 4 * i].copy_from_slice(&w.to_le_bytes());
+        }
+        b[24..32].copy_from_slice(&self.checkpoint.to_le_bytes());
+        b[32..36].copy_from_slice(&self.epoch.to_le_bytes());
+        b[36..40].copy_from_slice(&self.base_epoch.to_le_bytes());
+        b[40..44].copy_from_slice(&self.layout.key_bytes.to_le_bytes());
+        let c = crc(&b[..44]);
+        b[44..48].copy_from_slice(&c.to_le_bytes());
+        b
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn io_error(context: String) -> impl FnOnce(std::io::Error) -> Error {
+    move |e| Error::State {
+        context,
+        message: e.to_string(),
+    }
+}
+
+fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_error(format!("syncing directory {}", dir.display())))
+}
+
+fn injected(what: &str) -> Error {
+    Error::State {
+        context: "writing a state snapshot".into(),
+        message: format!("injected fault: {what}"),
+    }
+}
+
+/// Writes `chunks` as the file `root/name`, durably; see the module docs.
+pub(crate) fn write_file(
+    root: &Path,
+    name: &str,
+    header: &FileHeader,
+    chunks: &[Chunk],
+    fail: Option<FailPoint>,
+) -> Result<StateFile> {
+    let path = root.join(name);
+    let dir = path.parent().expect("files live in shared/");
+    if !dir.exists() {
+        std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
+        sync_dir(dir.parent().unwrap_or(root))?;
+    }
+    let tmp = path.with_extension("pages.tmp");
+    let err = || format!("writing state file {}", tmp.display());
+    let mut f = File::create(&tmp).map_err(io_error(err()))?;
+
+    let head = header.encode();
+    let mut body = crc32fast::Hasher::new();
+    body.update(&head);
+    let mut records = 0u64;
+    let mut size = HEADER_LEN as u64;
+    f.write_all(&head).map_err(io_error(err()))?;
+    for c in chunks {
+        if let Some(FailPoint::AfterBytes(limit)) = fail {
+            let room = (limit + HEADER_LEN as u64).saturating_sub(size);
+            if room < c.bytes.len() as u64 {
+                f.write_all(&c.bytes[..room as usize]).map_err(io_error(err()))?;
+                return Err(injected("write stopped midway"));
+            }
+        }
+        f.write_all(&c.bytes).map_err(io_error(err()))?;
+        body.combine(&c.crc);
+        records += c.records;
+        size += c.bytes.len() as u64;
+    }
+    let mut trailer = [0u8; TRAILER_LEN];
+    trailer[0..8].copy_from_slice(TRAILER_MAGIC);
+    trailer[8..16].copy_from_slice(&records.to_le_bytes());
+    trailer[16..20].copy_from_slice(&body.clone().finalize().to_le_bytes());
+    let tc = crc(&trailer[..20]);
+    trailer[20..24].copy_from_slice(&tc.to_le_bytes());
+    f.write_all(&trailer).map_err(io_error(err()))?;
+    size += TRAILER_LEN as u64;
+    f.sync_all().map_err(io_error(err()))?;
+    drop(f);
+    if fail == Some(FailPoint::BeforeRename) {
+        return Err(injected("crash before rename"));
+    }
+    std::fs::rename(&tmp, &path).map_err(io_error(format!("renaming {} into place", tmp.display())))?;
+    if fail == Some(FailPoint::BeforeDirSync) {
+        return Err(injected("crash before directory sync"));
+    }
+    sync_dir(dir)?;
+    let mut whole = body;
+    whole.update(&trailer);
+    Ok(StateFile {
+        path: name.to_string(),
+        size,
+        crc32: whole.finalize(),
+    })
+}
+
+/// A parsed page record of a verified file.
+pub(crate) struct Record {
+    /// Offset of the record in the file.
+    pub(crate) start: usize,
+    pub(crate) page: u32,
+    pub(crate) kg: u32,
+    pub(crate) kind: RecordKind,
+}
+
+impl Record {
+    /// The payload bytes of the record in `file`.
+    pub(crate) fn payload<'a>(&self, file: &'a [u8], layout: &SlotLayout) -> &'a [u8] {
+        let len = match self.kind {
+            RecordKind::Full => layout.page_size as usize,
+            RecordKind::Delta(n) => n as usize * (4 + layout.slot_size as usize),
+        };
+        &file[self.start + RECORD_HEADER_LEN..self.start + RECORD_HEADER_LEN + len]
+    }
+}
+
+/// Reads a file of checkpoint `checkpoint` and verifies all of it: size and
+/// whole-file CRC against the handle, header, every page record's CRC, and
+/// the trailer. Any failure is [`Error::Corrupt`] naming the file, the
+/// page record (when one is to blame) and both CRCs.
+pub(crate) fn read_verified(
+    root: &Path,
+    checkpoint: u64,
+    file: &StateFile,
+    layout: &SlotLayout,
+) -> Result<(Vec<u8>, Vec<Record>)> {
+    let bytes = std::fs::read(root.join(&file.path))
+        .map_err(io_error(format!("reading state file {} of checkpoint {checkpoint}", file.path)))?;
+    let corrupt = |page: Option<usize>, expected: u32, actual: u32, what: String| Error::Corrupt {
+        checkpoint,
+        file: file.path.clone(),
+        page: page.map(|p| p as u64),
+        expected,
+        actual,
+        what,
+    };
+    let len = bytes.len();
+    let sizes = || format!("file is {len} bytes, the checkpoint recorded {}", file.size);
+    if len < HEADER_LEN {
+        return Err(corrupt(None, file.crc32, crc(&bytes), format!("truncated header: {}", sizes())));
+    }
+    let (stored, actual) = (u32_at(&bytes, 44), crc(&bytes[..44]));
+    if stored != actual {
+        return Err(corrupt(None, stored, actual, "file header checksum".into()));
+    }
+    let header_ok = &bytes[0..8] == MAGIC
+        && u32_at(&bytes, 8) == VERSION
+        && u32_at(&bytes, 12) >> 8 == kind_code(layout.kind)
+        && u32_at(&bytes, 16) == layout.page_size
+        && u32_at(&bytes, 20) == layout.slot_size
+        && u32_at(&bytes, 40) == layout.key_bytes
+        && u64::from_le_bytes(bytes[24..32].try_into().expect("8 bytes")) <= checkpoint;
+    if !header_ok {
+        return Err(Error::State {
+            context: format!("restoring state file {} of checkpoint {checkpoint}", file.path),
+            message: format!("file header does not match the restoring store's layout {layout:?}"),
+        });
+    }
+    if len as u64 > file.size {
+        return Err(corrupt(None, file.crc32, crc(&bytes), format!("file too long: {}", sizes())));
+    }
+    let complete = len as u64 == file.size;
+    if complete && len < HEADER_LEN + TRAILER_LEN {
+        return Err(corrupt(None, file.crc32, crc(&bytes), format!("no room for a trailer: {}", sizes())));
+    }
+    let body_end = if complete { len.saturating_sub(TRAILER_LEN).max(HEADER_LEN) } else { len };
+
+    // Walk the record headers (sequential: lengths chain), then check the
+    // records' CRCs in parallel.
+    let slot = layout.slot_size as usize;
+    let spp = layout.slots_per_page() as u32;
+    let mut records = Vec::new();
+    let mut parse_error = None;
+    let mut at = HEADER_LEN;
+    while at < body_end {
+        let i = records.len();
+        if at + RECORD_HEADER_LEN > body_end {
+            let what = format!("page record header cut off: {}", sizes());
+            parse_error = Some(corrupt(Some(i), file.crc32, crc(&bytes), what));
+            break;
+        }
+        let (page, kg, k, count) = (
+            u32_at(&bytes, at),
+            u32_at(&bytes, at + 4),
+            u32_at(&bytes, at + 8),
+            u32_at(&bytes, at + 12),
+        );
+        let stored = u32_at(&bytes, at + 16);
+        let kind = match (k, count) {
+            (0, c) if c == layout.page_size => Some(RecordKind::Full),
+            (1, n) if n >= 1 && n <= spp => Some(RecordKind::Delta(n)),
+            _ => None,
+        };
+        let Some(kind) = kind else {
+            let what = "page record header invalid (kind or length)".to_string();
+            parse_error = Some(corrupt(Some(i), stored, crc(&bytes[at..at + 16]), what));
+            break;
+        };
+        let rec = Record { start: at, page, kg, kind };
+        let end = match kind {
+            RecordKind::Full => at + RECORD_HEADER_LEN + layout.page_size as usize,
+            RecordKind::Delta(n) => at + RECORD_HEADER_LEN + n as usize * (4 + slot),
+        };
+        if end > body_end {
+            let what = format!("page record cut off: {}", sizes());
+            parse_error = Some(corrupt(Some(i), stored, crc(&bytes[at..body_end]), what));
+            break;
+        }
+        records.push(rec);
+        at = end;
+    }
+    let bad = records.par_iter().enumerate().find_first(|(_, r)| {
+        let end = r.start + RECORD_HEADER_LEN + r.payload(&bytes, layout).len();
+        record_crc(&bytes[r.start..end]) != u32_at(&bytes, r.start + 16)
+    });
+    if let Some((i, r)) = bad {
+        let end = r.start + RECORD_HEADER_LEN + r.payload(&bytes, layout).len();
+        let (stored, actual) = (u32_at(&bytes, r.start + 16), record_crc(&bytes[r.start..end]));
+        let what = format!("page checksum (page {} of key group {} at byte {})", r.page, r.kg, r.start);
+        return Err(corrupt(Some(i), stored, actual, what));
+    }
+    if let Some(e) = parse_error {
+        return Err(e);
+    }
+    if !complete {
+        let what = format!("truncated: {}", sizes());
+        return Err(corrupt(Some(records.len()), file.crc32, crc(&bytes), what));
+    }
+
+    // Trailer, then the whole file against the checkpoint's record of it.
+    let t = &bytes[body_end..];
+    let (stored, actual) = (u32_at(t, 20), crc(&t[..20]));
+    if t.len() != TRAILER_LEN || stored != actual {
+        return Err(corrupt(None, stored, actual, "file trailer checksum".into()));
+    }
+    let body = par_crc(&bytes[..body_end]);
+    let (stored, actual) = (u32_at(t, 16), body.clone().finalize());
+    if &t[0..8] != TRAILER_MAGIC || stored != actual {
+        return Err(corrupt(None, stored, actual, "checksum of the file body (trailer)".into()));
+    }
+    let count = u64::from_le_bytes(t[8..16].try_into().expect("8 bytes"));
+    if count != records.len() as u64 {
+        let what = format!("trailer counts {count} page records, the file has {}", records.len());
+        return Err(corrupt(None, stored, actual, what));
+    }
+    let mut whole = body;
+    whole.update(t);
+    let actual = whole.finalize();
+    if actual != file.crc32 {
+        return Err(corrupt(None, file.crc32, actual, "whole-file checksum recorded by the checkpoint".into()));
+    }
+    Ok((bytes, records))
+}

@@ -1,0 +1,349 @@
+//! The asynchronous part of a snapshot: capturing the pages a checkpoint
+//! needs while the task keeps writing, and writing them to one immutable
+//! file with checksums.
+//!
+//! # The claim protocol
+//!
+//! A job owns one claim word per page that existed at its barrier:
+//!
+//! | value      | meaning                                                  |
+//! |------------|----------------------------------------------------------|
+//! | `PENDING`  | not captured; the mapped page still holds the barrier state |
+//! | `READING`  | the job is copying the mapped page right now              |
+//! | `DONE`     | captured; the job no longer looks at the page             |
+//! | a pointer  | the task wrote a private copy of the page before changing it |
+//!
+//! The job moves `PENDING -> READING -> DONE` (reading the mapped page in
+//! between) or takes a copy `pointer -> DONE`. The task, on its first write
+//! to a page the job needs, moves `PENDING -> pointer` after copying; if it
+//! finds `READING` it spins (bounded by one page `memcpy`, yielding the
+//! core after a few spins in case the job's thread is descheduled) until
+//! `DONE`. So the task never changes a page the job is reading, and the job
+//! reads every page exactly as it was at the barrier.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use super::arena::{Segment, PAGE_HEADER, SLOT_HEADER};
+use super::format::{self, Chunk, RecordKind};
+use super::handle::{SlotLayout, StateFile, StateHandle};
+use crate::error::Result;
+
+const PENDING: usize = 0;
+const READING: usize = 1;
+const DONE: usize = 2;
+
+/// Pages per unit of parallel capture work: 64 pages of 4 KiB make 256 KiB
+/// output buffers, large enough for efficient writes and small enough to
+/// balance across rayon's threads.
+const CHUNK_PAGES: usize = 64;
+
+/// Spins on a page being read before yielding the core.
+const SPINS_BEFORE_YIELD: u32 = 64;
+
+/// What the task and a job share.
+pub(crate) struct JobShared {
+    epoch: u32,
+    base_epoch: u32,
+    full: bool,
+    page_size: usize,
+    claims: Box<[AtomicUsize]>,
+    finished: AtomicBool,
+    /// The file the job wrote, once it has.
+    pub(crate) output: Mutex<Option<StateFile>>,
+}
+
+/// `n` claims, all `PENDING`, without touching their memory: a barrier must
+/// not cost time proportional to the state size.
+fn pending_claims(n: usize) -> Box<[AtomicUsize]> {
+    // `vec![0; n]` allocates zeroed memory (calloc), which the allocator
+    // takes fresh from the OS for large sizes: pages are zero-filled lazily.
+    let zeros: Box<[usize]> = vec![0usize; n].into_boxed_slice();
+    // SAFETY: AtomicUsize has the same size, alignment and bit validity as
+    // usize, so a boxed slice of one is a boxed slice of the other.
+    unsafe { Box::from_raw(Box::into_raw(zeros) as *mut [AtomicUsize]) }
+}
+
+/// Frees a page copy made by [`JobShared::protect`].
+///
+/// # Safety
+///
+/// `ptr` must come from `Box::<[u8]>::into_raw` of a `page_size` slice and
+/// be freed once.
+unsafe fn free_copy(ptr: usize, page_size: usize) {
+    // SAFETY: per the contract.
+    drop(unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr as *mut u8, page_size)) });
+}
+
+impl JobShared {
+    pub(crate) fn new(epoch: u32, base_epoch: u32, full: bool, n_pages: usize, page_size: usize) -> JobShared {
+        JobShared {
+            epoch,
+            base_epoch,
+            full,
+            page_size,
+            claims: pending_claims(n_pages),
+            finished: AtomicBool::new(false),
+            output: Mutex::new(None),
+        }
+    }
+
+    /// Whether the job captured everything (or gave up): it needs no page.
+    pub(crate) fn is_finished(&self) -> bool {
+        self.finished.load(Ordering::Acquire)
+    }
+
+    /// Called by the task before its first write in an epoch to `page`,
+    /// last written in epoch `last`, whose mapped bytes start at `src`: if
+    /// this job still needs the page as it is, gives it a private copy.
+    pub(crate) fn protect(&self, page: usize, last: u32, src: *const u8) {
+        let needed = page < self.claims.len() && last <= self.epoch && (self.full || last > self.base_epoch);
+        if !needed {
+            return;
+        }
+        let claim = &self.claims[page];
+        let mut spins = 0u32;
+        loop {
+            match claim.load(Ordering::Acquire) {
+                PENDING => {
+                    // SAFETY: `src` is the start of an allocated page of
+                    // `page_size` bytes in a live mapping; the task (this
+                    // thread) is its only writer, and is not writing now.
+                    let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, self.page_size) }.into();
+                    let ptr = Box::into_raw(copy) as *mut u8 as usize;
+                    match claim.compare_exchange(PENDING, ptr, Ordering::AcqRel, Ordering::Acquire) {
+                        Ok(_) => return,
+                        // SAFETY: `ptr` was just made from a page-size box and was not published.
+                        Err(_) => unsafe { free_copy(ptr, self.page_size) },
+                    }
+                }
+                READING => {
+                    spins += 1;
+                    if spins < SPINS_BEFORE_YIELD {
+                        std::hint::spin_loop();
+                    } else {
+                        std::thread::yield_now();
+                    }
+                }
+                _ => return, // captured, or already copied
+            }
+        }
+    }
+}
+
+impl Drop for JobShared {
+    fn drop(&mut self) {
+        for claim in self.claims.iter_mut() {
+            let v = *claim.get_mut();
+            if v > DONE {
+                // SAFETY: values above DONE are copies published by
+                // `protect` and not taken by the job (taking sets DONE).
+                unsafe { free_copy(v, self.page_size) };
+            }
+        }
+    }
+}
+
+/// Where a write stops early, to test that a crash at that point leaves
+/// earlier checkpoints intact and no half file referenced.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(test), allow(dead_code))]
+pub(crate) enum FailPoint {
+    /// After this many bytes of page records (a torn temp file remains).
+    AfterBytes(u64),
+    /// After the temp file is complete and synced, before the rename.
+    BeforeRename,
+    /// After the rename, before the directory is synced.
+    BeforeDirSync,
+}
+
+/// The asynchronous part of a snapshot, handed off by
+/// [`ValueStore::snapshot`](crate::state::ValueStore::snapshot) (and the map
+/// and list stores): run [`SnapshotJob::write`] on any thread while the task
+/// goes on.
+///
+/// Dropping a job without writing it releases its claims on the store's
+/// pages; the checkpoint then simply has no state file.
+pub struct SnapshotJob {
+    pub(crate) shared: Arc<JobShared>,
+    pub(crate) segments: Vec<Arc<Segment>>,
+    /// Dirty lists of the epochs in `(base, epoch]`; empty for a full job.
+    pub(crate) lists: Vec<Arc<Vec<u32>>>,
+    pub(crate) name: String,
+    pub(crate) checkpoint_id: u64,
+    pub(crate) layout: SlotLayout,
+    pub(crate) max_parallelism: usize,
+    pub(crate) key_groups: Range<usize>,
+    pub(crate) base_files: Vec<StateFile>,
+    pub(crate) n_pages: usize,
+    pub(crate) sync_micros: u64,
+}
+
+impl std::fmt::Debug for SnapshotJob {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotJob")
+            .field("checkpoint_id", &self.checkpoint_id)
+            .field("full", &self.shared.full)
+            .field("pages", &self.n_pages)
+            .field("file", &self.name)
+            .finish()
+    }
+}
+
+impl Drop for SnapshotJob {
+    fn drop(&mut self) {
+        self.shared.finished.store(true, Ordering::Release);
+    }
+}
+
+impl SnapshotJob {
+    /// The checkpoint this job snapshots.
+    pub fn checkpoint_id(&self) -> u64 {
+        self.checkpoint_id
+    }
+
+    /// Whether this job writes a full snapshot (no base).
+    pub fn is_full(&self) -> bool {
+        self.shared.full
+    }
+
+    /// Captures the pages this checkpoint needs, checksums them in parallel
+    /// (rayon) and writes them durably to one new file under
+    /// `<checkpoint_root>/shared/`: temp name, fsync, rename, fsync of the
+    /// directory. Returns the handle listing every file a restore needs.
+    ///
+    /// On error nothing is referenced: a temp file may remain (named
+    /// `*.tmp`, see [`remove_temp_files`](crate::state::remove_temp_files)),
+    /// and every earlier checkpoint's files are untouched.
+    pub fn write(self, checkpoint_root: &Path) -> Result<StateHandle> {
+        self.write_with(checkpoint_root, None)
+    }
+
+    pub(crate) fn write_with(self, checkpoint_root: &Path, fail: Option<FailPoint>) -> Result<StateHandle> {
+        let start = Instant::now();
+        let chunks = self.capture();
+        self.shared.finished.store(true, Ordering::Release);
+        let header = format::FileHeader {
+            full: self.shared.full,
+            layout: self.layout,
+            checkpoint: self.checkpoint_id,
+            epoch: self.shared.epoch,
+            base_epoch: self.shared.base_epoch,
+        };
+        let file = format::write_file(checkpoint_root, &self.name, &header, &chunks, fail)?;
+        *self.shared.output.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
+        let mut files = self.base_files.clone();
+        files.push(file.clone());
+        Ok(StateHandle {
+            checkpoint_id: self.checkpoint_id,
+            max_parallelism: self.max_parallelism,
+            key_groups: self.key_groups.clone(),
+            layout: self.layout,
+            files,
+            state_bytes: self.n_pages as u64 * u64::from(self.layout.page_size),
+            written_bytes: file.size,
+            sync_micros: self.sync_micros,
+            async_micros: start.elapsed().as_micros() as u64,
+            full: self.shared.full,
+        })
+    }
+
+    /// Encodes every needed page into record chunks, in parallel, in a
+    /// deterministic order.
+    fn capture(&self) -> Vec<Chunk> {
+        if self.shared.full {
+            let starts: Vec<usize> = (0..self.n_pages).step_by(CHUNK_PAGES).collect();
+            starts
+                .par_iter()
+                .map(|&s| self.capture_pages((s..(s + CHUNK_PAGES).min(self.n_pages)).map(|p| p as u32)))
+                .collect()
+        } else {
+            let work: Vec<&[u32]> = self.lists.iter().flat_map(|l| l.chunks(CHUNK_PAGES)).collect();
+            work.par_iter().map(|pages| self.capture_pages(pages.iter().copied())).collect()
+        }
+    }
+
+    fn capture_pages(&self, pages: impl Iterator<Item = u32>) -> Chunk {
+        let mut chunk = Chunk::default();
+        let mut changed = Vec::new();
+        for page in pages {
+            let page = page as usize;
+            let claim = &self.shared.claims[page];
+            let start = match claim.compare_exchange(PENDING, READING, Ordering::Acquire, Ordering::Acquire) {
+                Ok(_) => {
+                    let src = self.page_ptr(page);
+                    // SAFETY: the page existed at the barrier, so it lies in
+                    // a mapping kept alive by `self.segments`; our READING
+                    // claim keeps the task from writing it until DONE.
+                    let bytes = unsafe { std::slice::from_raw_parts(src, self.shared.page_size) };
+                    let start = self.encode(page, bytes, &mut chunk, &mut changed);
+                    claim.store(DONE, Ordering::Release);
+                    start
+                }
+                Err(READING | DONE) => None, // listed twice; captured once
+                Err(copy) => {
+                    if claim.compare_exchange(copy, DONE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                        continue;
+                    }
+                    // SAFETY: `copy` is a page-size box published by the
+                    // task; our successful exchange took it, exactly once.
+                    let copy = unsafe {
+                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(copy as *mut u8, self.shared.page_size))
+                    };
+                    self.encode(page, &copy, &mut chunk, &mut changed)
+                }
+            };
+            if let Some(start) = start {
+                chunk.seal_record(start);
+            }
+        }
+        chunk.finish();
+        chunk
+    }
+
+    fn page_ptr(&self, page: usize) -> *const u8 {
+        let off = page * self.shared.page_size;
+        let seg = &self.segments[off / super::arena::SEGMENT_BYTES];
+        // SAFETY: the offset within the segment is below its mapped length.
+        unsafe { seg.base().add(off % super::arena::SEGMENT_BYTES) }
+    }
+
+    /// Appends the record of one page as of the barrier (its CRC still to
+    /// be sealed); returns the record's start, or `None` if nothing of the
+    /// page changed since the base.
+    fn encode(&self, page: usize, src: &[u8], chunk: &mut Chunk, changed: &mut Vec<u32>) -> Option<usize> {
+        let kg = u32::from_le_bytes(src[0..4].try_into().expect("4 bytes"));
+        if self.shared.full {
+            return Some(chunk.push_record(page as u32, kg, RecordKind::Full, &[src]));
+        }
+        let slot = self.layout.slot_size as usize;
+        changed.clear();
+        for i in 0..self.layout.slots_per_page() {
+            let at = PAGE_HEADER + i * slot;
+            let stamp = u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"));
+            debug_assert!(stamp <= self.shared.epoch, "slot written after the barrier was captured");
+            if stamp > self.shared.base_epoch {
+                changed.push(i as u32);
+            }
+        }
+        if changed.is_empty() {
+            return None;
+        }
+        if changed.len() * (4 + slot) >= src.len() {
+            return Some(chunk.push_record(page as u32, kg, RecordKind::Full, &[src]));
+        }
+        let start = chunk.push_record(page as u32, kg, RecordKind::Delta(changed.len() as u32), &[]);
+        for &i in changed.iter() {
+            let at = PAGE_HEADER + i as usize * slot;
+            chunk.bytes.extend_from_slice(&i.to_le_bytes());
+            chunk.bytes.extend_from_slice(&src[at..at + slot]);
+        }
+        debug_assert!(SLOT_HEADER <= slot);
+        Some(start)
+    }
+}

@@ -1,0 +1,641 @@
+//! Tests across the state modules: a model-checked property test with
+//! snapshots written concurrently with updates, corruption of every byte,
+//! rescaling, crashes during the write, and incremental size.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::thread::JoinHandle;
+
+use proptest::prelude::*;
+
+use super::snapshot::FailPoint;
+use super::*;
+use crate::error::Error;
+use crate::keyed::{key_group, stable_hash, subtask_for_key_group};
+
+type Value = [u64; 2];
+type Store = ValueStore<u64, Value>;
+
+fn opts(dir: &Path, name: &str) -> StoreOptions {
+    StoreOptions::new(dir.join("work").join(name))
+}
+
+fn contents(store: &Store) -> BTreeMap<u64, Value> {
+    let mut out = BTreeMap::new();
+    store.for_each(|k, v| {
+        assert!(out.insert(*k, *v).is_none(), "key {k} listed twice");
+    });
+    assert_eq!(out.len(), store.len());
+    out
+}
+
+fn write_async(job: SnapshotJob, root: &Path) -> JoinHandle<crate::Result<StateHandle>> {
+    let root = root.to_path_buf();
+    std::thread::spawn(move || job.write(&root))
+}
+
+fn restore_all(dir: &Path, name: &str, handles: &[StateHandle]) -> crate::Result<Store> {
+    Store::restore(opts(dir, name), &dir.join("chk"), handles)
+}
+
+fn unique(name: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!("{name}-{}", N.fetch_add(1, Ordering::Relaxed))
+}
+
+#[test]
+fn updates_gets_and_removes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    assert!(s.is_empty());
+    for k in 0..1000u64 {
+        s.get_or_default(&k)[0] = k * 3;
+    }
+    s.get_or_default(&5)[1] += 1;
+    assert_eq!(s.get(&5), Some(&[15, 1]));
+    assert_eq!(s.get(&1000), None);
+    assert_eq!(s.remove(&5), Some([15, 1]));
+    assert_eq!(s.remove(&5), None);
+    assert_eq!(s.get(&5), None);
+    assert_eq!(*s.get_or_default(&5), [0, 0], "a removed key comes back as default");
+    assert_eq!(s.len(), 1000);
+    let c = contents(&s);
+    assert_eq!(c[&999], [2997, 0]);
+}
+
+#[test]
+fn snapshot_chain_restores_each_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a").with_max_delta_chain(3)).unwrap();
+    let mut expected = Vec::new();
+    for id in 1..=9u64 {
+        for k in 0..2000u64 {
+            if k % 7 == id % 7 {
+                s.get_or_default(&k)[0] += id;
+            }
+            if k % 11 == id % 11 {
+                s.remove(&k);
+            }
+        }
+        let job = s.snapshot(id);
+        let h = job.write(&root).unwrap();
+        s.snapshot_done(id, true);
+        assert_eq!(h.full, (id - 1) % 4 == 0, "checkpoint {id}: full every 1 + max_delta_chain");
+        assert!(h.files.len() <= 4);
+        assert_eq!(h.files.last().unwrap().size, h.written_bytes);
+        expected.push((h, contents(&s)));
+    }
+    for (h, want) in &expected {
+        let r = restore_all(dir.path(), &unique("r"), std::slice::from_ref(h)).unwrap();
+        assert_eq!(&contents(&r), want, "checkpoint {}", h.checkpoint_id);
+    }
+}
+
+#[test]
+fn restored_store_keeps_working_and_snapshots_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    for k in 0..500u64 {
+        *s.get_or_default(&k) = [k, k];
+    }
+    let h1 = s.snapshot(1).write(&root).unwrap();
+    let mut r = restore_all(dir.path(), "r", &[h1]).unwrap();
+    for k in 0..500u64 {
+        if k % 2 == 0 {
+            r.remove(&k);
+        }
+    }
+    *r.get_or_default(&7000) = [1, 2];
+    let h2 = r.snapshot(2).write(&root).unwrap();
+    r.snapshot_done(2, true);
+    assert!(h2.full, "the first snapshot after a restore is full");
+    *r.get_or_default(&1) = [9, 9];
+    let h3 = r.snapshot(3).write(&root).unwrap();
+    assert!(!h3.full);
+    let r3 = restore_all(dir.path(), "r3", &[h3]).unwrap();
+    assert_eq!(contents(&r3), contents(&r));
+    assert_eq!(r3.len(), 251);
+}
+
+/// Updates every key many times while the snapshot's asynchronous part
+/// runs: the file holds exactly the state at the barrier (copy-on-write),
+/// including with a second snapshot taken while the first is in flight.
+#[test]
+fn concurrent_writes_do_not_leak_into_the_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    let n = 60_000u64;
+    for k in 0..n {
+        *s.get_or_default(&k) = [k, 0];
+    }
+    let h0 = s.snapshot(1).write(&root).unwrap();
+    s.snapshot_done(1, true);
+    for round in 0..3u64 {
+        let at_barrier = contents(&s);
+        let id = 2 + 2 * round;
+        let first = write_async(s.snapshot(id), &root);
+        for pass in 0..3 {
+            for k in 0..n {
+                s.get_or_default(&k)[1] += pass + 1;
+            }
+        }
+        let at_second = contents(&s);
+        let second = write_async(s.snapshot(id + 1), &root);
+        for k in (0..n).step_by(3) {
+            s.remove(&k);
+        }
+        for k in n..n + 1000 {
+            *s.get_or_default(&k) = [k, round];
+        }
+        let h1 = first.join().unwrap().unwrap();
+        let h2 = second.join().unwrap().unwrap();
+        s.snapshot_done(id, true);
+        s.snapshot_done(id + 1, round != 1);
+        assert_eq!(contents(&restore_all(dir.path(), &unique("a"), &[h1]).unwrap()), at_barrier);
+        assert_eq!(contents(&restore_all(dir.path(), &unique("b"), &[h2]).unwrap()), at_second);
+    }
+    assert_eq!(restore_all(dir.path(), "first", &[h0]).unwrap().len(), n as usize);
+}
+
+#[test]
+fn dropping_a_job_releases_its_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    for k in 0..5000u64 {
+        *s.get_or_default(&k) = [k, 1];
+    }
+    let job = s.snapshot(1);
+    // Copies are made for the job, then freed with it unused.
+    for k in 0..5000u64 {
+        s.get_or_default(&k)[1] = 2;
+    }
+    drop(job);
+    s.snapshot_done(1, false);
+    for k in 0..5000u64 {
+        s.get_or_default(&k)[1] = 3;
+    }
+    let h = s.snapshot(2).write(&root).unwrap();
+    assert!(h.full, "nothing completed yet");
+    let r = restore_all(dir.path(), "r", &[h]).unwrap();
+    assert_eq!(r.get(&4999), Some(&[4999, 3]));
+}
+
+// ---------------------------------------------------------------- model
+
+#[derive(Clone, Debug)]
+enum Op {
+    Put(u64, u64),
+    Add(u64, u64),
+    Del(u64),
+    /// Take a snapshot and write it on another thread while later ops run.
+    Snap,
+    /// Wait for the oldest in-flight snapshot, report it completed or not.
+    Finish(bool),
+    /// Fail over: restore from the newest completed checkpoint.
+    Restore,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let key = 0u64..600;
+    prop_oneof![
+        6 => (key.clone(), any::<u64>()).prop_map(|(k, v)| Op::Put(k, v)),
+        6 => (key.clone(), 1u64..100).prop_map(|(k, d)| Op::Add(k, d)),
+        3 => key.prop_map(Op::Del),
+        1 => Just(Op::Snap),
+        2 => Just(Op::Finish(true)),
+        1 => Just(Op::Finish(false)),
+        1 => Just(Op::Restore),
+    ]
+}
+
+struct InFlight {
+    id: u64,
+    model: HashMap<u64, Value>,
+    thread: JoinHandle<crate::Result<StateHandle>>,
+}
+
+fn check_against_model(store: &Store, model: &HashMap<u64, Value>) {
+    let want: BTreeMap<u64, Value> = model.iter().map(|(k, v)| (*k, *v)).collect();
+    assert_eq!(contents(store), want);
+}
+
+fn run_model(ops: Vec<Op>, max_delta_chain: usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let o = |name: &str| {
+        opts(dir.path(), name)
+            .with_max_parallelism(4)
+            .with_key_groups(0..4)
+            .with_max_delta_chain(max_delta_chain)
+    };
+    let mut store = Store::create(o("s0")).unwrap();
+    let mut model: HashMap<u64, Value> = HashMap::new();
+    let mut in_flight: Vec<InFlight> = Vec::new();
+    let mut completed: Option<(StateHandle, HashMap<u64, Value>)> = None;
+    let mut next_id = 1;
+    let mut restores = 0;
+    let finish = |store: &mut Store, f: InFlight, ok: bool, completed: &mut Option<(StateHandle, HashMap<u64, Value>)>| {
+        let h = f.thread.join().unwrap().unwrap();
+        assert_eq!(h.checkpoint_id, f.id);
+        store.snapshot_done(f.id, ok);
+        if ok {
+            *completed = Some((h, f.model));
+        }
+    };
+    for op in ops {
+        match op {
+            Op::Put(k, v) => {
+                *store.get_or_default(&k) = [v, k];
+                model.insert(k, [v, k]);
+            }
+            Op::Add(k, d) => {
+                store.get_or_default(&k)[0] += d;
+                model.entry(k).or_default()[0] += d;
+            }
+            Op::Del(k) => assert_eq!(store.remove(&k), model.remove(&k)),
+            Op::Snap => {
+                let job = store.snapshot(next_id);
+                in_flight.push(InFlight {
+                    id: next_id,
+                    model: model.clone(),
+                    thread: write_async(job, &root),
+                });
+                next_id += 1;
+            }
+            Op::Finish(ok) => {
+                if !in_flight.is_empty() {
+                    finish(&mut store, in_flight.remove(0), ok, &mut completed);
+                }
+            }
+            Op::Restore => {
+                for f in in_flight.drain(..) {
+                    finish(&mut store, f, true, &mut completed);
+                }
+                if let Some((h, m)) = &completed {
+                    restores += 1;
+                    let restored = Store::restore(o(&format!("r{restores}")), &root, std::slice::from_ref(h)).unwrap();
+                    check_against_model(&restored, m);
+                    store = restored;
+                    model = m.clone();
+                    completed = None;
+                }
+            }
+        }
+        check_against_model(&store, &model);
+    }
+    for f in in_flight.drain(..) {
+        finish(&mut store, f, true, &mut completed);
+    }
+    if let Some((h, m)) = completed {
+        check_against_model(&Store::restore(o("final"), &root, &[h]).unwrap(), &m);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn restored_state_equals_the_model_at_the_snapshot(
+        ops in proptest::collection::vec(op(), 1..120),
+        chain in 0usize..4,
+    ) {
+        run_model(ops, chain);
+    }
+}
+
+// ---------------------------------------------------------- corruption
+
+/// A checkpoint directory with one full and one incremental file.
+fn two_checkpoints(dir: &Path) -> (StateHandle, StateHandle) {
+    let root = dir.join("chk");
+    let o = opts(dir, "src").with_max_parallelism(2).with_key_groups(0..2);
+    let mut s = Store::create(o).unwrap();
+    for k in 0..300u64 {
+        *s.get_or_default(&k) = [k, !k];
+    }
+    let h1 = s.snapshot(1).write(&root).unwrap();
+    s.snapshot_done(1, true);
+    *s.get_or_default(&3) = [1, 1];
+    s.remove(&4);
+    let h2 = s.snapshot(2).write(&root).unwrap();
+    assert!(h1.full && !h2.full && h2.files.len() == 2);
+    (h1, h2)
+}
+
+fn expect_corrupt(dir: &Path, h: &StateHandle, file: &StateFile, what: &str) -> Option<u64> {
+    let o = opts(dir, &unique("c")).with_max_parallelism(2).with_key_groups(0..2);
+    match Store::restore(o, &dir.join("chk"), std::slice::from_ref(h)) {
+        Err(Error::Corrupt {
+            checkpoint,
+            file: f,
+            page,
+            expected,
+            actual,
+            ..
+        }) => {
+            assert_eq!(checkpoint, h.checkpoint_id, "{what}");
+            assert_eq!(f, file.path, "{what}");
+            assert_ne!(expected, actual, "{what}");
+            page
+        }
+        other => panic!("{what}: expected a corruption error, got {other:?}"),
+    }
+}
+
+#[test]
+fn every_flipped_byte_is_detected_and_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, h2) = two_checkpoints(dir.path());
+    for file in &h2.files {
+        let path = dir.path().join("chk").join(&file.path);
+        let original = std::fs::read(&path).unwrap();
+        let mut pages_named = 0;
+        for i in 0..original.len() {
+            let mut bytes = original.clone();
+            bytes[i] ^= 1 << (i % 8);
+            std::fs::write(&path, &bytes).unwrap();
+            let page = expect_corrupt(dir.path(), &h2, file, &format!("{} byte {i}", file.path));
+            let in_records = i >= 48 && i < original.len() - 24;
+            assert_eq!(page.is_some(), in_records, "byte {i}: page named iff the byte is in a page record");
+            pages_named += usize::from(page.is_some());
+        }
+        assert!(pages_named > 0);
+        std::fs::write(&path, &original).unwrap();
+    }
+    let msg = {
+        let file = &h2.files[0];
+        let path = dir.path().join("chk").join(&file.path);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[100] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let o = opts(dir.path(), "msg").with_max_parallelism(2).with_key_groups(0..2);
+        Store::restore(o, &dir.path().join("chk"), &[h2.clone()]).unwrap_err().to_string()
+    };
+    assert!(msg.contains("checkpoint 2") && msg.contains("page 0") && msg.contains("expected CRC 0x"), "{msg}");
+}
+
+#[test]
+fn every_truncation_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, h2) = two_checkpoints(dir.path());
+    for file in &h2.files {
+        let path = dir.path().join("chk").join(&file.path);
+        let original = std::fs::read(&path).unwrap();
+        let step = (original.len() / 300).max(1);
+        let cuts = (0..original.len()).step_by(step).chain([original.len() - 1, original.len() - 24]);
+        for len in cuts {
+            std::fs::write(&path, &original[..len]).unwrap();
+            expect_corrupt(dir.path(), &h2, file, &format!("{} cut to {len}", file.path));
+        }
+        std::fs::write(&path, &original).unwrap();
+    }
+    let o = opts(dir.path(), "ok").with_max_parallelism(2).with_key_groups(0..2);
+    assert_eq!(Store::restore(o, &dir.path().join("chk"), &[h2]).unwrap().len(), 299);
+}
+
+#[test]
+fn a_missing_file_or_foreign_layout_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (h1, h2) = two_checkpoints(dir.path());
+    let o = || opts(dir.path(), &unique("x")).with_max_parallelism(2).with_key_groups(0..2);
+    let other: crate::Result<ValueStore<u32, Value>> = ValueStore::restore(o(), &dir.path().join("chk"), &[h2.clone()]);
+    assert!(matches!(other, Err(Error::State { .. })), "{other:?}");
+    let mut swapped = h2.clone();
+    swapped.files[0].crc32 = h2.files[1].crc32; // the manifest records another file's CRC
+    assert!(matches!(Store::restore(o(), &dir.path().join("chk"), &[swapped]), Err(Error::Corrupt { .. })));
+    std::fs::remove_file(dir.path().join("chk").join(&h1.files[0].path)).unwrap();
+    assert!(matches!(Store::restore(o(), &dir.path().join("chk"), &[h2]), Err(Error::State { .. })));
+}
+
+// ------------------------------------------------------------ rescaling
+
+fn owner(k: &u64, maxp: usize, parallelism: usize) -> usize {
+    subtask_for_key_group(key_group(stable_hash(k), maxp), maxp, parallelism)
+}
+
+fn ranges(parallelism: usize) -> Vec<std::ops::Range<usize>> {
+    (0..parallelism).map(|i| i * 128 / parallelism..(i + 1) * 128 / parallelism).collect()
+}
+
+#[test]
+fn rescaling_value_state_from_2_to_1_and_4() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut stores: Vec<Store> =
+        ranges(2).into_iter().map(|r| Store::create(opts(dir.path(), &unique("p2")).with_key_groups(r)).unwrap()).collect();
+    let mut all = BTreeMap::new();
+    for k in 0..20_000u64 {
+        let v = [k * k, k];
+        *stores[owner(&k, 128, 2)].get_or_default(&k) = v;
+        all.insert(k, v);
+    }
+    // A full and then an incremental checkpoint, so rescaling reads chains.
+    for s in &mut stores {
+        s.snapshot(1).write(&root).unwrap();
+        s.snapshot_done(1, true);
+    }
+    for k in (0..20_000u64).step_by(10) {
+        stores[owner(&k, 128, 2)].remove(&k);
+        all.remove(&k);
+    }
+    let handles: Vec<StateHandle> = stores.iter_mut().map(|s| s.snapshot(2).write(&root).unwrap()).collect();
+    assert!(handles.iter().all(|h| !h.full));
+    for parallelism in [1, 4, 2] {
+        let mut union = BTreeMap::new();
+        for (i, r) in ranges(parallelism).into_iter().enumerate() {
+            let s = Store::restore(opts(dir.path(), &unique("r")).with_key_groups(r), &root, &handles).unwrap();
+            for (k, v) in contents(&s) {
+                assert_eq!(owner(&k, 128, parallelism), i, "key {k} restored by the wrong subtask");
+                assert!(union.insert(k, v).is_none());
+            }
+        }
+        assert_eq!(union, all, "parallelism {parallelism}");
+    }
+    // Handles that do not cover the key groups are refused.
+    let partial = Store::restore(opts(dir.path(), "partial"), &root, &handles[..1]);
+    assert!(matches!(partial, Err(Error::State { .. })));
+}
+
+#[test]
+fn rescaling_map_and_list_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut maps: Vec<MapStore<String, u32, String>> = ranges(2)
+        .into_iter()
+        .map(|r| MapStore::create(opts(dir.path(), &unique("m")).with_key_groups(r)).unwrap())
+        .collect();
+    let mut lists: Vec<ListStore<u64, Vec<u16>>> = ranges(2)
+        .into_iter()
+        .map(|r| ListStore::create(opts(dir.path(), &unique("l")).with_key_groups(r)).unwrap())
+        .collect();
+    let sub = |k: &String, p: usize| subtask_for_key_group(key_group(stable_hash(k), 128), 128, p);
+    let mut map_model: BTreeMap<(String, u32), String> = BTreeMap::new();
+    let mut list_model: BTreeMap<u64, Vec<Vec<u16>>> = BTreeMap::new();
+    for i in 0..3000u64 {
+        let k = format!("user-{}", i % 400);
+        let v = format!("v{i}");
+        maps[sub(&k, 2)].put(&k, &((i % 7) as u32), &v).unwrap();
+        map_model.insert((k, (i % 7) as u32), v);
+        let lk = i % 300;
+        let elem = vec![i as u16; (i % 5) as usize];
+        lists[owner(&lk, 128, 2)].append(&lk, &elem).unwrap();
+        list_model.entry(lk).or_default().push(elem);
+    }
+    let mh1: Vec<StateHandle> = maps.iter_mut().map(|m| m.snapshot(1).write(&root).unwrap()).collect();
+    let lh1: Vec<StateHandle> = lists.iter_mut().map(|l| l.snapshot(1).write(&root).unwrap()).collect();
+    assert!(mh1.iter().chain(&lh1).all(|h| h.full));
+    maps.iter_mut().for_each(|m| m.snapshot_done(1, true));
+    lists.iter_mut().for_each(|l| l.snapshot_done(1, true));
+    // Changes after the base: removals, clears, overwrites, appends.
+    for i in 0..400u64 {
+        let k = format!("user-{i}");
+        if i % 3 == 0 {
+            assert!(maps[sub(&k, 2)].remove(&k, &1) == map_model.remove(&(k.clone(), 1)).is_some());
+        }
+        if i % 50 == 0 {
+            maps[sub(&k, 2)].clear(&k);
+            map_model.retain(|(mk, _), _| *mk != k);
+        }
+        if i < 300 && i % 4 == 0 {
+            let n = lists[owner(&i, 128, 2)].clear(&i);
+            assert_eq!(n, list_model.remove(&i).map_or(0, |l| l.len()));
+            lists[owner(&i, 128, 2)].append(&i, &vec![7]).unwrap();
+            list_model.insert(i, vec![vec![7]]);
+        }
+    }
+    let mh: Vec<StateHandle> = maps.iter_mut().map(|m| m.snapshot(2).write(&root).unwrap()).collect();
+    let lh: Vec<StateHandle> = lists.iter_mut().map(|l| l.snapshot(2).write(&root).unwrap()).collect();
+    assert!(mh.iter().chain(&lh).all(|h| !h.full && h.files.len() == 2));
+    for parallelism in [1, 4] {
+        let mut map_union = BTreeMap::new();
+        let mut list_union = BTreeMap::new();
+        for r in ranges(parallelism) {
+            let m: MapStore<String, u32, String> =
+                MapStore::restore(opts(dir.path(), &unique("rm")).with_key_groups(r.clone()), &root, &mh).unwrap();
+            m.for_each(|k, uk, v| assert!(map_union.insert((k.clone(), *uk), v).is_none()));
+            let l: ListStore<u64, Vec<u16>> =
+                ListStore::restore(opts(dir.path(), &unique("rl")).with_key_groups(r), &root, &lh).unwrap();
+            for k in 0..300u64 {
+                if l.len_of(&k) > 0 {
+                    assert!(list_union.insert(k, l.get(&k)).is_none());
+                }
+            }
+        }
+        assert_eq!(map_union, map_model, "map state at parallelism {parallelism}");
+        assert_eq!(list_union, list_model, "list state at parallelism {parallelism}");
+    }
+}
+
+#[test]
+fn oversized_codec_values_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut m: MapStore<u64, u64, String> = MapStore::create(opts(dir.path(), "m").with_max_value_len(8)).unwrap();
+    assert!(m.put(&1, &1, &"1234567".to_string()).is_ok());
+    assert!(matches!(m.put(&1, &2, &"12345678".to_string()), Err(Error::State { .. })));
+    assert_eq!(m.len(), 1);
+}
+
+// ---------------------------------------------------------------- crash
+
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_crash_during_the_write_leaves_the_previous_checkpoint_intact() {
+    for fail in [
+        FailPoint::AfterBytes(0),
+        FailPoint::AfterBytes(5000),
+        FailPoint::AfterBytes(40_000),
+        FailPoint::BeforeRename,
+        FailPoint::BeforeDirSync,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("chk");
+        let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+        for k in 0..3000u64 {
+            *s.get_or_default(&k) = [k, 1];
+        }
+        let h1 = s.snapshot(1).write(&root).unwrap();
+        s.snapshot_done(1, true);
+        let at_1 = contents(&s);
+        let before: Vec<(PathBuf, Vec<u8>)> =
+            files_in(&root.join("shared")).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect();
+        for k in 0..3000u64 {
+            s.get_or_default(&k)[1] = 2;
+        }
+        let err = s.snapshot(2).write_with(&root, Some(fail)).unwrap_err();
+        assert!(err.to_string().contains("injected fault"), "{fail:?}: {err}");
+        s.snapshot_done(2, false);
+        // Earlier files are byte-for-byte untouched and restore.
+        for (p, bytes) in &before {
+            assert_eq!(&std::fs::read(p).unwrap(), bytes, "{fail:?}");
+        }
+        assert_eq!(contents(&restore_all(dir.path(), &unique("r"), &[h1.clone()]).unwrap()), at_1);
+        let leftovers = files_in(&root.join("shared")).len() - before.len();
+        assert_eq!(leftovers, 1, "{fail:?}: one unreferenced temp or orphan file");
+        // The next checkpoint builds on checkpoint 1 and restores in full.
+        let h3 = s.snapshot(3).write(&root).unwrap();
+        assert!(!h3.full && h3.files[0] == h1.files[0], "{fail:?}");
+        assert!(h3.files.iter().all(|f| !f.path.ends_with(".tmp")));
+        assert_eq!(contents(&restore_all(dir.path(), &unique("r"), &[h3]).unwrap()), contents(&s));
+        let removed = remove_temp_files(&root).unwrap();
+        assert_eq!(removed, usize::from(!matches!(fail, FailPoint::BeforeDirSync)), "{fail:?}");
+    }
+}
+
+// ---------------------------------------------------------- incremental
+
+#[test]
+fn one_percent_changed_writes_under_five_percent() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    let n = 200_000u64;
+    for k in 0..n {
+        *s.get_or_default(&k) = [k, 0];
+    }
+    let full = s.snapshot(1).write(&root).unwrap();
+    s.snapshot_done(1, true);
+    // 1% of keys, spread over the whole key space (every page is touched).
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..n / 100 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        s.get_or_default(&(x % n))[1] += 1;
+    }
+    let inc = s.snapshot(2).write(&root).unwrap();
+    let ratio = inc.written_bytes as f64 / full.written_bytes as f64;
+    assert!(!inc.full && ratio <= 0.05, "incremental is {:.2}% of full", ratio * 100.0);
+    assert_eq!(inc.state_bytes, full.state_bytes);
+    let r = restore_all(dir.path(), "r", &[inc]).unwrap();
+    assert_eq!(contents(&r), contents(&s));
+}
+
+#[test]
+fn segments_grow_past_one_mapping() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    // 16 MiB segments of 4 KiB pages with 127 slots of 32 bytes.
+    let n = 700_000u64;
+    for k in 0..n {
+        *s.get_or_default(&k) = [k, 5];
+    }
+    assert!(s.arena().segment_count() >= 2);
+    let h = s.snapshot(1).write(&root).unwrap();
+    let r = restore_all(dir.path(), "r", &[h]).unwrap();
+    assert_eq!(r.len(), n as usize);
+    assert_eq!(r.get(&(n - 1)), Some(&[n - 1, 5]));
+    drop(s);
+    drop(r);
+    assert!(files_in(&dir.path().join("work").join("a")).is_empty(), "segment files are removed with the store");
+}
