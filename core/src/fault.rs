@@ -43,7 +43,9 @@ pub fn arm_from_env() {
         return;
     };
     for item in spec.split(',').filter(|s| !s.is_empty()) {
-        let Some((name, action)) = item.split_once('=') else { continue };
+        let Some((name, action)) = item.split_once('=') else {
+            continue;
+        };
         let action = match action.split_once(':') {
             Some(("fail", n)) => n.parse().ok().map(Action::Fail),
             Some(("abort-after", n)) => n.parse().ok().map(Action::AbortAfter),

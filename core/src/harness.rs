@@ -32,7 +32,13 @@ impl Harness {
         let counters = Arc::new(TaskCounters::new("harness".into(), subtask, parallelism, 0));
         let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
         Harness {
-            task: TaskContext::new(subtask, parallelism, vec!["harness".to_string()].into(), counters, registry),
+            task: TaskContext::new(
+                subtask,
+                parallelism,
+                vec!["harness".to_string()].into(),
+                counters,
+                registry,
+            ),
         }
     }
 

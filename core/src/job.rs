@@ -187,7 +187,12 @@ fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
         .iter()
         .enumerate()
         .map(|(g, group)| ManifestGroup {
-            operators: group.ops.iter().enumerate().map(|(i, n)| format!("{g}.{i}:{n}")).collect(),
+            operators: group
+                .ops
+                .iter()
+                .enumerate()
+                .map(|(i, n)| format!("{g}.{i}:{n}"))
+                .collect(),
             parallelism: group.parallelism,
         })
         .collect();
@@ -314,7 +319,10 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     if let Some(c) = &config.checkpointing {
         c.validate()?;
         std::fs::create_dir_all(&c.dir).map_err(|e| {
-            Error::Checkpoint(format!("cannot create the checkpoint directory {}: {e}", c.dir.display()))
+            Error::Checkpoint(format!(
+                "cannot create the checkpoint directory {}: {e}",
+                c.dir.display()
+            ))
         })?;
     }
     config.restart.validate()?;
@@ -542,7 +550,9 @@ impl JobRun {
         };
         for t in threads {
             if t.join().is_err() {
-                attempt.fail(Error::InvalidPipeline("a worker thread panicked outside any task".into()));
+                attempt.fail(Error::InvalidPipeline(
+                    "a worker thread panicked outside any task".into(),
+                ));
             }
         }
         let finished_at = Instant::now();
@@ -590,7 +600,10 @@ fn spawn_workers(placed: Vec<Placed>, config: &RuntimeConfig, attempt: &Arc<Atte
     }
     let cores = core_affinity::get_core_ids().unwrap_or_default();
     let idle = if workers > available_cores() {
-        IdleStrategy { spins: 0, ..config.idle }
+        IdleStrategy {
+            spins: 0,
+            ..config.idle
+        }
     } else {
         config.idle
     };
@@ -604,7 +617,11 @@ fn spawn_workers(placed: Vec<Placed>, config: &RuntimeConfig, attempt: &Arc<Atte
             .spawn(move || worker_main(tasks, core, idle, &a));
         match spawned {
             Ok(t) => {
-                attempt.workers.lock().unwrap_or_else(|p| p.into_inner()).push(t.thread().clone());
+                attempt
+                    .workers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(t.thread().clone());
                 threads.push(t);
             }
             Err(source) => {

@@ -31,13 +31,13 @@
 
 pub mod checkpoint;
 pub mod clock;
-pub mod harness;
 mod collector;
 mod config;
 mod context;
 mod data;
-pub mod fault;
 mod error;
+pub mod fault;
+pub mod harness;
 mod idle;
 mod job;
 pub mod keyed;
@@ -54,8 +54,8 @@ mod task;
 #[cfg(test)]
 mod ring_tests;
 
-pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
 pub use checkpoint::{CheckpointConfig, CheckpointMode, CheckpointStats, RestartStrategy, RestoreFrom, RetainOnCancel};
+pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
 pub use context::{SinkContext, SourceContext};
 pub use data::Data;
 pub use error::{BoxError, Error, Result};

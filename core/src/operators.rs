@@ -3,9 +3,9 @@
 
 use crate::checkpoint::snapshot::TaskSnapshot;
 use crate::collector::{forward_control, Collector, Notice, RestoreCtx};
-use crate::message::Barrier;
 use crate::context::{SinkContext, TaskContext};
 use crate::error::BoxError;
+use crate::message::Barrier;
 use crate::sink::Sink;
 
 pub(crate) struct Map<T, U, F> {

@@ -36,7 +36,10 @@ pub(crate) struct Outbox<T> {
 
 impl<T> Outbox<T> {
     pub(crate) fn new(ring: Producer<Message<T>>, batch_size: usize) -> Self {
-        assert!(ring.buffer().capacity() > RESERVED_SLOTS, "ring capacity must exceed the reserved slots");
+        assert!(
+            ring.buffer().capacity() > RESERVED_SLOTS,
+            "ring capacity must exceed the reserved slots"
+        );
         Outbox {
             staged: Vec::with_capacity(batch_size),
             controls: 0,
@@ -111,7 +114,10 @@ impl<T> Outbox<T> {
             return false;
         }
         if self.controls > 0 {
-            self.controls -= self.staged[..n].iter().filter(|m| !matches!(m, Message::Data(_))).count();
+            self.controls -= self.staged[..n]
+                .iter()
+                .filter(|m| !matches!(m, Message::Data(_)))
+                .count();
         }
         let mut chunk = self
             .ring
@@ -131,7 +137,11 @@ impl<T> Outbox<T> {
         // keyed benchmark's cycles.
         unsafe {
             std::ptr::copy_nonoverlapping(src, first.as_mut_ptr().cast::<Message<T>>(), first.len());
-            std::ptr::copy_nonoverlapping(src.add(first.len()), second.as_mut_ptr().cast::<Message<T>>(), second.len());
+            std::ptr::copy_nonoverlapping(
+                src.add(first.len()),
+                second.as_mut_ptr().cast::<Message<T>>(),
+                second.len(),
+            );
             std::ptr::copy(src.add(n), src, rest);
             self.staged.set_len(rest);
             chunk.commit_all();
@@ -152,7 +162,11 @@ fn flush_all<T>(outboxes: &mut [Outbox<T>]) -> bool {
 /// Forwards a barrier on every outbox. Aligned: behind the staged records.
 /// Unaligned: ahead of them, and the overtaken records go into the
 /// snapshot as output channel state (re-sent first on recovery).
-fn forward_barrier<T: Data>(outboxes: &mut [Outbox<T>], barrier: Barrier, snap: &mut TaskSnapshot) -> Result<(), BoxError> {
+fn forward_barrier<T: Data>(
+    outboxes: &mut [Outbox<T>],
+    barrier: Barrier,
+    snap: &mut TaskSnapshot,
+) -> Result<(), BoxError> {
     for (k, o) in outboxes.iter_mut().enumerate() {
         if barrier.unaligned {
             let mut bytes = Vec::new();
@@ -184,9 +198,12 @@ fn restore_outboxes<T: Data>(outboxes: &mut [Outbox<T>], r: &RestoreCtx<'_>) -> 
         return Ok(());
     };
     for (k, bytes) in &own.output_channels {
-        let outbox = outboxes
-            .get_mut(*k as usize)
-            .ok_or_else(|| format!("checkpoint {}: output channel {k} does not exist in this job", r.checkpoint))?;
+        let outbox = outboxes.get_mut(*k as usize).ok_or_else(|| {
+            format!(
+                "checkpoint {}: output channel {k} does not exist in this job",
+                r.checkpoint
+            )
+        })?;
         for record in decode_all::<T>(bytes)? {
             outbox.stage(Message::Data(record));
         }
@@ -207,7 +224,10 @@ pub(crate) struct HashOutput<T, K, KF> {
 impl<T, K, KF> HashOutput<T, K, KF> {
     pub(crate) fn new(outboxes: Vec<Outbox<T>>, key_fn: KF, max_parallelism: usize) -> Self {
         let q = outboxes.len();
-        assert!(q >= 1 && q <= max_parallelism, "{q} targets for {max_parallelism} key groups");
+        assert!(
+            q >= 1 && q <= max_parallelism,
+            "{q} targets for {max_parallelism} key groups"
+        );
         let routes = (0..max_parallelism)
             .map(|kg| subtask_for_key_group(kg, max_parallelism, q) as u32)
             .collect();
@@ -359,7 +379,12 @@ mod tests {
         }
         assert!(!o.flush());
         assert_eq!(c.slots(), 2, "records stop at the reserved slots");
-        let b = Barrier { id: 1, trigger_ns: 0, unaligned: true, is_final: false };
+        let b = Barrier {
+            id: 1,
+            trigger_ns: 0,
+            unaligned: true,
+            is_final: false,
+        };
         o.stage_front(Message::Barrier(b));
         assert!(!o.flush());
         let got: Vec<_> = std::iter::from_fn(|| c.pop().ok()).collect();

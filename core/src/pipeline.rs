@@ -221,7 +221,14 @@ impl Pipeline {
             let source = factory(i, parallelism);
             Ok(Box::new(SourceTask::new(source, down, ctx.config.batch_size)) as Box<dyn Task>)
         });
-        Stream::new(self.graph.clone(), parallelism, vec![name.to_string()], 0, Vec::new(), chain)
+        Stream::new(
+            self.graph.clone(),
+            parallelism,
+            vec![name.to_string()],
+            0,
+            Vec::new(),
+            chain,
+        )
     }
 
     /// Starts the job on worker threads and returns at once.
@@ -261,7 +268,12 @@ impl Pipeline {
             edge_groups: graph
                 .edges
                 .iter()
-                .map(|e| (e.from_group, e.to_group.expect("no dangling stream, so every edge has a consumer")))
+                .map(|e| {
+                    (
+                        e.from_group,
+                        e.to_group.expect("no dangling stream, so every edge has a consumer"),
+                    )
+                })
                 .collect(),
             groups: graph.groups,
         };
@@ -377,7 +389,14 @@ impl<T: Send + 'static> Stream<T> {
             prev(ctx, i, wrap(op, batch, down))
         });
         let input_edges = std::mem::take(&mut self.input_edges);
-        Stream::new(self.graph.clone(), self.parallelism, ops, self.input_rings, input_edges, chain)
+        Stream::new(
+            self.graph.clone(),
+            self.parallelism,
+            ops,
+            self.input_rings,
+            input_edges,
+            chain,
+        )
     }
 
     /// Transforms every record.

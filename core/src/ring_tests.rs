@@ -263,7 +263,10 @@ fn scripted_wraparound_keeps_order_and_ownership() {
         let all_flushed = outbox.flush();
         let queued = consumer.slots();
         assert!(queued <= DATA_ROOM, "records never use the reserved slots");
-        assert!(all_flushed || queued == DATA_ROOM, "a partial flush fills the ring up to the reserved slots");
+        assert!(
+            all_flushed || queued == DATA_ROOM,
+            "a partial flush fills the ring up to the reserved slots"
+        );
         let n = queued.min(sizes.next_in(0, DATA_ROOM));
         for m in consumer.read_chunk(n).unwrap() {
             match m {

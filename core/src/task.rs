@@ -18,8 +18,8 @@
 
 use rtrb::Consumer;
 
-use crate::checkpoint::snapshot::{complete_async, TaskSnapshot};
 use crate::checkpoint::signals::Event;
+use crate::checkpoint::snapshot::{complete_async, TaskSnapshot};
 use crate::checkpoint::CheckpointMode;
 use crate::clock;
 use crate::collector::{Collector, Notice, RestoreCtx};
@@ -28,6 +28,11 @@ use crate::data::{decode_all, encode_into, Data};
 use crate::error::BoxError;
 use crate::message::{Barrier, Message};
 use crate::source::{Source, SourcePoll};
+
+/// Records an unaligned task handles per turn while it waits for a
+/// triggered checkpoint's barrier: bounds how long a slow chain delays
+/// look-ahead (64 records at 20 µs each: about 1 ms).
+const UNALIGNED_PROBE_BUDGET: usize = 64;
 
 /// What one scheduling turn of a task achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -188,13 +193,16 @@ impl<T: Send, S: Source<T>> SourceTask<T, S> {
         }
         let mode = ck.signals.mode;
         let final_id = ck.signals.final_id();
-        let trigger_ns: Vec<(u64, u64)> =
-            (ctx.last_barrier + 1..=triggered).map(|id| (id, ck.signals.trigger_ns(id))).collect();
+        let trigger_ns: Vec<(u64, u64)> = (ctx.last_barrier + 1..=triggered)
+            .map(|id| (id, ck.signals.trigger_ns(id)))
+            .collect();
         for (id, trigger_ns) in trigger_ns {
             let barrier = Barrier {
                 id,
                 trigger_ns,
-                unaligned: mode == CheckpointMode::Unaligned,
+                // The final barrier follows the last record: nothing is in
+                // flight behind it, so it is always handled aligned.
+                unaligned: mode == CheckpointMode::Unaligned && id != final_id,
                 is_final: id == final_id,
             };
             let mut snap = new_snapshot(ctx, &barrier, clock::now_ns());
@@ -312,8 +320,14 @@ impl<T> Inbox<T> {
 ///   taken at once; -> `Idle` once the barrier was found in every input.
 enum Gate {
     Idle,
-    Collecting { barrier: Barrier, first_ns: u64 },
-    Recording { snap: Box<TaskSnapshot>, buffers: Vec<Vec<u8>> },
+    Collecting {
+        barrier: Barrier,
+        first_ns: u64,
+    },
+    Recording {
+        snap: Box<TaskSnapshot>,
+        buffers: Vec<Vec<u8>>,
+    },
 }
 
 /// A task whose chain starts at its input rings.
@@ -357,7 +371,11 @@ impl<T: Data> InputTask<T> {
     /// Looks at the messages of `inbox` not scanned yet, up to the first
     /// barrier newer than its last one; encodes records into `buffer` when
     /// recording. Consumes nothing. Returns the barrier found, if any.
-    fn scan(inbox: &mut Inbox<T>, mut buffer: Option<&mut Vec<u8>>, records: &mut u64) -> Result<Option<Barrier>, BoxError> {
+    fn scan(
+        inbox: &mut Inbox<T>,
+        mut buffer: Option<&mut Vec<u8>>,
+        records: &mut u64,
+    ) -> Result<Option<Barrier>, BoxError> {
         if inbox.ended || inbox.ahead.is_some() {
             return Ok(None);
         }
@@ -383,6 +401,12 @@ impl<T: Data> InputTask<T> {
                     }
                 }
                 Message::Barrier(bar) if bar.id > inbox.delivered => {
+                    if bar.is_final && buffer.is_none() {
+                        // The final barrier is handled aligned, when read:
+                        // stop in front of it without claiming it.
+                        pos -= 1;
+                        break;
+                    }
                     found = Some(*bar);
                     break;
                 }
@@ -403,7 +427,10 @@ impl<T: Data> InputTask<T> {
     /// in-flight records: everything queued before the barrier in inputs
     /// that have not consumed it, and what arrives there until it shows up.
     fn start_unaligned(&mut self, barrier: Barrier, first_ns: u64, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let barrier = Barrier { unaligned: true, ..barrier };
+        let barrier = Barrier {
+            unaligned: true,
+            ..barrier
+        };
         let mut snap = new_snapshot(ctx, &barrier, first_ns);
         snap.is_final = barrier.is_final;
         let mut snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
@@ -432,7 +459,9 @@ impl<T: Data> InputTask<T> {
 
     /// Ends recording once the barrier was found in every input.
     fn finish_recording_if_done(&mut self, ctx: &mut TaskContext) {
-        let Gate::Recording { snap, .. } = &self.gate else { return };
+        let Gate::Recording { snap, .. } = &self.gate else {
+            return;
+        };
         let id = snap.id();
         if !self.inputs.iter().all(|i| i.has(id)) {
             return;
@@ -442,9 +471,6 @@ impl<T: Data> InputTask<T> {
                 if !b.is_empty() {
                     snap.state.input_channels.push((i as u32, b));
                 }
-            }
-            if snap.is_final {
-                self.phase = Phase::AwaitFinal(snap.id());
             }
             send_snapshot(*snap, ctx);
         }
@@ -506,7 +532,7 @@ impl<T: Data> InputTask<T> {
                 )
                 .into())
             }
-            Gate::Idle if barrier.unaligned || mode == CheckpointMode::Unaligned => {
+            Gate::Idle if !barrier.is_final && (barrier.unaligned || mode == CheckpointMode::Unaligned) => {
                 self.start_unaligned(barrier, clock::now_ns(), ctx)
             }
             Gate::Idle => {
@@ -543,7 +569,9 @@ impl<T: Data> InputTask<T> {
 
     /// Aligned / at-least-once: snapshot once every input delivered the barrier.
     fn complete_collecting(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let Gate::Collecting { barrier, first_ns } = self.gate else { return Ok(()) };
+        let Gate::Collecting { barrier, first_ns } = self.gate else {
+            return Ok(());
+        };
         if !self.inputs.iter().all(|i| i.has(barrier.id)) {
             return Ok(());
         }
@@ -553,19 +581,20 @@ impl<T: Data> InputTask<T> {
         for inbox in &mut self.inputs {
             inbox.blocked = false;
         }
+        // After the final barrier only end-of-stream follows; the task
+        // waits for the final checkpoint once it has read it on every input.
         send_snapshot(snap, ctx);
-        if barrier.is_final {
-            self.phase = Phase::AwaitFinal(barrier.id);
-        }
         Ok(())
     }
 
     /// Aligned mode with an alignment timeout: past it (counted from the
     /// checkpoint's trigger), the checkpoint continues unaligned here.
     fn check_alignment_timeout(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let Gate::Collecting { barrier, first_ns } = self.gate else { return Ok(()) };
+        let Gate::Collecting { barrier, first_ns } = self.gate else {
+            return Ok(());
+        };
         let timeout = ctx.ckpt.as_ref().map_or(0, |c| c.signals.alignment_timeout_ns);
-        if timeout == 0 || clock::now_ns().saturating_sub(barrier.trigger_ns) < timeout {
+        if timeout == 0 || barrier.is_final || clock::now_ns().saturating_sub(barrier.trigger_ns) < timeout {
             return Ok(());
         }
         self.gate = Gate::Idle;
@@ -598,6 +627,15 @@ impl<T: Data> Task for InputTask<T> {
             self.check_alignment_timeout(ctx)?;
         }
         let mut budget = self.batch_size;
+        if mode == Some(CheckpointMode::Unaligned) && matches!(self.gate, Gate::Idle) {
+            let triggered = ctx.ckpt.as_ref().map_or(0, |c| c.signals.triggered());
+            if triggered > ctx.last_barrier {
+                // A barrier is on its way: take small steps so that
+                // look-ahead (once per turn) finds it soon even when the
+                // chain is slow per record.
+                budget = budget.min(UNALIGNED_PROBE_BUDGET);
+            }
+        }
         let mut progressed = false;
         let mut queued = 0u64;
         let n_inputs = self.inputs.len();

@@ -243,10 +243,17 @@ mod tests {
 
     #[test]
     fn same_records_for_every_parallelism_and_batch() {
-        let cfg = GeneratorConfig { seed: 42, events: Some(1003), ..Default::default() };
+        let cfg = GeneratorConfig {
+            seed: 42,
+            events: Some(1003),
+            ..Default::default()
+        };
         let one = drain(cfg, 1, 1000);
         assert_eq!(one.len(), 1003);
-        assert_eq!(one.iter().map(|r| r.0).collect::<Vec<_>>(), (0..1003).collect::<Vec<_>>());
+        assert_eq!(
+            one.iter().map(|r| r.0).collect::<Vec<_>>(),
+            (0..1003).collect::<Vec<_>>()
+        );
         for (p, b) in [(2, 7), (3, 1), (4, 64), (7, 1000)] {
             assert_eq!(drain(cfg, p, b), one, "p={p} batch={b}");
         }
@@ -256,7 +263,11 @@ mod tests {
 
     #[test]
     fn seek_replays_from_the_offset() {
-        let cfg = GeneratorConfig { seed: 1, events: Some(100), ..Default::default() };
+        let cfg = GeneratorConfig {
+            seed: 1,
+            events: Some(100),
+            ..Default::default()
+        };
         let mut g = Generator::new(cfg, 0, 1, |c: GenContext| c.seq).unwrap();
         let mut h = Harness::new(0, 1);
         let mut first = Vec::new();
@@ -277,7 +288,12 @@ mod tests {
     fn rated_records_carry_their_scheduled_time() {
         // 1000 records/s: record seq is due at start + seq ms.
         let start = weir_core::clock::now_ns();
-        let cfg = GeneratorConfig { seed: 0, events: Some(5), rate: Some(1000.0), start_ns: Some(start) };
+        let cfg = GeneratorConfig {
+            seed: 0,
+            events: Some(5),
+            rate: Some(1000.0),
+            start_ns: Some(start),
+        };
         let mut g = Generator::new(cfg, 0, 1, |c: GenContext| (c.seq, c.emitted_ns)).unwrap();
         let mut h = Harness::new(0, 1);
         let mut got = Vec::new();
@@ -297,7 +313,10 @@ mod tests {
 
     #[test]
     fn bad_settings_are_refused() {
-        let bad = GeneratorConfig { rate: Some(0.0), ..Default::default() };
+        let bad = GeneratorConfig {
+            rate: Some(0.0),
+            ..Default::default()
+        };
         assert!(Generator::new(bad, 0, 1, |c: GenContext| c.seq).is_err());
         assert!(Generator::new(GeneratorConfig::default(), 2, 2, |c: GenContext| c.seq).is_err());
     }

@@ -233,7 +233,13 @@ impl RestartStrategy {
 
     /// Checks the settings.
     pub fn validate(&self) -> Result<()> {
-        if let RestartStrategy::ExponentialBackoff { multiplier, initial, max, .. } = *self {
+        if let RestartStrategy::ExponentialBackoff {
+            multiplier,
+            initial,
+            max,
+            ..
+        } = *self
+        {
             if !(multiplier.is_finite() && multiplier >= 1.0) {
                 return Err(Error::config("restart.multiplier", multiplier, "must be a number >= 1"));
             }
@@ -258,12 +264,39 @@ mod tests {
         let ok = CheckpointConfig::new(CheckpointMode::Unaligned, "/tmp/x");
         ok.validate().unwrap();
         let cases = [
-            (CheckpointConfig { interval: Duration::ZERO, ..ok.clone() }, "checkpoint.interval"),
-            (CheckpointConfig { max_concurrent: 0, ..ok.clone() }, "checkpoint.max_concurrent"),
-            (CheckpointConfig { retained: 0, ..ok.clone() }, "checkpoint.retained"),
-            (CheckpointConfig { dir: PathBuf::new(), ..ok.clone() }, "checkpoint.dir"),
             (
-                CheckpointConfig { alignment_timeout: Some(Duration::from_millis(5)), ..ok.clone() },
+                CheckpointConfig {
+                    interval: Duration::ZERO,
+                    ..ok.clone()
+                },
+                "checkpoint.interval",
+            ),
+            (
+                CheckpointConfig {
+                    max_concurrent: 0,
+                    ..ok.clone()
+                },
+                "checkpoint.max_concurrent",
+            ),
+            (
+                CheckpointConfig {
+                    retained: 0,
+                    ..ok.clone()
+                },
+                "checkpoint.retained",
+            ),
+            (
+                CheckpointConfig {
+                    dir: PathBuf::new(),
+                    ..ok.clone()
+                },
+                "checkpoint.dir",
+            ),
+            (
+                CheckpointConfig {
+                    alignment_timeout: Some(Duration::from_millis(5)),
+                    ..ok.clone()
+                },
                 "checkpoint.alignment_timeout",
             ),
         ];
@@ -275,7 +308,10 @@ mod tests {
 
     #[test]
     fn restart_delays() {
-        let fixed = RestartStrategy::FixedDelay { attempts: 2, delay: Duration::from_millis(5) };
+        let fixed = RestartStrategy::FixedDelay {
+            attempts: 2,
+            delay: Duration::from_millis(5),
+        };
         assert_eq!(fixed.delay(1), Some(Duration::from_millis(5)));
         assert_eq!(fixed.delay(3), None);
         let exp = RestartStrategy::ExponentialBackoff {

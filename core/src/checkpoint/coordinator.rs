@@ -200,7 +200,10 @@ impl Coordinator {
             Event::Decline { id, task, reason } => {
                 if self.pending.contains_key(&id) {
                     let t = &self.tasks[task];
-                    self.abort(id, format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask))?;
+                    self.abort(
+                        id,
+                        format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask),
+                    )?;
                 }
                 Ok(())
             }
@@ -282,7 +285,10 @@ impl Coordinator {
                 })
                 .collect(),
         };
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).record_completed(record);
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record_completed(record);
         self.retained.push_back(id);
         while self.retained.len() > self.cfg.retained {
             let old = self.retained.pop_front().expect("non-empty");
@@ -294,7 +300,9 @@ impl Coordinator {
     }
 
     fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
-        let Some(p) = self.pending.remove(&id) else { return Ok(()) };
+        let Some(p) = self.pending.remove(&id) else {
+            return Ok(());
+        };
         self.signals.abort(id);
         if let Err(e) = storage::remove_checkpoint(&self.root, id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
@@ -303,7 +311,9 @@ impl Coordinator {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
         tracing::warn!(checkpoint = id, %reason, "checkpoint aborted");
         if p.is_final {
-            return Err(CoordinatorError::Failed(format!("the final checkpoint {id} failed: {reason}")));
+            return Err(CoordinatorError::Failed(format!(
+                "the final checkpoint {id} failed: {reason}"
+            )));
         }
         if self.consecutive_failures > self.cfg.tolerable_failures {
             return Err(CoordinatorError::Failed(format!(

@@ -25,7 +25,12 @@ pub(crate) struct Restored {
 pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Result<Restored> {
     let manifest = storage::read_manifest(root, id)
         .map_err(Error::Restore)?
-        .ok_or_else(|| Error::Restore(format!("checkpoint {id} in {} is not complete (no manifest)", root.display())))?;
+        .ok_or_else(|| {
+            Error::Restore(format!(
+                "checkpoint {id} in {} is not complete (no manifest)",
+                root.display()
+            ))
+        })?;
     if manifest.fingerprint != fingerprint {
         let theirs: Vec<String> = manifest.groups.iter().map(|g| g.operators.join(" -> ")).collect();
         return Err(Error::Restore(format!(
@@ -42,7 +47,8 @@ pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Re
     for t in &manifest.tasks {
         let path = root.join(&t.file.path);
         let bytes = std::fs::read(&path).map_err(|e| Error::Restore(format!("{}: {e}", path.display())))?;
-        let state = TaskState::decode(&bytes, &format!("checkpoint {id}: {}", path.display())).map_err(Error::Restore)?;
+        let state =
+            TaskState::decode(&bytes, &format!("checkpoint {id}: {}", path.display())).map_err(Error::Restore)?;
         let g = states
             .get_mut(t.group)
             .ok_or_else(|| Error::Restore(format!("checkpoint {id}: chain {} does not exist in this job", t.group)))?;

@@ -79,7 +79,9 @@ impl TaskState {
     /// file in errors.
     pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Self, String> {
         if bytes.len() < 20 || &bytes[..8] != TASK_MAGIC {
-            return Err(format!("{what}: not a task state file (bad magic or shorter than 20 bytes)"));
+            return Err(format!(
+                "{what}: not a task state file (bad magic or shorter than 20 bytes)"
+            ));
         }
         let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
         if bytes.len() != 16 + len + 4 {
@@ -233,7 +235,10 @@ mod tests {
             assert!(TaskState::decode(&b, "f").is_err(), "flip at {i} not detected");
         }
         for len in 0..bytes.len() {
-            assert!(TaskState::decode(&bytes[..len], "f").is_err(), "truncation to {len} not detected");
+            assert!(
+                TaskState::decode(&bytes[..len], "f").is_err(),
+                "truncation to {len} not detected"
+            );
         }
     }
 }

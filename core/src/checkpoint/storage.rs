@@ -161,8 +161,7 @@ impl Manifest {
             .strip_prefix("crc32 ")
             .and_then(|r| r.strip_suffix('\n'))
             .ok_or_else(|| format!("{p}: missing or malformed crc32 line at byte {}", json.len() + 1))?;
-        let expected =
-            u32::from_str_radix(crc_hex, 16).map_err(|_| format!("{p}: bad crc32 value '{crc_hex}'"))?;
+        let expected = u32::from_str_radix(crc_hex, 16).map_err(|_| format!("{p}: bad crc32 value '{crc_hex}'"))?;
         let actual = crc32fast::hash(json.as_bytes());
         if expected != actual {
             return Err(format!(
@@ -193,7 +192,11 @@ pub fn list_ids(root: &Path) -> std::io::Result<Vec<u64>> {
     };
     for entry in entries {
         let name = entry?.file_name();
-        if let Some(id) = name.to_str().and_then(|n| n.strip_prefix(CHK_PREFIX)).and_then(|n| n.parse().ok()) {
+        if let Some(id) = name
+            .to_str()
+            .and_then(|n| n.strip_prefix(CHK_PREFIX))
+            .and_then(|n| n.parse().ok())
+        {
             ids.push(id);
         }
     }
@@ -219,7 +222,11 @@ pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
     for f in &manifest.files {
         let path = root.join(&f.path);
         let mut file = File::open(&path).map_err(|e| {
-            format!("checkpoint {}: file {} is missing or unreadable: {e}", manifest.id, path.display())
+            format!(
+                "checkpoint {}: file {} is missing or unreadable: {e}",
+                manifest.id,
+                path.display()
+            )
         })?;
         let mut bytes = Vec::with_capacity(f.size as usize);
         file.read_to_end(&mut bytes)
@@ -315,7 +322,10 @@ mod tests {
         verify_files(root.path(), &read).unwrap();
         fs::write(dir.join("a.state"), b"hellO").unwrap();
         let e = verify_files(root.path(), &read).unwrap_err();
-        assert!(e.contains("checkpoint 5") && e.contains("a.state") && e.contains("CRC mismatch"), "{e}");
+        assert!(
+            e.contains("checkpoint 5") && e.contains("a.state") && e.contains("CRC mismatch"),
+            "{e}"
+        );
         fs::write(dir.join("a.state"), b"hell").unwrap();
         let e = verify_files(root.path(), &read).unwrap_err();
         assert!(e.contains("has 4 bytes"), "{e}");

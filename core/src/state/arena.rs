@@ -87,13 +87,21 @@ impl SlotLayout {
         value_align: usize,
     ) -> Result<SlotLayout> {
         if value_align > 16 {
-            return Err(Error::config("value alignment", value_align, "state values must be aligned to at most 16"));
+            return Err(Error::config(
+                "value alignment",
+                value_align,
+                "state values must be aligned to at most 16",
+            ));
         }
         let align = value_align.max(8);
         let value_offset = (SLOT_HEADER + key_bytes).next_multiple_of(value_align.max(1));
         let slot_size = (value_offset + value_bytes).next_multiple_of(align);
         if PAGE_HEADER + slot_size > page_size {
-            return Err(Error::config("page_size", page_size, "too small to hold one slot of this state"));
+            return Err(Error::config(
+                "page_size",
+                page_size,
+                "too small to hold one slot of this state",
+            ));
         }
         Ok(SlotLayout {
             kind,
@@ -134,7 +142,12 @@ impl Segment {
             context: format!("mapping state segment {}", path.display()),
             message: e.to_string(),
         };
-        let file = OpenOptions::new().read(true).write(true).create_new(true).open(&path).map_err(io)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .open(&path)
+            .map_err(io)?;
         // Sparse: pages take disk and memory only once touched.
         file.set_len(SEGMENT_BYTES as u64).map_err(io)?;
         // SAFETY: the file was created here (create_new) under a name unique
@@ -187,7 +200,9 @@ struct Pending {
 /// even across processes sharing a checkpoint directory.
 fn unique_id() -> String {
     static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     format!("{:x}-{:x}-{n:x}", std::process::id(), nanos)
 }
@@ -338,7 +353,9 @@ impl Arena {
             g.next += slot;
             return g.next - slot;
         }
-        let page = self.new_page(kg, true).unwrap_or_else(|e| panic!("state store cannot grow: {e}"));
+        let page = self
+            .new_page(kg, true)
+            .unwrap_or_else(|e| panic!("state store cannot grow: {e}"));
         let first = self.slot_offset(page, 0);
         let g = &mut self.groups[gi];
         g.next = first + slot;
@@ -403,7 +420,10 @@ impl Arena {
         assert!(page < u32::MAX as usize, "state store exceeds 2^32 pages");
         let off = (page as u64) << self.page_shift;
         if (off >> SEGMENT_SHIFT) as usize == self.segments.len() {
-            let path = self.opts.working_dir.join(format!("{}-{:05}.seg", self.uid, self.segments.len()));
+            let path = self
+                .opts
+                .working_dir
+                .join(format!("{}-{:05}.seg", self.uid, self.segments.len()));
             let seg = Segment::create(path)?;
             self.bases.push(seg.base);
             self.segments.push(Arc::new(seg));
@@ -477,7 +497,12 @@ impl Arena {
         let (full, base_epoch, base_files, lists) = match self.base.as_ref().filter(chain_ok) {
             None => (true, 0, Vec::new(), Vec::new()),
             Some(b) => {
-                let lists = self.history.iter().filter(|(e, _)| *e > b.epoch).map(|(_, l)| l.clone()).collect();
+                let lists = self
+                    .history
+                    .iter()
+                    .filter(|(e, _)| *e > b.epoch)
+                    .map(|(_, l)| l.clone())
+                    .collect();
                 (false, b.epoch, b.files.clone(), lists)
             }
         };
@@ -530,7 +555,10 @@ impl Arena {
         let Some(file) = p.shared.output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             // Completed without a written file: the coordinator and the job
             // disagree; building on it would lose data, so keep the old base.
-            debug_assert!(false, "checkpoint {checkpoint_id} completed but its state was never written");
+            debug_assert!(
+                false,
+                "checkpoint {checkpoint_id} completed but its state was never written"
+            );
             return;
         };
         let mut files = p.base_files;
@@ -563,6 +591,10 @@ impl PageWriter<'_> {
     pub(crate) unsafe fn page_ptr(&self, page: usize) -> *mut u8 {
         let off = (page as u64) << self.page_shift;
         // SAFETY: per the contract, the page lies in a live mapping.
-        unsafe { self.bases[(off >> SEGMENT_SHIFT) as usize].0.add(off as usize & (SEGMENT_BYTES - 1)) }
+        unsafe {
+            self.bases[(off >> SEGMENT_SHIFT) as usize]
+                .0
+                .add(off as usize & (SEGMENT_BYTES - 1))
+        }
     }
 }

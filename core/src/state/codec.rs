@@ -256,6 +256,9 @@ mod tests {
         buf.clear();
         <SerdeCodec as Codec<(u64, String)>>::encode(&(300, "ab".into()), &mut buf);
         assert_eq!(buf.len(), 2 + 1 + 2, "varint 300 is 2 bytes, string is length + bytes");
-        assert_eq!(<SerdeCodec as Codec<(u64, String)>>::decode(&buf), Some((300, "ab".into())));
+        assert_eq!(
+            <SerdeCodec as Codec<(u64, String)>>::decode(&buf),
+            Some((300, "ab".into()))
+        );
     }
 }

@@ -275,8 +275,10 @@ pub(crate) fn read_verified(
     file: &StateFile,
     layout: &SlotLayout,
 ) -> Result<(Vec<u8>, Vec<Record>)> {
-    let bytes = std::fs::read(root.join(&file.path))
-        .map_err(io_error(format!("reading state file {} of checkpoint {checkpoint}", file.path)))?;
+    let bytes = std::fs::read(root.join(&file.path)).map_err(io_error(format!(
+        "reading state file {} of checkpoint {checkpoint}",
+        file.path
+    )))?;
     let corrupt = |page: Option<usize>, expected: u32, actual: u32, what: String| Error::Corrupt {
         checkpoint,
         file: file.path.clone(),
@@ -288,7 +290,12 @@ pub(crate) fn read_verified(
     let len = bytes.len();
     let sizes = || format!("file is {len} bytes, the checkpoint recorded {}", file.size);
     if len < HEADER_LEN {
-        return Err(corrupt(None, file.crc32, crc(&bytes), format!("truncated header: {}", sizes())));
+        return Err(corrupt(
+            None,
+            file.crc32,
+            crc(&bytes),
+            format!("truncated header: {}", sizes()),
+        ));
     }
     let (stored, actual) = (u32_at(&bytes, 44), crc(&bytes[..44]));
     if stored != actual {
@@ -308,13 +315,27 @@ pub(crate) fn read_verified(
         });
     }
     if len as u64 > file.size {
-        return Err(corrupt(None, file.crc32, crc(&bytes), format!("file too long: {}", sizes())));
+        return Err(corrupt(
+            None,
+            file.crc32,
+            crc(&bytes),
+            format!("file too long: {}", sizes()),
+        ));
     }
     let complete = len as u64 == file.size;
     if complete && len < HEADER_LEN + TRAILER_LEN {
-        return Err(corrupt(None, file.crc32, crc(&bytes), format!("no room for a trailer: {}", sizes())));
+        return Err(corrupt(
+            None,
+            file.crc32,
+            crc(&bytes),
+            format!("no room for a trailer: {}", sizes()),
+        ));
     }
-    let body_end = if complete { len.saturating_sub(TRAILER_LEN).max(HEADER_LEN) } else { len };
+    let body_end = if complete {
+        len.saturating_sub(TRAILER_LEN).max(HEADER_LEN)
+    } else {
+        len
+    };
 
     // Walk the record headers (sequential: lengths chain), then check the
     // records' CRCs in parallel.
@@ -347,7 +368,12 @@ pub(crate) fn read_verified(
             parse_error = Some(corrupt(Some(i), stored, crc(&bytes[at..at + 16]), what));
             break;
         };
-        let rec = Record { start: at, page, kg, kind };
+        let rec = Record {
+            start: at,
+            page,
+            kg,
+            kind,
+        };
         let end = match kind {
             RecordKind::Full => at + RECORD_HEADER_LEN + layout.page_size as usize,
             RecordKind::Delta(n) => at + RECORD_HEADER_LEN + n as usize * (4 + slot),
@@ -367,7 +393,10 @@ pub(crate) fn read_verified(
     if let Some((i, r)) = bad {
         let end = r.start + RECORD_HEADER_LEN + r.payload(&bytes, layout).len();
         let (stored, actual) = (u32_at(&bytes, r.start + 16), record_crc(&bytes[r.start..end]));
-        let what = format!("page checksum (page {} of key group {} at byte {})", r.page, r.kg, r.start);
+        let what = format!(
+            "page checksum (page {} of key group {} at byte {})",
+            r.page, r.kg, r.start
+        );
         return Err(corrupt(Some(i), stored, actual, what));
     }
     if let Some(e) = parse_error {
@@ -387,7 +416,12 @@ pub(crate) fn read_verified(
     let body = par_crc(&bytes[..body_end]);
     let (stored, actual) = (u32_at(t, 16), body.clone().finalize());
     if &t[0..8] != TRAILER_MAGIC || stored != actual {
-        return Err(corrupt(None, stored, actual, "checksum of the file body (trailer)".into()));
+        return Err(corrupt(
+            None,
+            stored,
+            actual,
+            "checksum of the file body (trailer)".into(),
+        ));
     }
     let count = u64::from_le_bytes(t[8..16].try_into().expect("8 bytes"));
     if count != records.len() as u64 {
@@ -398,7 +432,12 @@ pub(crate) fn read_verified(
     whole.update(t);
     let actual = whole.finalize();
     if actual != file.crc32 {
-        return Err(corrupt(None, file.crc32, actual, "whole-file checksum recorded by the checkpoint".into()));
+        return Err(corrupt(
+            None,
+            file.crc32,
+            actual,
+            "whole-file checksum recorded by the checkpoint".into(),
+        ));
     }
     Ok((bytes, records))
 }

@@ -88,7 +88,10 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         C::encode(value, &mut self.scratch);
         check_len(self.scratch.len(), self.arena.layout.value_bytes as usize)?;
         let kg = key_group(stable_hash(key), self.arena.opts.max_parallelism);
-        assert!(self.arena.opts.key_groups.contains(&kg), "key of key group {kg} not owned by this store");
+        assert!(
+            self.arena.opts.key_groups.contains(&kg),
+            "key of key group {kg} not owned by this store"
+        );
         let off = self.arena.alloc_slot(kg);
         let list = match self.index.get_mut(key) {
             Some(list) => list,

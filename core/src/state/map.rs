@@ -120,7 +120,10 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
             Some(off) => off,
             None => {
                 let kg = key_group(stable_hash(key), self.arena.opts.max_parallelism);
-                assert!(self.arena.opts.key_groups.contains(&kg), "key of key group {kg} not owned by this store");
+                assert!(
+                    self.arena.opts.key_groups.contains(&kg),
+                    "key of key group {kg} not owned by this store"
+                );
                 let off = self.arena.alloc_slot(kg);
                 self.index.entry(key.clone()).or_default().insert(user_key.clone(), off);
                 self.entries += 1;
@@ -154,7 +157,9 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
 
     /// Removes `user_key` from `key`'s map; whether it was there.
     pub fn remove(&mut self, key: &K, user_key: &UK) -> bool {
-        let Some(map) = self.index.get_mut(key) else { return false };
+        let Some(map) = self.index.get_mut(key) else {
+            return false;
+        };
         let Some(off) = map.remove(user_key) else { return false };
         if map.is_empty() {
             self.index.remove(key);

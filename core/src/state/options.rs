@@ -115,7 +115,11 @@ impl StoreOptions {
 
     pub(crate) fn validate(&self) -> Result<()> {
         if self.max_parallelism == 0 || self.max_parallelism > u32::MAX as usize {
-            return Err(Error::config("max_parallelism", self.max_parallelism, "must be in 1..2^32"));
+            return Err(Error::config(
+                "max_parallelism",
+                self.max_parallelism,
+                "must be in 1..2^32",
+            ));
         }
         let kg = &self.key_groups;
         if kg.start >= kg.end || kg.end > self.max_parallelism {
@@ -133,10 +137,18 @@ impl StoreOptions {
             ));
         }
         if self.max_delta_chain > MAX_DELTA_CHAIN {
-            return Err(Error::config("max_delta_chain", self.max_delta_chain, "must be at most 1024"));
+            return Err(Error::config(
+                "max_delta_chain",
+                self.max_delta_chain,
+                "must be at most 1024",
+            ));
         }
         if self.max_value_len == 0 || self.max_value_len > MAX_VALUE_LEN {
-            return Err(Error::config("max_value_len", self.max_value_len, "must be in 1..=1 MiB"));
+            return Err(Error::config(
+                "max_value_len",
+                self.max_value_len,
+                "must be in 1..=1 MiB",
+            ));
         }
         Ok(())
     }

@@ -62,11 +62,17 @@ impl Arena {
                 )));
             }
         }
-        if let Some(kg) = want.clone().find(|kg| !handles.iter().any(|h| h.key_groups.contains(kg))) {
+        if let Some(kg) = want
+            .clone()
+            .find(|kg| !handles.iter().any(|h| h.key_groups.contains(kg)))
+        {
             return Err(refuse(format!("no handle covers key group {kg} of {want:?}")));
         }
 
-        for h in handles.iter().filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end) {
+        for h in handles
+            .iter()
+            .filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end)
+        {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
             for file in &h.files {
                 let (bytes, records) = format::read_verified(root, h.checkpoint_id, file, &layout)?;

@@ -264,7 +264,9 @@ impl SnapshotJob {
                 .collect()
         } else {
             let work: Vec<&[u32]> = self.lists.iter().flat_map(|l| l.chunks(CHUNK_PAGES)).collect();
-            work.par_iter().map(|pages| self.capture_pages(pages.iter().copied())).collect()
+            work.par_iter()
+                .map(|pages| self.capture_pages(pages.iter().copied()))
+                .collect()
         }
     }
 
@@ -287,13 +289,19 @@ impl SnapshotJob {
                 }
                 Err(READING | DONE) => None, // listed twice; captured once
                 Err(copy) => {
-                    if claim.compare_exchange(copy, DONE, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                    if claim
+                        .compare_exchange(copy, DONE, Ordering::AcqRel, Ordering::Acquire)
+                        .is_err()
+                    {
                         continue;
                     }
                     // SAFETY: `copy` is a page-size box published by the
                     // task; our successful exchange took it, exactly once.
                     let copy = unsafe {
-                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(copy as *mut u8, self.shared.page_size))
+                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(
+                            copy as *mut u8,
+                            self.shared.page_size,
+                        ))
                     };
                     self.encode(page, &copy, &mut chunk, &mut changed)
                 }
@@ -326,7 +334,10 @@ impl SnapshotJob {
         for i in 0..self.layout.slots_per_page() {
             let at = PAGE_HEADER + i * slot;
             let stamp = u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"));
-            debug_assert!(stamp <= self.shared.epoch, "slot written after the barrier was captured");
+            debug_assert!(
+                stamp <= self.shared.epoch,
+                "slot written after the barrier was captured"
+            );
             if stamp > self.shared.base_epoch {
                 changed.push(i as u32);
             }

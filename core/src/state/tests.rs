@@ -82,7 +82,11 @@ fn snapshot_chain_restores_each_checkpoint() {
         let job = s.snapshot(id);
         let h = job.write(&root).unwrap();
         s.snapshot_done(id, true);
-        assert_eq!(h.full, (id - 1) % 4 == 0, "checkpoint {id}: full every 1 + max_delta_chain");
+        assert_eq!(
+            h.full,
+            (id - 1) % 4 == 0,
+            "checkpoint {id}: full every 1 + max_delta_chain"
+        );
         assert!(h.files.len() <= 4);
         assert_eq!(h.files.last().unwrap().size, h.written_bytes);
         expected.push((h, contents(&s)));
@@ -155,8 +159,14 @@ fn concurrent_writes_do_not_leak_into_the_snapshot() {
         let h2 = second.join().unwrap().unwrap();
         s.snapshot_done(id, true);
         s.snapshot_done(id + 1, round != 1);
-        assert_eq!(contents(&restore_all(dir.path(), &unique("a"), &[h1]).unwrap()), at_barrier);
-        assert_eq!(contents(&restore_all(dir.path(), &unique("b"), &[h2]).unwrap()), at_second);
+        assert_eq!(
+            contents(&restore_all(dir.path(), &unique("a"), &[h1]).unwrap()),
+            at_barrier
+        );
+        assert_eq!(
+            contents(&restore_all(dir.path(), &unique("b"), &[h2]).unwrap()),
+            at_second
+        );
     }
     assert_eq!(restore_all(dir.path(), "first", &[h0]).unwrap().len(), n as usize);
 }
@@ -239,14 +249,15 @@ fn run_model(ops: Vec<Op>, max_delta_chain: usize) {
     let mut completed: Option<(StateHandle, HashMap<u64, Value>)> = None;
     let mut next_id = 1;
     let mut restores = 0;
-    let finish = |store: &mut Store, f: InFlight, ok: bool, completed: &mut Option<(StateHandle, HashMap<u64, Value>)>| {
-        let h = f.thread.join().unwrap().unwrap();
-        assert_eq!(h.checkpoint_id, f.id);
-        store.snapshot_done(f.id, ok);
-        if ok {
-            *completed = Some((h, f.model));
-        }
-    };
+    let finish =
+        |store: &mut Store, f: InFlight, ok: bool, completed: &mut Option<(StateHandle, HashMap<u64, Value>)>| {
+            let h = f.thread.join().unwrap().unwrap();
+            assert_eq!(h.checkpoint_id, f.id);
+            store.snapshot_done(f.id, ok);
+            if ok {
+                *completed = Some((h, f.model));
+            }
+        };
     for op in ops {
         match op {
             Op::Put(k, v) => {
@@ -361,7 +372,11 @@ fn every_flipped_byte_is_detected_and_named() {
             std::fs::write(&path, &bytes).unwrap();
             let page = expect_corrupt(dir.path(), &h2, file, &format!("{} byte {i}", file.path));
             let in_records = i >= 48 && i < original.len() - 24;
-            assert_eq!(page.is_some(), in_records, "byte {i}: page named iff the byte is in a page record");
+            assert_eq!(
+                page.is_some(),
+                in_records,
+                "byte {i}: page named iff the byte is in a page record"
+            );
             pages_named += usize::from(page.is_some());
         }
         assert!(pages_named > 0);
@@ -374,9 +389,14 @@ fn every_flipped_byte_is_detected_and_named() {
         bytes[100] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         let o = opts(dir.path(), "msg").with_max_parallelism(2).with_key_groups(0..2);
-        Store::restore(o, &dir.path().join("chk"), &[h2.clone()]).unwrap_err().to_string()
+        Store::restore(o, &dir.path().join("chk"), &[h2.clone()])
+            .unwrap_err()
+            .to_string()
     };
-    assert!(msg.contains("checkpoint 2") && msg.contains("page 0") && msg.contains("expected CRC 0x"), "{msg}");
+    assert!(
+        msg.contains("checkpoint 2") && msg.contains("page 0") && msg.contains("expected CRC 0x"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -387,7 +407,9 @@ fn every_truncation_is_detected() {
         let path = dir.path().join("chk").join(&file.path);
         let original = std::fs::read(&path).unwrap();
         let step = (original.len() / 300).max(1);
-        let cuts = (0..original.len()).step_by(step).chain([original.len() - 1, original.len() - 24]);
+        let cuts = (0..original.len())
+            .step_by(step)
+            .chain([original.len() - 1, original.len() - 24]);
         for len in cuts {
             std::fs::write(&path, &original[..len]).unwrap();
             expect_corrupt(dir.path(), &h2, file, &format!("{} cut to {len}", file.path));
@@ -402,14 +424,24 @@ fn every_truncation_is_detected() {
 fn a_missing_file_or_foreign_layout_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (h1, h2) = two_checkpoints(dir.path());
-    let o = || opts(dir.path(), &unique("x")).with_max_parallelism(2).with_key_groups(0..2);
+    let o = || {
+        opts(dir.path(), &unique("x"))
+            .with_max_parallelism(2)
+            .with_key_groups(0..2)
+    };
     let other: crate::Result<ValueStore<u32, Value>> = ValueStore::restore(o(), &dir.path().join("chk"), &[h2.clone()]);
     assert!(matches!(other, Err(Error::State { .. })), "{other:?}");
     let mut swapped = h2.clone();
     swapped.files[0].crc32 = h2.files[1].crc32; // the manifest records another file's CRC
-    assert!(matches!(Store::restore(o(), &dir.path().join("chk"), &[swapped]), Err(Error::Corrupt { .. })));
+    assert!(matches!(
+        Store::restore(o(), &dir.path().join("chk"), &[swapped]),
+        Err(Error::Corrupt { .. })
+    ));
     std::fs::remove_file(dir.path().join("chk").join(&h1.files[0].path)).unwrap();
-    assert!(matches!(Store::restore(o(), &dir.path().join("chk"), &[h2]), Err(Error::State { .. })));
+    assert!(matches!(
+        Store::restore(o(), &dir.path().join("chk"), &[h2]),
+        Err(Error::State { .. })
+    ));
 }
 
 // ------------------------------------------------------------ rescaling
@@ -419,15 +451,19 @@ fn owner(k: &u64, maxp: usize, parallelism: usize) -> usize {
 }
 
 fn ranges(parallelism: usize) -> Vec<std::ops::Range<usize>> {
-    (0..parallelism).map(|i| i * 128 / parallelism..(i + 1) * 128 / parallelism).collect()
+    (0..parallelism)
+        .map(|i| i * 128 / parallelism..(i + 1) * 128 / parallelism)
+        .collect()
 }
 
 #[test]
 fn rescaling_value_state_from_2_to_1_and_4() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("chk");
-    let mut stores: Vec<Store> =
-        ranges(2).into_iter().map(|r| Store::create(opts(dir.path(), &unique("p2")).with_key_groups(r)).unwrap()).collect();
+    let mut stores: Vec<Store> = ranges(2)
+        .into_iter()
+        .map(|r| Store::create(opts(dir.path(), &unique("p2")).with_key_groups(r)).unwrap())
+        .collect();
     let mut all = BTreeMap::new();
     for k in 0..20_000u64 {
         let v = [k * k, k];
@@ -536,7 +572,10 @@ fn oversized_codec_values_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let mut m: MapStore<u64, u64, String> = MapStore::create(opts(dir.path(), "m").with_max_value_len(8)).unwrap();
     assert!(m.put(&1, &1, &"1234567".to_string()).is_ok());
-    assert!(matches!(m.put(&1, &2, &"12345678".to_string()), Err(Error::State { .. })));
+    assert!(matches!(
+        m.put(&1, &2, &"12345678".to_string()),
+        Err(Error::State { .. })
+    ));
     assert_eq!(m.len(), 1);
 }
 
@@ -566,8 +605,10 @@ fn a_crash_during_the_write_leaves_the_previous_checkpoint_intact() {
         let h1 = s.snapshot(1).write(&root).unwrap();
         s.snapshot_done(1, true);
         let at_1 = contents(&s);
-        let before: Vec<(PathBuf, Vec<u8>)> =
-            files_in(&root.join("shared")).into_iter().map(|p| (p.clone(), std::fs::read(&p).unwrap())).collect();
+        let before: Vec<(PathBuf, Vec<u8>)> = files_in(&root.join("shared"))
+            .into_iter()
+            .map(|p| (p.clone(), std::fs::read(&p).unwrap()))
+            .collect();
         for k in 0..3000u64 {
             s.get_or_default(&k)[1] = 2;
         }
@@ -578,16 +619,26 @@ fn a_crash_during_the_write_leaves_the_previous_checkpoint_intact() {
         for (p, bytes) in &before {
             assert_eq!(&std::fs::read(p).unwrap(), bytes, "{fail:?}");
         }
-        assert_eq!(contents(&restore_all(dir.path(), &unique("r"), &[h1.clone()]).unwrap()), at_1);
+        assert_eq!(
+            contents(&restore_all(dir.path(), &unique("r"), &[h1.clone()]).unwrap()),
+            at_1
+        );
         let leftovers = files_in(&root.join("shared")).len() - before.len();
         assert_eq!(leftovers, 1, "{fail:?}: one unreferenced temp or orphan file");
         // The next checkpoint builds on checkpoint 1 and restores in full.
         let h3 = s.snapshot(3).write(&root).unwrap();
         assert!(!h3.full && h3.files[0] == h1.files[0], "{fail:?}");
         assert!(h3.files.iter().all(|f| !f.path.ends_with(".tmp")));
-        assert_eq!(contents(&restore_all(dir.path(), &unique("r"), &[h3]).unwrap()), contents(&s));
+        assert_eq!(
+            contents(&restore_all(dir.path(), &unique("r"), &[h3]).unwrap()),
+            contents(&s)
+        );
         let removed = remove_temp_files(&root).unwrap();
-        assert_eq!(removed, usize::from(!matches!(fail, FailPoint::BeforeDirSync)), "{fail:?}");
+        assert_eq!(
+            removed,
+            usize::from(!matches!(fail, FailPoint::BeforeDirSync)),
+            "{fail:?}"
+        );
     }
 }
 
@@ -614,7 +665,11 @@ fn one_percent_changed_writes_under_five_percent() {
     }
     let inc = s.snapshot(2).write(&root).unwrap();
     let ratio = inc.written_bytes as f64 / full.written_bytes as f64;
-    assert!(!inc.full && ratio <= 0.05, "incremental is {:.2}% of full", ratio * 100.0);
+    assert!(
+        !inc.full && ratio <= 0.05,
+        "incremental is {:.2}% of full",
+        ratio * 100.0
+    );
     assert_eq!(inc.state_bytes, full.state_bytes);
     let r = restore_all(dir.path(), "r", &[inc]).unwrap();
     assert_eq!(contents(&r), contents(&s));
@@ -637,5 +692,8 @@ fn segments_grow_past_one_mapping() {
     assert_eq!(r.get(&(n - 1)), Some(&[n - 1, 5]));
     drop(s);
     drop(r);
-    assert!(files_in(&dir.path().join("work").join("a")).is_empty(), "segment files are removed with the store");
+    assert!(
+        files_in(&dir.path().join("work").join("a")).is_empty(),
+        "segment files are removed with the store"
+    );
 }
