@@ -5,10 +5,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use weir_core::{clock, JobHandle, Outcome, RuntimeConfig};
+use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
 
 use crate::pipelines::{build, Kind, Spec, Totals};
-use crate::report::{header, row, BenchResult, Machine, Percentiles};
+use crate::report::{header, row, BenchResult, CheckpointSummary, Machine, Percentiles};
 
 /// Arguments of `weir bench`.
 #[derive(Debug, clap::Args)]
@@ -41,9 +41,53 @@ pub struct BenchArgs {
     /// Generator seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Checkpoint mode.
+    #[arg(long, value_enum, default_value = "none")]
+    pub mode: Mode,
+    /// Time between checkpoints, in milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_interval_ms: u64,
+    /// Where checkpoints go [default: a temporary folder, removed afterwards].
+    #[arg(long)]
+    pub checkpoint_dir: Option<std::path::PathBuf>,
     /// Append one JSON object per run to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+}
+
+/// Checkpoint mode of a benchmark run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// No checkpoints (at-most-once).
+    None,
+    /// At-least-once barriers (no alignment).
+    AtLeastOnce,
+    /// Aligned barriers (exactly-once).
+    Aligned,
+    /// Unaligned barriers (exactly-once, in-flight records stored).
+    Unaligned,
+}
+
+impl Mode {
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::None => "none",
+            Mode::AtLeastOnce => "at-least-once",
+            Mode::Aligned => "aligned",
+            Mode::Unaligned => "unaligned",
+        }
+    }
+
+    /// The engine's mode, if checkpointing is on.
+    pub fn checkpoint_mode(self) -> Option<CheckpointMode> {
+        match self {
+            Mode::None => None,
+            Mode::AtLeastOnce => Some(CheckpointMode::AtLeastOnce),
+            Mode::Aligned => Some(CheckpointMode::Aligned),
+            Mode::Unaligned => Some(CheckpointMode::Unaligned),
+        }
+    }
 }
 
 /// Errors of the `weir` command.
@@ -102,13 +146,33 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             parallelism,
             seed: args.seed,
         };
+        if args.checkpoint_interval_ms == 0 {
+            return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
+        }
+        let (dir, temporary) = match &args.checkpoint_dir {
+            Some(d) => (d.clone(), false),
+            None => (
+                std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), clock::now_ns())),
+                true,
+            ),
+        };
         let config = RuntimeConfig {
             workers: args.workers.unwrap_or(cores),
             ring_capacity: args.ring_capacity,
             batch_size: args.batch_size,
+            checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
+                interval: Duration::from_millis(args.checkpoint_interval_ms),
+                restore: weir_core::RestoreFrom::Nothing,
+                retained: 1,
+                ..CheckpointConfig::new(m, &dir)
+            }),
             ..RuntimeConfig::default()
         };
-        let result = run_one(&spec, config)?;
+        let result = run_one(&spec, config, args.mode);
+        if temporary {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        let result = result?;
         println!("{}", row(&result));
         if let Some(path) = &args.json {
             append_json(path, &result)?;
@@ -118,7 +182,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
     Ok(results)
 }
 
-fn run_one(spec: &Spec, config: RuntimeConfig) -> Result<BenchResult, CliError> {
+fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
     // Every generator subtask shares one schedule origin, slightly in the
@@ -140,7 +204,7 @@ fn run_one(spec: &Spec, config: RuntimeConfig) -> Result<BenchResult, CliError> 
     let seconds = result.elapsed.as_secs_f64();
     Ok(BenchResult {
         pipeline: spec.kind.name(),
-        mode: "none",
+        mode: mode.name(),
         parallelism: spec.parallelism,
         workers,
         keys: spec.keys,
@@ -150,6 +214,9 @@ fn run_one(spec: &Spec, config: RuntimeConfig) -> Result<BenchResult, CliError> 
         seconds,
         events_per_sec: spec.events as f64 / seconds,
         latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+        checkpoints: mode
+            .checkpoint_mode()
+            .map(|_| CheckpointSummary::from_stats(&result.metrics.checkpoints)),
         machine: Machine::here(),
     })
 }

@@ -29,6 +29,69 @@ impl Percentiles {
     }
 }
 
+/// Three percentiles of a small sample, in milliseconds.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq, Default)]
+pub struct MsPercentiles {
+    /// Median (nearest rank).
+    pub p50: f64,
+    /// 99th percentile (nearest rank).
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl MsPercentiles {
+    /// Percentiles of microsecond values, in milliseconds.
+    pub fn from_us(mut v: Vec<u64>) -> Self {
+        if v.is_empty() {
+            return MsPercentiles::default();
+        }
+        v.sort_unstable();
+        let rank = |q: f64| v[(((q * v.len() as f64).ceil() as usize).max(1) - 1).min(v.len() - 1)] as f64 / 1e3;
+        MsPercentiles {
+            p50: rank(0.50),
+            p99: rank(0.99),
+            max: *v.last().expect("non-empty") as f64 / 1e3,
+        }
+    }
+}
+
+/// Checkpoint figures of one run.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct CheckpointSummary {
+    /// Checkpoints completed (including the final one).
+    pub completed: u64,
+    /// Checkpoints aborted.
+    pub failed: u64,
+    /// Trigger to durable manifest.
+    pub duration_ms: MsPercentiles,
+    /// Per checkpoint, the longest alignment of any task.
+    pub alignment_ms: MsPercentiles,
+    /// Operator state of the last completed checkpoint, bytes.
+    pub state_bytes: u64,
+    /// In-flight records stored, summed over all checkpoints, bytes.
+    pub channel_state_bytes: u64,
+}
+
+impl CheckpointSummary {
+    /// Summarises a job's checkpoint statistics.
+    pub fn from_stats(s: &weir_core::CheckpointStats) -> Self {
+        CheckpointSummary {
+            completed: s.completed,
+            failed: s.failed,
+            duration_ms: MsPercentiles::from_us(s.history.iter().map(|r| r.duration_us).collect()),
+            alignment_ms: MsPercentiles::from_us(
+                s.history
+                    .iter()
+                    .map(|r| r.tasks.iter().map(|t| t.alignment_us).max().unwrap_or(0))
+                    .collect(),
+            ),
+            state_bytes: s.history.back().map_or(0, |r| r.state_bytes),
+            channel_state_bytes: s.history.iter().map(|r| r.channel_state_bytes).sum(),
+        }
+    }
+}
+
 /// Where and when a result was measured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Machine {
@@ -87,6 +150,9 @@ pub struct BenchResult {
     pub events_per_sec: f64,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
+    /// Checkpoint figures (absent when checkpointing is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoints: Option<CheckpointSummary>,
     /// Where and when.
     pub machine: Machine,
 }
@@ -107,16 +173,36 @@ pub fn si(v: f64) -> String {
 /// The table header matching [`row`].
 pub fn header() -> String {
     format!(
-        "{:<10} {:<6} {:>3} {:>12} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9}",
-        "pipeline", "mode", "par", "events", "seconds", "events/s", "p50 µs", "p99 µs", "p99.9 µs", "max µs"
+        "{:<10} {:<13} {:>3} {:>12} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}",
+        "pipeline",
+        "mode",
+        "par",
+        "events",
+        "seconds",
+        "events/s",
+        "p50 µs",
+        "p99 µs",
+        "p99.9 µs",
+        "max µs",
+        "ckpts",
+        "ckpt p50",
+        "ckpt p99"
     )
 }
 
 /// One table row.
 pub fn row(r: &BenchResult) -> String {
     let l = &r.latency_us;
+    let (n, c50, c99) = match &r.checkpoints {
+        Some(c) => (
+            c.completed.to_string(),
+            format!("{:.2}ms", c.duration_ms.p50),
+            format!("{:.2}ms", c.duration_ms.p99),
+        ),
+        None => ("-".into(), "-".into(), "-".into()),
+    };
     format!(
-        "{:<10} {:<6} {:>3} {:>12} {:>8.3} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
         r.pipeline,
         r.mode,
         r.parallelism,
@@ -126,6 +212,9 @@ pub fn row(r: &BenchResult) -> String {
         l.p50,
         l.p99,
         l.p999,
-        l.max
+        l.max,
+        n,
+        c50,
+        c99
     )
 }

@@ -44,7 +44,6 @@ pub(crate) struct RestoreCtx<'a> {
     pub(crate) checkpoint: u64,
     /// Key groups owned by this subtask.
     pub(crate) key_groups: Range<usize>,
-    pub(crate) max_parallelism: usize,
 }
 
 /// Receives batches and control from the previous operator of a chain.

@@ -291,7 +291,6 @@ fn prepare(
                 all,
                 checkpoint: r.manifest.id,
                 key_groups: key_groups(i, group.parallelism, plan.max_parallelism),
-                max_parallelism: plan.max_parallelism,
             };
             task.restore(&rc, &mut ctx).map_err(|e| {
                 Error::Restore(format!(

@@ -149,7 +149,7 @@ fn snapshot_chain<T>(
 
 fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> TaskSnapshot {
     let group = ctx.ckpt.as_ref().map_or(0, |c| c.group);
-    let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism, barrier.trigger_ns);
+    let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism);
     s.first_barrier_ns = first_barrier_ns;
     s
 }

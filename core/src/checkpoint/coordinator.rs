@@ -63,7 +63,6 @@ pub(crate) struct Coordinator {
     last_completion: Instant,
     consecutive_failures: u32,
     final_triggered: bool,
-    final_completed: Option<u64>,
     retained: VecDeque<u64>,
     stats: Arc<Mutex<CheckpointStats>>,
     job_start_ns: u64,
@@ -99,16 +98,10 @@ impl Coordinator {
             last_completion: now,
             consecutive_failures: 0,
             final_triggered: false,
-            final_completed: None,
             retained,
             stats,
             job_start_ns: clock::now_ns(),
         }
-    }
-
-    /// The final checkpoint of a bounded job, once complete.
-    pub(crate) fn final_completed(&self) -> Option<u64> {
-        self.final_completed
     }
 
     /// How long the job thread may wait for events before calling `tick`.
@@ -261,9 +254,6 @@ impl Coordinator {
         self.signals.complete(id);
         self.last_completion = Instant::now();
         self.consecutive_failures = 0;
-        if p.is_final {
-            self.final_completed = Some(id);
-        }
         tracing::debug!(checkpoint = id, ?duration, "checkpoint complete");
         let record = CheckpointRecord {
             id,

@@ -113,18 +113,16 @@ pub(crate) type AsyncStateJob = Box<dyn FnOnce(&Path) -> Result<Vec<u8>, BoxErro
 pub(crate) struct TaskSnapshot {
     pub(crate) state: TaskState,
     pub(crate) async_jobs: Vec<(u32, AsyncStateJob)>,
-    pub(crate) trigger_ns: u64,
     /// When the first barrier of this checkpoint reached the task.
     pub(crate) first_barrier_ns: u64,
     pub(crate) alignment_ns: u64,
     pub(crate) sync_ns: u64,
-    pub(crate) started: Instant,
     /// The final checkpoint of a bounded job.
     pub(crate) is_final: bool,
 }
 
 impl TaskSnapshot {
-    pub(crate) fn new(id: u64, group: usize, subtask: usize, parallelism: usize, trigger_ns: u64) -> Self {
+    pub(crate) fn new(id: u64, group: usize, subtask: usize, parallelism: usize) -> Self {
         TaskSnapshot {
             state: TaskState {
                 checkpoint: id,
@@ -134,11 +132,9 @@ impl TaskSnapshot {
                 ..TaskState::default()
             },
             async_jobs: Vec::new(),
-            trigger_ns,
             first_barrier_ns: 0,
             alignment_ns: 0,
             sync_ns: 0,
-            started: Instant::now(),
             is_final: false,
         }
     }
