@@ -145,16 +145,9 @@ fn checkpoint(store: &mut Store, id: u64, root: &Path) -> StateHandle {
     h
 }
 
-fn large_state(dir: &Path, rows: &mut Vec<Row>) {
-    let gib: f64 = std::env::var("WEIR_STATE_BENCH_GIB")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(1.0);
-    let root = dir.join("chk");
-    let opts = StoreOptions::new(dir.join("large"));
-    let mut store = Store::create(opts).unwrap();
-
-    // Incremental size at 10 M keys.
+fn incremental_size(dir: &Path, rows: &mut Vec<Row>) {
+    let root = dir.join("chk-incremental");
+    let mut store = Store::create(StoreOptions::new(dir.join("incremental"))).unwrap();
     let ten_m = 10_000_000u64;
     fill(&mut store, 0, ten_m);
     let t = Instant::now();
@@ -186,11 +179,25 @@ fn large_state(dir: &Path, rows: &mut Vec<Row>) {
         None,
     );
 
-    // Grow to the large state; take a full snapshot as the base.
+}
+
+fn large_state(dir: &Path, rows: &mut Vec<Row>) {
+    let gib: f64 = std::env::var("WEIR_STATE_BENCH_GIB")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1.0);
+    let root = dir.join("chk");
+    let opts = StoreOptions::new(dir.join("large"));
+    let mut store = Store::create(opts).unwrap();
+
+    // Fill the large state; take a full snapshot as the base.
     let keys = ((gib * (1u64 << 30) as f64) / SLOT_BYTES as f64) as u64;
-    fill(&mut store, ten_m, keys);
-    store.snapshot_done(2, false);
+    let t = Instant::now();
+    fill(&mut store, 0, keys);
+    let fill_d = t.elapsed();
+    row(rows, "fill (inserts/s, M)", format!("{:.1}", mops(keys as usize, fill_d)), "", None);
     let base = checkpoint(&mut store, 3, &root);
+    assert!(base.full);
     let state_gib = base.state_bytes as f64 / (1u64 << 30) as f64;
     row(
         rows,
@@ -307,8 +314,17 @@ fn main() {
     let dir = tempfile::Builder::new().prefix("weir-state-bench").tempdir().unwrap();
     let mut rows = Vec::new();
     eprintln!("weir state backend benchmark (scratch in {})", dir.path().display());
-    point_updates(dir.path(), &mut rows);
-    large_state(dir.path(), &mut rows);
+    let only = std::env::var("WEIR_STATE_BENCH").unwrap_or_default();
+    let run = |phase: &str| only.is_empty() || only.split(',').any(|p| p == phase);
+    if run("updates") {
+        point_updates(dir.path(), &mut rows);
+    }
+    if run("incremental") {
+        incremental_size(dir.path(), &mut rows);
+    }
+    if run("large") {
+        large_state(dir.path(), &mut rows);
+    }
 
     println!();
     println!(

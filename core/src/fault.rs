@@ -19,6 +19,8 @@ pub enum Action {
     Fail(u32),
     /// Skip `n` hits, then abort the process (a crash).
     AbortAfter(u32),
+    /// Skip `n` hits, then fail the next one with an I/O error.
+    FailAfter(u32),
 }
 
 /// Arms fault point `name` (process-wide).
@@ -36,7 +38,8 @@ pub fn disarm_all() {
 }
 
 /// Arms the points listed in the environment variable `WEIR_FAULTS`
-/// (`name=fail:N` or `name=abort-after:N`, comma-separated); used by
+/// (`name=fail:N`, `name=fail-after:N` or `name=abort-after:N`,
+/// comma-separated); used by
 /// crash tests that run the `weir` program as a child process.
 pub fn arm_from_env() {
     let Ok(spec) = std::env::var("WEIR_FAULTS") else {
@@ -49,6 +52,7 @@ pub fn arm_from_env() {
         let action = match action.split_once(':') {
             Some(("fail", n)) => n.parse().ok().map(Action::Fail),
             Some(("abort-after", n)) => n.parse().ok().map(Action::AbortAfter),
+            Some(("fail-after", n)) => n.parse().ok().map(Action::FailAfter),
             _ => None,
         };
         if let Some(a) = action {
@@ -78,6 +82,14 @@ pub fn hit(name: &str) -> std::io::Result<()> {
             std::process::abort()
         }
         Action::AbortAfter(n) => {
+            *n -= 1;
+            Ok(())
+        }
+        Action::FailAfter(0) => {
+            *action = Action::Fail(0);
+            Err(std::io::Error::other(format!("injected fault at {name}")))
+        }
+        Action::FailAfter(n) => {
             *n -= 1;
             Ok(())
         }

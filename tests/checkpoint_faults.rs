@@ -1,0 +1,73 @@
+//! Crash consistency of checkpoint files: a fault injected at every durable
+//! step of writing a checkpoint (task state files and the manifest) fails
+//! that checkpoint; the job, stopped right there as if it had crashed, is
+//! resumed by a new run from the same directory, and the committed output
+//! of both runs together is exactly-once.
+//!
+//! Fault points are process-wide, so this file holds one test that walks
+//! the points one after the other (its own test binary: nothing else runs
+//! beside it).
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use weir_core::checkpoint::storage;
+use weir_core::fault::{self, Action};
+use weir_core::{CheckpointMode, Error, RestartStrategy};
+
+/// Each point and how many hits to let pass first: task files are written
+/// once per task per checkpoint, the manifest once per checkpoint.
+const POINTS: &[(&str, u32)] = &[
+    ("checkpoint.write.before", 6),
+    ("checkpoint.write.before-fsync", 7),
+    ("checkpoint.write.before-rename", 8),
+    ("checkpoint.manifest.before", 2),
+];
+
+#[test]
+fn a_fault_at_any_durable_step_leaves_the_previous_checkpoint_restorable() {
+    for &(point, skip) in POINTS {
+        for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+            let job = Job {
+                mode,
+                failures: 0,
+                events: 30_000,
+                ..BASE
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let target = Arc::new(Mutex::new(Target::default()));
+            // Let a few checkpoints succeed, then fail one step; with no
+            // tolerance and no restart the job stops there.
+            fault::arm(point, Action::FailAfter(skip));
+            let first = run_with(job, dir.path(), &target, |c| {
+                c.restart = RestartStrategy::None;
+                if let Some(ck) = c.checkpointing.as_mut() {
+                    ck.tolerable_failures = 0;
+                }
+            });
+            fault::disarm_all();
+            match first {
+                Err(Error::Checkpoint(msg)) => assert!(msg.contains("injected fault"), "{point}: {msg}"),
+                other => panic!("{point} {mode:?}: expected a checkpoint failure, got {:?}", other.map(|r| r.outcome)),
+            }
+            // Every complete checkpoint on disk verifies.
+            let ids = storage::list_ids(dir.path()).unwrap();
+            let mut complete = 0;
+            for id in &ids {
+                if let Some(m) = storage::read_manifest(dir.path(), *id).unwrap() {
+                    storage::verify_files(dir.path(), &m).unwrap();
+                    complete += 1;
+                }
+            }
+            assert!(complete >= 1, "{point}: a previous checkpoint remains ({ids:?})");
+            // Resume: the new run restores the latest complete checkpoint
+            // and the two runs' committed output is exactly-once.
+            let second = run_with(job, dir.path(), &target, |_| {}).unwrap();
+            assert!(second.metrics.checkpoints.restored_from.is_some(), "{point}: resumed from a checkpoint");
+            let rows = std::mem::take(&mut target.lock().unwrap().rows);
+            assert_exactly_once(job, &rows);
+        }
+    }
+}
