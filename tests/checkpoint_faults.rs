@@ -50,7 +50,10 @@ fn a_fault_at_any_durable_step_leaves_the_previous_checkpoint_restorable() {
             fault::disarm_all();
             match first {
                 Err(Error::Checkpoint(msg)) => assert!(msg.contains("injected fault"), "{point}: {msg}"),
-                other => panic!("{point} {mode:?}: expected a checkpoint failure, got {:?}", other.map(|r| r.outcome)),
+                other => panic!(
+                    "{point} {mode:?}: expected a checkpoint failure, got {:?}",
+                    other.map(|r| r.outcome)
+                ),
             }
             // Every complete checkpoint on disk verifies.
             let ids = storage::list_ids(dir.path()).unwrap();
@@ -65,7 +68,10 @@ fn a_fault_at_any_durable_step_leaves_the_previous_checkpoint_restorable() {
             // Resume: the new run restores the latest complete checkpoint
             // and the two runs' committed output is exactly-once.
             let second = run_with(job, dir.path(), &target, |_| {}).unwrap();
-            assert!(second.metrics.checkpoints.restored_from.is_some(), "{point}: resumed from a checkpoint");
+            assert!(
+                second.metrics.checkpoints.restored_from.is_some(),
+                "{point}: resumed from a checkpoint"
+            );
             let rows = std::mem::take(&mut target.lock().unwrap().rows);
             assert_exactly_once(job, &rows);
         }

@@ -8,7 +8,6 @@ mod common;
 use common::*;
 use weir_core::CheckpointMode;
 
-
 #[test]
 fn aligned_survives_failures_exactly_once() {
     let dir = tempfile::tempdir().unwrap();

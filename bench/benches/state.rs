@@ -178,7 +178,6 @@ fn incremental_size(dir: &Path, rows: &mut Vec<Row>) {
         "disk ~1.7",
         None,
     );
-
 }
 
 fn large_state(dir: &Path, rows: &mut Vec<Row>) {
@@ -195,7 +194,13 @@ fn large_state(dir: &Path, rows: &mut Vec<Row>) {
     let t = Instant::now();
     fill(&mut store, 0, keys);
     let fill_d = t.elapsed();
-    row(rows, "fill (inserts/s, M)", format!("{:.1}", mops(keys as usize, fill_d)), "", None);
+    row(
+        rows,
+        "fill (inserts/s, M)",
+        format!("{:.1}", mops(keys as usize, fill_d)),
+        "",
+        None,
+    );
     let base = checkpoint(&mut store, 3, &root);
     assert!(base.full);
     let state_gib = base.state_bytes as f64 / (1u64 << 30) as f64;
@@ -251,6 +256,7 @@ fn large_state(dir: &Path, rows: &mut Vec<Row>) {
 
     // Updates while a snapshot is written on another thread.
     let ops = random_keys(1 << 23, keys, 99);
+    change_one_percent(&mut store, keys, 9);
     let job = store.snapshot(9);
     let writer = {
         let root = root.clone();

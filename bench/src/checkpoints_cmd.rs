@@ -104,12 +104,7 @@ fn checkpoint_ids(dir: &Path) -> Result<Vec<u64>, CliError> {
                 dir.display()
             )))
         }
-        Err(e) => {
-            return Err(CliError::Usage(format!(
-                "checkpoint directory {}: {e}",
-                dir.display()
-            )))
-        }
+        Err(e) => return Err(CliError::Usage(format!("checkpoint directory {}: {e}", dir.display()))),
     }
     storage::list_ids(dir).map_err(|e| CliError::Usage(format!("cannot list {}: {e}", dir.display())))
 }
@@ -205,7 +200,11 @@ fn print_manifest(dir: &Path, m: &Manifest) {
     println!("  fingerprint     {}", m.fingerprint);
     println!("  mode            {}", m.mode.name());
     println!("  final           {}", if m.is_final { "yes" } else { "no" });
-    println!("  trigger         {} (unix ms {})", utc(m.trigger_unix_ms), m.trigger_unix_ms);
+    println!(
+        "  trigger         {} (unix ms {})",
+        utc(m.trigger_unix_ms),
+        m.trigger_unix_ms
+    );
     println!("  duration        {} ({} µs)", duration(m.duration_us), m.duration_us);
     println!("  tasks           {}", m.tasks.len());
     println!("  state bytes     {total_state}");
@@ -256,7 +255,10 @@ fn print_manifest(dir: &Path, m: &Manifest) {
 /// An incomplete folder has no manifest to follow: show the files it has.
 fn inspect_incomplete(dir: &Path, id: u64) {
     let folder = storage::checkpoint_dir(dir, id);
-    println!("checkpoint {id} ({}): incomplete, no MANIFEST; never restored", folder.display());
+    println!(
+        "checkpoint {id} ({}): incomplete, no MANIFEST; never restored",
+        folder.display()
+    );
     let mut entries: Vec<(String, Result<Vec<u8>, String>)> = match fs::read_dir(&folder) {
         Ok(rd) => rd
             .filter_map(|e| e.ok())

@@ -331,6 +331,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         Some(c) => {
             let r = recovery::find(&c.dir, c.restore, &fingerprint, plan.groups.len())?;
             recovery::remove_incomplete(&c.dir);
+            recovery::remove_orphaned_shared_files(&c.dir)?;
             r
         }
         None => None,
@@ -429,6 +430,7 @@ impl JobRun {
                     };
                     let r = recovery::find(&c.dir, from, &self.fingerprint, self.plan.groups.len())?;
                     recovery::remove_incomplete(&c.dir);
+                    recovery::remove_orphaned_shared_files(&c.dir)?;
                     self.retained = recovery::completed_ids(&c.dir)?.into_iter().collect();
                     r
                 }

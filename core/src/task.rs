@@ -34,6 +34,15 @@ use crate::source::{Source, SourcePoll};
 /// look-ahead (64 records at 20 µs each: about 1 ms).
 const UNALIGNED_PROBE_BUDGET: usize = 64;
 
+/// Records handed to the chain at a time by an input task; between slices
+/// it checks the turn's time.
+const SLICE: usize = 256;
+
+/// Time after which an input task ends its turn early (200 µs): bounds how
+/// long one task with a slow chain keeps the other tasks of its worker
+/// (a source about to inject a barrier, say) waiting.
+const TURN_QUANTUM_NS: u64 = 200_000;
+
 /// What one scheduling turn of a task achieved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TaskPoll {
@@ -139,6 +148,10 @@ fn snapshot_chain<T>(
     mut snap: TaskSnapshot,
     ctx: &mut TaskContext,
 ) -> Result<TaskSnapshot, BoxError> {
+    // Completions signalled before this checkpoint was triggered are
+    // visible now (the barrier's path orders them): pass them on first, so
+    // an incremental state snapshot builds on the latest completed one.
+    poll_notices(chain, ctx)?;
     let t0 = clock::now_ns();
     snap.alignment_ns = t0.saturating_sub(snap.first_barrier_ns);
     chain.barrier(barrier, &mut snap, ctx)?;
@@ -639,6 +652,7 @@ impl<T: Data> Task for InputTask<T> {
         let mut progressed = false;
         let mut queued = 0u64;
         let n_inputs = self.inputs.len();
+        let turn_start = clock::now_ns();
         for k in 0..n_inputs {
             if self.phase != Phase::Running {
                 break;
@@ -669,6 +683,7 @@ impl<T: Data> Task for InputTask<T> {
             progressed = true;
             let mut control = None;
             let mut consumed = 0;
+            let mut out_of_time = false;
             {
                 let chunk = inbox
                     .ring
@@ -677,7 +692,21 @@ impl<T: Data> Task for InputTask<T> {
                 for message in chunk {
                     consumed += 1;
                     match message {
-                        Message::Data(record) => self.batch.push(record),
+                        Message::Data(record) => {
+                            self.batch.push(record);
+                            if self.batch.len() == SLICE {
+                                // Hand on a slice, then see whether the turn
+                                // has used its time: a slow chain must not
+                                // keep the worker's other tasks waiting.
+                                ctx.records_in += SLICE as u64;
+                                self.chain.collect(&mut self.batch, ctx)?;
+                                self.batch.clear();
+                                if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
+                                    out_of_time = true;
+                                    break;
+                                }
+                            }
+                        }
                         other => {
                             // Stop here: what follows the control message
                             // stays in the ring (an aligned input may block).
@@ -693,6 +722,9 @@ impl<T: Data> Task for InputTask<T> {
             if !self.batch.is_empty() {
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();
+            }
+            if out_of_time {
+                budget = 0;
             }
             match control {
                 Some(Message::End) => {

@@ -293,4 +293,3 @@ pub fn assert_no_loss(job: Job, rows: &[Row]) -> u64 {
     }
     duplicates
 }
-

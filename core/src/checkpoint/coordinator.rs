@@ -64,6 +64,9 @@ pub(crate) struct Coordinator {
     consecutive_failures: u32,
     final_triggered: bool,
     retained: VecDeque<u64>,
+    /// Shared files no longer referenced by a dropped checkpoint, with the
+    /// highest checkpoint id triggered when they were queued.
+    doomed: Vec<(String, u64)>,
     stats: Arc<Mutex<CheckpointStats>>,
     job_start_ns: u64,
 }
@@ -99,6 +102,7 @@ impl Coordinator {
             consecutive_failures: 0,
             final_triggered: false,
             retained,
+            doomed: Vec::new(),
             stats,
             job_start_ns: clock::now_ns(),
         }
@@ -178,6 +182,10 @@ impl Coordinator {
                     // Late ack of an aborted checkpoint: its folder is gone
                     // or going; remove what the task just wrote.
                     let _ = storage::remove_checkpoint(&self.root, id);
+                    let fence = self.next_id.saturating_sub(1);
+                    self.doomed
+                        .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
+                    self.collect_garbage();
                     return Ok(());
                 };
                 let task = ack.task;
@@ -234,7 +242,14 @@ impl Coordinator {
                     alignment_us: a.alignment_ns / 1000,
                 })
                 .collect(),
-            files: acks.iter().map(|a| a.file.clone()).collect(),
+            files: {
+                let mut files: Vec<_> = acks.iter().map(|a| a.file.clone()).collect();
+                let mut shared: Vec<_> = acks.iter().flat_map(|a| a.shared_files.iter().cloned()).collect();
+                shared.sort_by(|a, b| a.path.cmp(&b.path));
+                shared.dedup_by(|a, b| a.path == b.path);
+                files.extend(shared);
+                files
+            },
         };
         if let Err(e) = manifest.commit(&self.root) {
             // Put it back so that abort() accounts for it.
@@ -282,11 +297,57 @@ impl Coordinator {
         self.retained.push_back(id);
         while self.retained.len() > self.cfg.retained {
             let old = self.retained.pop_front().expect("non-empty");
-            if let Err(e) = storage::remove_checkpoint(&self.root, old) {
-                tracing::warn!(checkpoint = old, error = %e, "could not delete an old checkpoint");
+            self.drop_checkpoint(old);
+        }
+        self.collect_garbage();
+        Ok(())
+    }
+
+    /// Removes a retained checkpoint's own folder; its shared files wait in
+    /// the deletion queue until no checkpoint pending now could still
+    /// build on them.
+    fn drop_checkpoint(&mut self, id: u64) {
+        if let Ok(Some(m)) = storage::read_manifest(&self.root, id) {
+            let fence = self.next_id.saturating_sub(1);
+            for f in m.files.into_iter().filter(|f| f.path.starts_with(storage::SHARED)) {
+                self.doomed.push((f.path, fence));
             }
         }
-        Ok(())
+        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+            tracing::warn!(checkpoint = id, error = %e, "could not delete an old checkpoint");
+        }
+    }
+
+    /// Deletes queued shared files that no retained checkpoint references,
+    /// once every checkpoint that was pending when they were queued has
+    /// completed or aborted (a snapshot started then may build on them; if
+    /// it completed, its manifest references them and keeps them).
+    fn collect_garbage(&mut self) {
+        if self.doomed.is_empty() {
+            return;
+        }
+        let oldest_pending = self.pending.keys().next().copied().unwrap_or(u64::MAX);
+        let mut referenced = std::collections::HashSet::new();
+        for &id in &self.retained {
+            if let Ok(Some(m)) = storage::read_manifest(&self.root, id) {
+                referenced.extend(m.files.into_iter().map(|f| f.path));
+            }
+        }
+        let root = self.root.clone();
+        self.doomed.retain(|(path, fence)| {
+            if referenced.contains(path) {
+                return false;
+            }
+            if oldest_pending <= *fence {
+                return true;
+            }
+            if let Err(e) = std::fs::remove_file(root.join(path)) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file");
+                }
+            }
+            false
+        });
     }
 
     fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
@@ -297,6 +358,13 @@ impl Coordinator {
         if let Err(e) = storage::remove_checkpoint(&self.root, id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
         }
+        // Shared files written for it are queued like dropped ones.
+        let fence = self.next_id.saturating_sub(1);
+        for a in p.acks.iter().flatten() {
+            self.doomed
+                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        }
+        self.collect_garbage();
         self.consecutive_failures += 1;
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
         tracing::warn!(checkpoint = id, %reason, "checkpoint aborted");

@@ -78,6 +78,36 @@ pub(crate) fn remove_incomplete(root: &Path) {
     }
 }
 
+/// Deletes files in `shared/` that no complete checkpoint references:
+/// written for checkpoints that never completed before a crash. Runs before
+/// any task starts, so no snapshot in flight can need them.
+pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
+    let shared = root.join(storage::SHARED);
+    let entries = match std::fs::read_dir(&shared) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(Error::Restore(format!("listing {}: {e}", shared.display()))),
+    };
+    let mut referenced = std::collections::HashSet::new();
+    for id in completed_ids(root)? {
+        match storage::read_manifest(root, id) {
+            Ok(Some(m)) => referenced.extend(m.files.into_iter().map(|f| f.path)),
+            Ok(None) => {}
+            // A manifest that does not parse protects everything: never
+            // delete what a checkpoint we cannot read might need.
+            Err(_) => return Ok(0),
+        }
+    }
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let rel = format!("{}/{}", storage::SHARED, entry.file_name().to_string_lossy());
+        if !referenced.contains(&rel) && std::fs::remove_file(entry.path()).is_ok() {
+            removed += 1;
+        }
+    }
+    Ok(removed)
+}
+
 /// Picks and loads the checkpoint to start from.
 pub(crate) fn find(root: &Path, from: RestoreFrom, fingerprint: &str, groups: usize) -> Result<Option<Restored>> {
     match from {

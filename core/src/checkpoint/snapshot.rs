@@ -106,8 +106,19 @@ impl TaskState {
 
 /// An asynchronous piece of a snapshot (the memory-mapped state backend's
 /// page writer): runs off the task thread and returns state bytes to store
-/// in the task state (for example, a serialised state handle).
-pub(crate) type AsyncStateJob = Box<dyn FnOnce(&Path) -> Result<Vec<u8>, BoxError> + Send>;
+/// in the task state (a serialised state handle) and the shared files the
+/// checkpoint relies on.
+pub(crate) type AsyncStateJob = Box<dyn FnOnce(&Path) -> Result<AsyncOutput, BoxError> + Send>;
+
+/// What an [`AsyncStateJob`] produced.
+pub(crate) struct AsyncOutput {
+    /// Bytes stored in the task state under the operator's index.
+    pub(crate) state: Vec<u8>,
+    /// Shared files the state relies on.
+    pub(crate) files: Vec<FileRef>,
+    /// Logical size of the state.
+    pub(crate) state_bytes: u64,
+}
 
 /// What a task collects while handling a barrier.
 pub(crate) struct TaskSnapshot {
@@ -161,6 +172,8 @@ pub(crate) struct TaskAck {
     pub(crate) id: u64,
     pub(crate) task: usize,
     pub(crate) file: FileRef,
+    /// Files in `shared/` (state backend) this task's state relies on.
+    pub(crate) shared_files: Vec<FileRef>,
     pub(crate) state_bytes: u64,
     pub(crate) channel_state_bytes: u64,
     pub(crate) sync_ns: u64,
@@ -185,9 +198,13 @@ pub(crate) fn complete_async(snapshot: TaskSnapshot, ck: TaskCheckpointing) {
 fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Result<TaskAck, String> {
     let async_start = Instant::now();
     let id = snapshot.id();
+    let mut shared_files = Vec::new();
+    let mut backend_bytes = 0;
     for (op, job) in std::mem::take(&mut snapshot.async_jobs) {
-        let bytes = job(&ck.root).map_err(|e| format!("operator {op}: asynchronous snapshot failed: {e}"))?;
-        snapshot.state.operators.push((op, bytes));
+        let out = job(&ck.root).map_err(|e| format!("operator {op}: asynchronous snapshot failed: {e}"))?;
+        snapshot.state.operators.push((op, out.state));
+        shared_files.extend(out.files);
+        backend_bytes += out.state_bytes;
     }
     let bytes = snapshot.state.encode();
     let dir = storage::checkpoint_dir(&ck.root, id);
@@ -198,7 +215,8 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
         id,
         task: ck.task,
         file,
-        state_bytes: snapshot.state.state_bytes(),
+        shared_files,
+        state_bytes: snapshot.state.state_bytes() + backend_bytes,
         channel_state_bytes: snapshot.state.channel_bytes(),
         sync_ns: snapshot.sync_ns,
         async_ns: async_start.elapsed().as_nanos() as u64,

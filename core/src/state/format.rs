@@ -226,7 +226,11 @@ pub(crate) fn write_file(
     trailer[20..24].copy_from_slice(&tc.to_le_bytes());
     f.write_all(&trailer).map_err(io_error(err()))?;
     size += TRAILER_LEN as u64;
+    let t = std::time::Instant::now();
     f.sync_all().map_err(io_error(err()))?;
+    if std::env::var_os("WEIR_STATE_TRACE").is_some() {
+        eprintln!("TRACE fsync {:?} ({size} bytes)", t.elapsed());
+    }
     drop(f);
     if fail == Some(FailPoint::BeforeRename) {
         return Err(injected("crash before rename"));

@@ -75,7 +75,11 @@ impl Arena {
         {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
             for file in &h.files {
+                let t = std::time::Instant::now();
                 let (bytes, records) = format::read_verified(root, h.checkpoint_id, file, &layout)?;
+                if std::env::var_os("WEIR_STATE_TRACE").is_some() {
+                    eprintln!("TRACE read+verify {:?} {}", t.elapsed(), bytes.len());
+                }
                 let mut targets = Vec::with_capacity(records.len());
                 for r in &records {
                     let kg = r.kg as usize;
@@ -145,6 +149,9 @@ impl Arena {
                     Ok(())
                 })?;
             }
+        }
+        if std::env::var_os("WEIR_STATE_TRACE").is_some() {
+            eprintln!("TRACE applied");
         }
         Ok(arena)
     }

@@ -228,6 +228,9 @@ impl SnapshotJob {
         let start = Instant::now();
         let chunks = self.capture();
         self.shared.finished.store(true, Ordering::Release);
+        if std::env::var_os("WEIR_STATE_TRACE").is_some() {
+            eprintln!("TRACE capture {:?}", start.elapsed());
+        }
         let header = format::FileHeader {
             full: self.shared.full,
             layout: self.layout,
