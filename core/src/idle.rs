@@ -6,6 +6,9 @@
 //! job is cancelled). Every phase is bounded, so an idle job costs little CPU
 //! and a cancelled job stops within one park timeout.
 
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::OnceLock;
+use std::thread::Thread;
 use std::time::Duration;
 
 /// Configurable back-off for idle workers and full rings.
@@ -76,24 +79,99 @@ impl Idler {
         self.rounds = 0;
     }
 
-    /// Called after a round in which nothing progressed.
-    pub(crate) fn idle(&mut self) {
+    /// Called after a round in which nothing progressed. Spins or yields,
+    /// or returns true when it is time to park (the caller parks through
+    /// its [`Parker`], so that producers can wake it).
+    pub(crate) fn idle(&mut self) -> bool {
         let spins = u64::from(self.strategy.spins);
         let yields = spins + u64::from(self.strategy.yields);
-        if self.rounds < spins {
-            std::hint::spin_loop();
-        } else if self.rounds < yields {
-            std::thread::yield_now();
-        } else {
-            std::thread::park_timeout(self.strategy.park);
-        }
         self.rounds = self.rounds.saturating_add(1);
+        if self.rounds <= spins {
+            std::hint::spin_loop();
+            false
+        } else if self.rounds <= yields {
+            std::thread::yield_now();
+            false
+        } else {
+            true
+        }
+    }
+
+    /// How long one park lasts at most.
+    pub(crate) fn park_timeout(&self) -> std::time::Duration {
+        self.strategy.park
     }
 }
+
+/// Lets a producer wake a parked consumer (and a consumer a parked,
+/// backpressured producer) instead of leaving it asleep for a whole park
+/// timeout.
+///
+/// Protocol (no lost wake-up beyond the timeout): the worker sets
+/// `sleeping`, issues a SeqCst fence, polls its tasks once more and parks
+/// only if that found nothing; a peer publishes its ring update, issues a
+/// SeqCst fence, and unparks the worker if it sees `sleeping`. Either the
+/// worker's last poll sees the update or the peer sees the flag. Costs a
+/// fence and a load per ring transfer, never per record.
+#[derive(Debug, Default)]
+pub(crate) struct Parker {
+    sleeping: AtomicBool,
+    thread: OnceLock<Thread>,
+}
+
+impl Parker {
+    /// Worker: record which thread to unpark.
+    pub(crate) fn register(&self) {
+        let _ = self.thread.set(std::thread::current());
+    }
+
+    /// Worker: about to park; poll once more after this.
+    pub(crate) fn prepare_park(&self) {
+        self.sleeping.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+    }
+
+    /// Worker: awake again.
+    pub(crate) fn awake(&self) {
+        self.sleeping.store(false, Ordering::Relaxed);
+    }
+
+    /// Peer: call after publishing a ring update.
+    #[inline]
+    pub(crate) fn wake(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            if let Some(t) = self.thread.get() {
+                t.unpark();
+            }
+        }
+    }
+}
+
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wake_unparks_a_sleeping_worker() {
+        let parker = std::sync::Arc::new(Parker::default());
+        let p = parker.clone();
+        let t = std::thread::spawn(move || {
+            p.register();
+            p.prepare_park();
+            let start = std::time::Instant::now();
+            // Without a wake this would sleep the full 10 s.
+            std::thread::park_timeout(Duration::from_secs(10));
+            p.awake();
+            start.elapsed()
+        });
+        while !parker.sleeping.load(Ordering::Relaxed) || parker.thread.get().is_none() {
+            std::thread::yield_now();
+        }
+        parker.wake();
+        assert!(t.join().unwrap() < Duration::from_secs(5));
+    }
 
     #[test]
     fn rejects_long_parks() {
@@ -113,10 +191,9 @@ mod tests {
             yields: 2,
             park: Duration::from_micros(10),
         });
-        for _ in 0..10 {
-            idler.idle();
-        }
-        assert_eq!(idler.rounds, 10);
+        let parks: Vec<bool> = (0..6).map(|_| idler.idle()).collect();
+        assert_eq!(parks, vec![false, false, false, false, true, true], "spin 2, yield 2, then park");
+        assert_eq!(idler.rounds, 6);
         idler.reset();
         assert_eq!(idler.rounds, 0);
     }

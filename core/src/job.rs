@@ -35,7 +35,7 @@ use crate::collector::RestoreCtx;
 use crate::config::{available_cores, RuntimeConfig};
 use crate::context::TaskContext;
 use crate::error::{Error, Result};
-use crate::idle::{IdleStrategy, Idler};
+use crate::idle::{IdleStrategy, Idler, Parker};
 use crate::keyed::subtask_for_key_group;
 use crate::metrics::{new_latency_histogram, JobMetrics, MetricsRegistry, TaskCounters};
 use crate::pipeline::{BuildCtx, Plan};
@@ -175,6 +175,7 @@ struct Placed {
 /// Everything one attempt needs to run.
 struct Prepared {
     placed: Vec<Placed>,
+    parkers: Vec<Arc<Parker>>,
     registry: Arc<MetricsRegistry>,
     checkpointing: Option<(Arc<Signals>, Receiver<Event>, mpsc::Sender<Event>)>,
     infos: Vec<TaskInfo>,
@@ -225,7 +226,9 @@ fn prepare(
     latency: &Arc<Mutex<Histogram<u64>>>,
     root: Option<&Path>,
 ) -> Result<Prepared> {
-    let mut ctx = BuildCtx::new(config.clone(), &plan.edges, plan.max_parallelism);
+    let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
+    let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total)).map(|_| Arc::new(Parker::default())).collect();
+    let mut ctx = BuildCtx::new(config.clone(), plan, parkers.clone());
     let ckpt = config.checkpointing.as_ref();
     let checkpointing = ckpt.map(|c| {
         let completed = restored.map_or(0, |r| r.manifest.id);
@@ -305,6 +308,7 @@ fn prepare(
     }
     Ok(Prepared {
         placed: out,
+        parkers,
         registry,
         checkpointing,
         infos,
@@ -509,7 +513,7 @@ impl JobRun {
             Some((_, rx, tx)) => (Some(rx), Some(tx)),
             None => (None, None),
         };
-        let threads = match spawn_workers(prepared.placed, &self.config, &attempt) {
+        let threads = match spawn_workers(prepared.placed, &prepared.parkers, &self.config, &attempt) {
             Ok(t) => t,
             Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
         };
@@ -590,11 +594,23 @@ fn coordinator_error(e: CoordinatorError) -> Error {
     }
 }
 
+/// Workers of an attempt with `tasks` tasks: the configured number, never
+/// more than there are tasks.
+pub(crate) fn worker_count(config: &RuntimeConfig, tasks: usize) -> usize {
+    config.workers.min(tasks).max(1)
+}
+
 /// Places tasks on workers (task `k` on worker `k mod workers`: chains are
 /// listed upstream first, so subtask `i` of consecutive chains of equal
 /// parallelism share a worker, and small chains spread) and starts them.
-fn spawn_workers(placed: Vec<Placed>, config: &RuntimeConfig, attempt: &Arc<Attempt>) -> Result<Vec<JoinHandle<()>>> {
-    let workers = config.workers.min(placed.len()).max(1);
+fn spawn_workers(
+    placed: Vec<Placed>,
+    parkers: &[Arc<Parker>],
+    config: &RuntimeConfig,
+    attempt: &Arc<Attempt>,
+) -> Result<Vec<JoinHandle<()>>> {
+    let workers = parkers.len();
+    debug_assert_eq!(workers, worker_count(config, placed.len()));
     let mut per_worker: Vec<Vec<Placed>> = (0..workers).map(|_| Vec::new()).collect();
     for (k, p) in placed.into_iter().enumerate() {
         per_worker[k % workers].push(p);
@@ -613,9 +629,10 @@ fn spawn_workers(placed: Vec<Placed>, config: &RuntimeConfig, attempt: &Arc<Atte
     for (w, tasks) in per_worker.into_iter().enumerate() {
         let core = (config.pin_workers && !cores.is_empty()).then(|| cores[w % cores.len()]);
         let a = attempt.clone();
+        let parker = parkers[w].clone();
         let spawned = thread::Builder::new()
             .name(format!("weir-worker-{w}"))
-            .spawn(move || worker_main(tasks, core, idle, &a));
+            .spawn(move || worker_main(tasks, core, idle, &parker, &a));
         match spawned {
             Ok(t) => {
                 attempt
@@ -648,12 +665,21 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
-fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle: IdleStrategy, attempt: &Attempt) {
+fn worker_main(
+    mut tasks: Vec<Placed>,
+    core: Option<core_affinity::CoreId>,
+    idle: IdleStrategy,
+    parker: &Parker,
+    attempt: &Attempt,
+) {
     if let Some(core) = core {
         // Pinning is best-effort: an unpinned worker is slower, not wrong.
         let _ = core_affinity::set_for_current(core);
     }
+    parker.register();
     let mut idler = Idler::new(idle);
+    // Set after `prepare_park`: the next round is the last look before parking.
+    let mut parking = false;
     while !tasks.is_empty() && !attempt.stop.load(Ordering::Relaxed) {
         let mut progressed = false;
         let mut i = 0;
@@ -690,8 +716,17 @@ fn worker_main(mut tasks: Vec<Placed>, core: Option<core_affinity::CoreId>, idle
         }
         if progressed {
             idler.reset();
-        } else {
-            idler.idle();
+            if parking {
+                parker.awake();
+                parking = false;
+            }
+        } else if parking {
+            thread::park_timeout(idler.park_timeout());
+            parker.awake();
+            parking = false;
+        } else if idler.idle() {
+            parker.prepare_park();
+            parking = true;
         }
     }
     // Keep what sinks recorded, even when the job is stopping.

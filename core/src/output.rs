@@ -10,6 +10,8 @@
 
 use std::hash::Hash;
 
+use std::sync::Arc;
+
 use rtrb::Producer;
 
 use crate::checkpoint::snapshot::TaskSnapshot;
@@ -17,6 +19,7 @@ use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::TaskContext;
 use crate::data::{decode_all, encode_into, Data};
 use crate::error::BoxError;
+use crate::idle::Parker;
 use crate::keyed::{key_group, stable_hash, subtask_for_key_group};
 use crate::message::{Barrier, Message};
 
@@ -32,10 +35,17 @@ pub(crate) struct Outbox<T> {
     /// Control messages among `staged`: zero on the fast path.
     controls: usize,
     ring: Producer<Message<T>>,
+    /// The consumer's worker, woken after each transfer if it sleeps.
+    wake: Option<Arc<Parker>>,
 }
 
 impl<T> Outbox<T> {
+    #[cfg(test)]
     pub(crate) fn new(ring: Producer<Message<T>>, batch_size: usize) -> Self {
+        Self::with_wake(ring, batch_size, None)
+    }
+
+    pub(crate) fn with_wake(ring: Producer<Message<T>>, batch_size: usize, wake: Option<Arc<Parker>>) -> Self {
         assert!(
             ring.buffer().capacity() > RESERVED_SLOTS,
             "ring capacity must exceed the reserved slots"
@@ -44,6 +54,7 @@ impl<T> Outbox<T> {
             staged: Vec::with_capacity(batch_size),
             controls: 0,
             ring,
+            wake,
         }
     }
 
@@ -145,6 +156,9 @@ impl<T> Outbox<T> {
             std::ptr::copy(src.add(n), src, rest);
             self.staged.set_len(rest);
             chunk.commit_all();
+        }
+        if let Some(w) = &self.wake {
+            w.wake();
         }
         rest == 0
     }

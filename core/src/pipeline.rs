@@ -14,6 +14,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::rc::Rc;
+use std::sync::Arc;
 
 use rtrb::{Consumer, Producer, RingBuffer};
 use rustc_hash::FxHashMap;
@@ -21,6 +22,7 @@ use rustc_hash::FxHashMap;
 use crate::collector::Collector;
 use crate::config::RuntimeConfig;
 use crate::data::Data;
+use crate::idle::Parker;
 use crate::error::{Error, Result};
 use crate::job::JobHandle;
 use crate::keyed::{KeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
@@ -94,18 +96,41 @@ struct RingSet<T> {
 pub(crate) struct BuildCtx {
     pub(crate) config: RuntimeConfig,
     edges: Vec<(usize, usize)>,
+    edge_groups: Vec<(usize, usize)>,
+    group_offsets: Vec<usize>,
+    parkers: Vec<Arc<Parker>>,
     rings: HashMap<EdgeId, Box<dyn Any + Send>>,
     max_parallelism: usize,
 }
 
 impl BuildCtx {
-    pub(crate) fn new(config: RuntimeConfig, edges: &[(usize, usize)], max_parallelism: usize) -> Self {
+    /// A build context for `plan`, whose tasks will run on workers woken
+    /// through `parkers` (task `k` on worker `k mod parkers.len()`).
+    pub(crate) fn new(config: RuntimeConfig, plan: &Plan, parkers: Vec<Arc<Parker>>) -> Self {
+        let mut offsets = Vec::with_capacity(plan.groups.len());
+        let mut k = 0;
+        for g in &plan.groups {
+            offsets.push(k);
+            k += g.parallelism;
+        }
         BuildCtx {
             config,
-            edges: edges.to_vec(),
+            edges: plan.edges.clone(),
+            edge_groups: plan.edge_groups.clone(),
+            group_offsets: offsets,
+            parkers,
             rings: HashMap::new(),
-            max_parallelism,
+            max_parallelism: plan.max_parallelism,
         }
+    }
+
+    /// The parker of the worker that runs subtask `subtask` of chain `group`.
+    fn parker(&self, group: usize, subtask: usize) -> Option<Arc<Parker>> {
+        if self.parkers.is_empty() {
+            return None;
+        }
+        let k = self.group_offsets.get(group)? + subtask;
+        Some(self.parkers[k % self.parkers.len()].clone())
     }
 
     fn ring_set<T: Send + 'static>(&mut self, edge: EdgeId) -> &mut RingSet<T> {
@@ -131,17 +156,23 @@ impl BuildCtx {
 
     fn producers<T: Send + 'static>(&mut self, edge: EdgeId, from: usize) -> Vec<Outbox<T>> {
         let batch = self.config.batch_size;
+        let to_group = self.edge_groups[edge].1;
+        let wakes: Vec<_> = (0..self.edges[edge].1).map(|j| self.parker(to_group, j)).collect();
         self.ring_set::<T>(edge).producers[from]
             .iter_mut()
-            .map(|p| Outbox::new(p.take().expect("each producer is taken once"), batch))
+            .zip(wakes)
+            .map(|(p, w)| Outbox::with_wake(p.take().expect("each producer is taken once"), batch, w))
             .collect()
     }
 
     fn consumers<T: Send + 'static>(&mut self, edge: EdgeId, to: usize) -> Vec<Inbox<T>> {
+        let from_group = self.edge_groups[edge].0;
+        let wakes: Vec<_> = (0..self.edges[edge].0).map(|i| self.parker(from_group, i)).collect();
         self.ring_set::<T>(edge)
             .consumers
             .iter_mut()
-            .map(|row| Inbox::new(row[to].take().expect("each consumer is taken once")))
+            .zip(wakes)
+            .map(|(row, w)| Inbox::new(row[to].take().expect("each consumer is taken once"), w))
             .collect()
     }
 }

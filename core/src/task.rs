@@ -239,10 +239,17 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
     }
 
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
-        if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
-            return Ok(p);
+        // Barriers first, even when output is backpressured: an unaligned
+        // barrier overtakes the staged records (reserved ring slots), an
+        // aligned one queues behind them.
+        let mut injected = false;
+        if matches!(self.phase, Phase::Running | Phase::Exhausted) {
+            poll_notices(&mut *self.chain, ctx)?;
+            injected = self.inject_barriers(ctx)?;
         }
-        let injected = self.inject_barriers(ctx)?;
+        if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
+            return Ok(if injected && p == TaskPoll::Idle { TaskPoll::Progress } else { p });
+        }
         if self.phase != Phase::Running {
             // Exhausted, or the final barrier just went out.
             return Ok(if injected { TaskPoll::Progress } else { TaskPoll::Idle });
@@ -293,6 +300,9 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
 /// One input channel of a task.
 pub(crate) struct Inbox<T> {
     ring: Consumer<Message<T>>,
+    /// The producer's worker, woken after reads if it sleeps (it may be
+    /// waiting for room in this ring).
+    wake: Option<std::sync::Arc<crate::idle::Parker>>,
     ended: bool,
     /// Aligned mode: this input delivered the barrier being aligned and is
     /// paused until every input has.
@@ -308,9 +318,10 @@ pub(crate) struct Inbox<T> {
 }
 
 impl<T> Inbox<T> {
-    pub(crate) fn new(ring: Consumer<Message<T>>) -> Self {
+    pub(crate) fn new(ring: Consumer<Message<T>>, wake: Option<std::sync::Arc<crate::idle::Parker>>) -> Self {
         Inbox {
             ring,
+            wake,
             ended: false,
             blocked: false,
             scanned: 0,
@@ -626,18 +637,24 @@ impl<T: Data> InputTask<T> {
 
 impl<T: Data> Task for InputTask<T> {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
+        let mode = Self::mode(ctx);
+        if self.phase == Phase::Running && self.replay.is_empty() {
+            // Before the backpressure check: an unaligned barrier is found
+            // and forwarded (overtaking staged output) even while this
+            // task's output is blocked.
+            if mode == Some(CheckpointMode::Unaligned) || matches!(self.gate, Gate::Recording { .. }) {
+                poll_notices(&mut *self.chain, ctx)?;
+                self.look_ahead(ctx)?;
+            } else if mode == Some(CheckpointMode::Aligned) {
+                self.check_alignment_timeout(ctx)?;
+            }
+        }
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
         }
         if !self.replay.is_empty() {
             self.feed_replay(ctx)?;
             return Ok(TaskPoll::Progress);
-        }
-        let mode = Self::mode(ctx);
-        if mode == Some(CheckpointMode::Unaligned) || matches!(self.gate, Gate::Recording { .. }) {
-            self.look_ahead(ctx)?;
-        } else if mode == Some(CheckpointMode::Aligned) {
-            self.check_alignment_timeout(ctx)?;
         }
         let mut budget = self.batch_size;
         if mode == Some(CheckpointMode::Unaligned) && matches!(self.gate, Gate::Idle) {
@@ -717,6 +734,9 @@ impl<T: Data> Task for InputTask<T> {
                 }
             }
             inbox.scanned = inbox.scanned.saturating_sub(consumed);
+            if let Some(w) = &inbox.wake {
+                w.wake();
+            }
             budget -= consumed;
             ctx.records_in += self.batch.len() as u64;
             if !self.batch.is_empty() {

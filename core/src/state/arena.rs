@@ -38,10 +38,10 @@
 //! [`super::snapshot`].
 
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
+use std::fs::{File, OpenOptions};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memmap2::MmapMut;
@@ -57,10 +57,11 @@ use crate::error::{Error, Result};
 pub(crate) const SEGMENT_BYTES: usize = 16 << 20;
 const SEGMENT_SHIFT: u32 = SEGMENT_BYTES.trailing_zeros();
 
-/// Bytes at the start of every page: the key group (u32 LE), the page magic
-/// (u32 LE), eight reserved zero bytes. Sixteen so that slots of values
-/// aligned to 16 stay aligned.
-pub(crate) const PAGE_HEADER: usize = 16;
+/// Bytes at the end of every page: the key group (u32 LE), the page magic
+/// (u32 LE), eight reserved zero bytes. At the end rather than the start so
+/// that slots start at the page's first byte: a 32-byte slot then never
+/// straddles two cache lines.
+pub(crate) const PAGE_TRAILER: usize = 16;
 /// Marks an initialised page: b"WPG1" little-endian.
 pub(crate) const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"WPG1");
 /// Bytes at the start of every slot: the epoch of its last write (u32 LE)
@@ -75,6 +76,22 @@ const MAX_HISTORY: usize = 64;
 /// Snapshots awaiting `snapshot_done`; older ones are forgotten (a
 /// coordinator never has this many in flight).
 const MAX_PENDING: usize = 64;
+/// The change log of an epoch holds at most 1/LOG_FRACTION of all slots;
+/// past that the epoch is marked unlogged and an incremental snapshot scans
+/// its dirty pages' slot stamps instead. Bounds the log's memory (8 bytes
+/// per logged slot) where most state changes every epoch, where logging
+/// saves little.
+const LOG_FRACTION: usize = 8;
+
+/// What changed in one closed epoch.
+pub(crate) struct EpochChanges {
+    pub(crate) epoch: u32,
+    /// Pages first written in the epoch.
+    pub(crate) pages: Vec<u32>,
+    /// Offsets of the slots first written in the epoch; `None` if more than
+    /// the log bound were.
+    pub(crate) slots: Option<Vec<u64>>,
+}
 
 impl SlotLayout {
     /// The layout of slots with `key_bytes` of key and `value_bytes` of
@@ -96,7 +113,7 @@ impl SlotLayout {
         let align = value_align.max(8);
         let value_offset = (SLOT_HEADER + key_bytes).next_multiple_of(value_align.max(1));
         let slot_size = (value_offset + value_bytes).next_multiple_of(align);
-        if PAGE_HEADER + slot_size > page_size {
+        if PAGE_TRAILER + slot_size > page_size {
             return Err(Error::config(
                 "page_size",
                 page_size,
@@ -114,7 +131,7 @@ impl SlotLayout {
     }
 
     pub(crate) fn slots_per_page(&self) -> usize {
-        (self.page_size as usize - PAGE_HEADER) / self.slot_size as usize
+        (self.page_size as usize - PAGE_TRAILER) / self.slot_size as usize
     }
 }
 
@@ -133,6 +150,8 @@ unsafe impl Sync for SegPtr {}
 pub(crate) struct Segment {
     base: SegPtr,
     map: MmapMut,
+    /// The mapped file, kept open for restore's positioned writes.
+    file: File,
     path: PathBuf,
 }
 
@@ -155,7 +174,7 @@ impl Segment {
         // else opens, truncates or writes it while it is mapped.
         let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
         let base = SegPtr(map.as_mut_ptr());
-        Ok(Segment { base, map, path })
+        Ok(Segment { base, map, file, path })
     }
 
     pub(crate) fn base(&self) -> *mut u8 {
@@ -193,7 +212,8 @@ struct Pending {
     checkpoint: u64,
     epoch: u32,
     base_files: Vec<StateFile>,
-    shared: Arc<JobShared>,
+    /// Where the job puts the file it wrote.
+    output: Arc<Mutex<Option<StateFile>>>,
 }
 
 /// A unique name for a store instance: files of two stores never collide,
@@ -226,10 +246,17 @@ pub(crate) struct Arena {
     epoch: u32,
     /// Pages first written in the current epoch.
     dirty: Vec<u32>,
-    /// Dirty lists of closed epochs after the base's epoch, oldest first.
-    history: VecDeque<(u32, Arc<Vec<u32>>)>,
+    /// Slots first written in the current epoch, unless `log_full`.
+    log: Vec<u64>,
+    /// More slots changed in the current epoch than the log holds.
+    log_full: bool,
+    /// Changes of closed epochs after the base's epoch, oldest first.
+    history: VecDeque<Arc<EpochChanges>>,
     /// Jobs that may still capture pages.
     in_flight: Vec<Arc<JobShared>>,
+    /// Finished jobs, dropped outside the barrier (freeing their claims
+    /// costs time proportional to the state's page count).
+    retired: Vec<Arc<JobShared>>,
     base: Option<Base>,
     pending: Vec<Pending>,
     /// Completions of snapshots older than this epoch are ignored (their
@@ -262,8 +289,11 @@ impl Arena {
             groups,
             epoch: 1,
             dirty: Vec::new(),
+            log: Vec::new(),
+            log_full: false,
             history: VecDeque::new(),
             in_flight: Vec::new(),
+            retired: Vec::new(),
             base: None,
             pending: Vec::new(),
             horizon: 0,
@@ -279,7 +309,7 @@ impl Arena {
     /// Offset of slot `index` of `page`.
     #[inline]
     pub(crate) fn slot_offset(&self, page: usize, index: usize) -> u64 {
-        ((page as u64) << self.page_shift) + (PAGE_HEADER + index * self.slot_size) as u64
+        ((page as u64) << self.page_shift) + (index * self.slot_size) as u64
     }
 
     /// The address of the byte at arena offset `off`.
@@ -301,10 +331,18 @@ impl Arena {
         unsafe { std::slice::from_raw_parts(self.ptr(off), self.slot_size) }
     }
 
+    /// The key area of the slot at `off`, for comparing keys.
+    #[inline(always)]
+    pub(crate) fn key_area(&self, off: u64) -> &[u8] {
+        // SAFETY: as in `slot`; the key area lies inside the slot.
+        unsafe { std::slice::from_raw_parts(self.ptr(off).add(SLOT_HEADER), self.layout.key_bytes as usize) }
+    }
+
     /// Prepares the slot at `off` for writing and returns its address: the
-    /// one entry point for every mutation of mapped bytes. Stamps the slot
-    /// with the current epoch; the first write to a page in an epoch
-    /// records it as dirty and resolves copy-on-write with in-flight jobs.
+    /// one entry point for every mutation of mapped bytes. The first write
+    /// to a page in an epoch records it as dirty and resolves copy-on-write
+    /// with in-flight jobs; the first write to a slot in an epoch stamps it
+    /// with the epoch and logs it.
     #[inline(always)]
     pub(crate) fn write_slot(&mut self, off: u64) -> *mut u8 {
         let page = (off >> self.page_shift) as usize;
@@ -312,11 +350,13 @@ impl Arena {
             self.first_write(page);
         }
         let p = self.ptr(off);
-        // SAFETY: `off` names a slot of an allocated page (slots start
-        // 8-aligned: pages are page-aligned, the header is 16 bytes, slot
-        // sizes are multiples of 8); no job reads this page now, because
+        // SAFETY: `off` names a slot of an allocated page, so `p` is
+        // 8-aligned (pages are page-aligned, slot sizes multiples of 8) and
+        // in a live mapping; no job reads this page now, because
         // `first_write` resolved every job's claim on it in this epoch.
-        unsafe { p.cast::<u32>().write(self.epoch) };
+        if unsafe { p.cast::<u32>().read() } != self.epoch {
+            self.first_slot_write(off, p);
+        }
         p
     }
 
@@ -325,7 +365,7 @@ impl Arena {
     fn first_write(&mut self, page: usize) {
         let last = self.page_epoch[page];
         if !self.in_flight.is_empty() {
-            self.in_flight.retain(|job| !job.is_finished());
+            self.retire_finished();
             let src = self.ptr((page as u64) << self.page_shift);
             for job in &self.in_flight {
                 job.protect(page, last, src);
@@ -333,6 +373,33 @@ impl Arena {
         }
         self.page_epoch[page] = self.epoch;
         self.dirty.push(page as u32);
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_slot_write(&mut self, off: u64, p: *mut u8) {
+        // SAFETY: as in `write_slot`, which checked the stamp at `p`.
+        unsafe { p.cast::<u32>().write(self.epoch) };
+        if !self.log_full {
+            if self.log.len() < self.pages() * self.slots_per_page / LOG_FRACTION + 64 {
+                self.log.push(off);
+            } else {
+                self.log_full = true;
+                self.log = Vec::new();
+            }
+        }
+    }
+
+    /// Moves jobs that need no page any more from `in_flight` to `retired`.
+    fn retire_finished(&mut self) {
+        let mut i = 0;
+        while i < self.in_flight.len() {
+            if self.in_flight[i].is_finished() {
+                self.retired.push(self.in_flight.swap_remove(i));
+            } else {
+                i += 1;
+            }
+        }
     }
 
     /// A free slot in key group `kg`, zeroed but for a stale epoch stamp.
@@ -404,16 +471,18 @@ impl Arena {
         self.groups[kg - self.opts.key_groups.start].free.push(off);
     }
 
-    /// The key group a page belongs to (from its header).
+    /// The key group a page belongs to (from its trailer).
     pub(crate) fn page_key_group(&self, page: usize) -> usize {
-        let p = self.ptr((page as u64) << self.page_shift);
-        // SAFETY: the page is allocated, so its 16-byte header lies in a
-        // live mapping; the header is written once, when the page is made.
+        let p = self.ptr(((page as u64 + 1) << self.page_shift) - PAGE_TRAILER as u64);
+        // SAFETY: the page is allocated, so its 16-byte trailer lies in a
+        // live mapping; the trailer is written once, when the page is made.
         (unsafe { p.cast::<u32>().read() }) as usize
     }
 
-    /// Appends a page owned by `kg`; `dirty` pages join the current epoch's
-    /// dirty list (new pages), others (restored pages) start at epoch 0.
+    /// Appends a page owned by `kg`. A `dirty` page (a new one) gets its
+    /// trailer and joins the current epoch's dirty list; otherwise (restore)
+    /// the page is not touched, its content and trailer come from a file,
+    /// and it starts at epoch 0.
     pub(crate) fn new_page(&mut self, kg: usize, dirty: bool) -> Result<usize> {
         debug_assert!(self.opts.key_groups.contains(&kg));
         let page = self.page_epoch.len();
@@ -428,12 +497,14 @@ impl Arena {
             self.bases.push(seg.base);
             self.segments.push(Arc::new(seg));
         }
-        let p = self.ptr(off);
-        // SAFETY: a new page lies past every job's captured range and in a
-        // freshly mapped, 8-aligned region; nothing else references it.
-        unsafe {
-            p.cast::<u32>().write(kg as u32);
-            p.add(4).cast::<u32>().write(PAGE_MAGIC);
+        if dirty {
+            let p = self.ptr(off + (self.opts.page_size - PAGE_TRAILER) as u64);
+            // SAFETY: a new page lies past every job's captured range and in
+            // a freshly mapped, 8-aligned region; nothing else references it.
+            unsafe {
+                p.cast::<u32>().write(kg as u32);
+                p.add(4).cast::<u32>().write(PAGE_MAGIC);
+            }
         }
         self.page_epoch.push(if dirty { self.epoch } else { 0 });
         if dirty {
@@ -445,48 +516,77 @@ impl Arena {
     /// Raw page addresses for a restore that fills pages in parallel.
     pub(crate) fn page_writer(&self) -> PageWriter<'_> {
         PageWriter {
-            bases: &self.bases,
+            segments: &self.segments,
             page_shift: self.page_shift,
         }
     }
 
+    /// Continues the epoch count of restored files: slots keep the stamps
+    /// they were written with, all at most `max_file_epoch`, so epochs of
+    /// this arena start above it and restored slots never look changed.
+    pub(crate) fn continue_epochs(&mut self, max_file_epoch: u32) {
+        debug_assert!(self.in_flight.is_empty() && self.history.is_empty());
+        assert!(max_file_epoch < u32::MAX - 2, "state store epoch overflow");
+        self.epoch = self.epoch.max(max_file_epoch + 1);
+    }
+
+    /// Number of occupied slots, counted in parallel (to size an index
+    /// before a restore fills it).
+    pub(crate) fn count_occupied(&self) -> usize {
+        use rayon::prelude::*;
+        let reader = self.page_writer();
+        let (spp, slot) = (self.slots_per_page, self.slot_size);
+        (0..self.pages())
+            .into_par_iter()
+            .map(|page| {
+                // SAFETY: the page is allocated; nothing writes the arena
+                // while `&self` is borrowed.
+                let base = unsafe { reader.page_ptr(page) };
+                // SAFETY: each slot's meta word lies inside the page.
+                (0..spp)
+                    .filter(|i| unsafe { base.add(i * slot + 4).cast::<u32>().read() } != 0)
+                    .count()
+            })
+            .sum()
+    }
+
     /// Walks every slot of a restored arena: free slots go to their key
-    /// group's free list, occupied ones to `f(offset, key_group, slot)`,
-    /// and every epoch stamp is reset to 0 (the restored state is the
-    /// epoch-0 base; the first snapshot after a restore is full).
+    /// group's free list, occupied ones to `f(offset, key_group, slot)`.
     pub(crate) fn rebuild(&mut self, mut f: impl FnMut(u64, usize, &[u8]) -> Result<()>) -> Result<()> {
-        debug_assert!(self.in_flight.is_empty() && self.epoch == 1);
+        debug_assert!(self.in_flight.is_empty());
         for page in 0..self.pages() {
             let kg = self.page_key_group(page);
             let gi = kg - self.opts.key_groups.start;
             for i in (0..self.slots_per_page).rev() {
                 let off = self.slot_offset(page, i);
-                let p = self.ptr(off);
-                // SAFETY: the slot lies in an allocated page; no job exists
-                // yet, so the task is the only one touching the mapping.
-                let meta = unsafe {
-                    p.cast::<u32>().write(0);
-                    p.add(4).cast::<u32>().read()
-                };
-                if meta == 0 {
+                let slot = self.slot(off);
+                if slot[4..8] == [0; 4] {
                     self.groups[gi].free.push(off);
                 } else {
-                    f(off, kg, self.slot(off))?;
+                    f(off, kg, slot)?;
                 }
             }
         }
         Ok(())
     }
 
-    /// The synchronous part of a snapshot; see the module docs.
+    /// The synchronous part of a snapshot; see the module docs. Takes time
+    /// independent of the state size: it closes the epoch's change lists
+    /// (moves, no copies) and allocates (without touching) the job's claims.
     pub(crate) fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob {
         let start = Instant::now();
-        self.in_flight.retain(|job| !job.is_finished());
+        self.retire_finished();
         let epoch = self.epoch;
         assert!(epoch < u32::MAX - 1, "state store epoch overflow");
-        let capacity = self.dirty.capacity().max(64);
-        let closed = std::mem::replace(&mut self.dirty, Vec::with_capacity(capacity));
-        self.history.push_back((epoch, Arc::new(closed)));
+        let (dirty_len, log_len) = (self.dirty.len(), self.log.len());
+        let pages = std::mem::replace(&mut self.dirty, Vec::with_capacity(dirty_len));
+        let slots = if self.log_full {
+            None
+        } else {
+            Some(std::mem::replace(&mut self.log, Vec::with_capacity(log_len)))
+        };
+        self.log_full = false;
+        self.history.push_back(Arc::new(EpochChanges { epoch, pages, slots }));
         if self.history.len() > MAX_HISTORY {
             // Nothing completed for too long: stop building on the old base.
             self.base = None;
@@ -497,12 +597,7 @@ impl Arena {
         let (full, base_epoch, base_files, lists) = match self.base.as_ref().filter(chain_ok) {
             None => (true, 0, Vec::new(), Vec::new()),
             Some(b) => {
-                let lists = self
-                    .history
-                    .iter()
-                    .filter(|(e, _)| *e > b.epoch)
-                    .map(|(_, l)| l.clone())
-                    .collect();
+                let lists = self.history.iter().filter(|c| c.epoch > b.epoch).cloned().collect();
                 (false, b.epoch, b.files.clone(), lists)
             }
         };
@@ -516,7 +611,7 @@ impl Arena {
             checkpoint: checkpoint_id,
             epoch,
             base_files: base_files.clone(),
-            shared: shared.clone(),
+            output: shared.output.clone(),
         });
         self.epoch += 1;
         self.snapshots += 1;
@@ -543,8 +638,9 @@ impl Arena {
 
     /// Records the outcome of checkpoint `checkpoint_id`: a completed one
     /// whose file was written becomes the base of the next incremental
-    /// snapshot; anything else is forgotten.
+    /// snapshot; anything else is forgotten. Also frees retired jobs.
     pub(crate) fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool) {
+        self.retired.clear();
         let Some(i) = self.pending.iter().position(|p| p.checkpoint == checkpoint_id) else {
             return;
         };
@@ -552,7 +648,7 @@ impl Arena {
         if !completed || p.epoch < self.horizon || self.base.as_ref().is_some_and(|b| b.epoch >= p.epoch) {
             return;
         }
-        let Some(file) = p.shared.output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some(file) = p.output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             // Completed without a written file: the coordinator and the job
             // disagree; building on it would lose data, so keep the old base.
             debug_assert!(
@@ -564,7 +660,7 @@ impl Arena {
         let mut files = p.base_files;
         files.push(file);
         self.base = Some(Base { epoch: p.epoch, files });
-        self.history.retain(|(e, _)| *e > p.epoch);
+        self.history.retain(|c| c.epoch > p.epoch);
         self.pending.retain(|q| q.epoch > p.epoch);
     }
 
@@ -577,7 +673,7 @@ impl Arena {
 
 /// Writes whole pages of an arena from several threads during restore.
 pub(crate) struct PageWriter<'a> {
-    bases: &'a [SegPtr],
+    segments: &'a [Arc<Segment>],
     page_shift: u32,
 }
 
@@ -592,9 +688,30 @@ impl PageWriter<'_> {
         let off = (page as u64) << self.page_shift;
         // SAFETY: per the contract, the page lies in a live mapping.
         unsafe {
-            self.bases[(off >> SEGMENT_SHIFT) as usize]
-                .0
+            self.segments[(off >> SEGMENT_SHIFT) as usize]
+                .base()
                 .add(off as usize & (SEGMENT_BYTES - 1))
         }
+    }
+
+    /// Writes `bytes`, whole pages, at `first_page` through the segment
+    /// file rather than the mapping: the kernel copies into the page cache
+    /// the mapping shares, without a page fault per page. The pages must
+    /// lie in one segment, and no other thread may write them.
+    pub(crate) fn write_pages(&self, first_page: usize, bytes: &[u8]) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let off = (first_page as u64) << self.page_shift;
+        let seg = &self.segments[(off >> SEGMENT_SHIFT) as usize];
+        let at = off & (SEGMENT_BYTES as u64 - 1);
+        debug_assert!(at as usize + bytes.len() <= SEGMENT_BYTES);
+        seg.file.write_all_at(bytes, at).map_err(|e| Error::State {
+            context: format!("restoring pages into {}", seg.path.display()),
+            message: e.to_string(),
+        })
+    }
+
+    /// Whether two pages lie in the same segment.
+    pub(crate) fn same_segment(&self, a: usize, b: usize) -> bool {
+        ((a as u64) << self.page_shift) >> SEGMENT_SHIFT == ((b as u64) << self.page_shift) >> SEGMENT_SHIFT
     }
 }

@@ -44,6 +44,12 @@ pub trait StateKey: Hash + Eq + Clone + Send + 'static {
     /// Reads a key written by [`Self::write_slot`]; `None` if the bytes are
     /// not a key of this type.
     fn read_slot(bytes: &[u8]) -> Option<Self>;
+    /// Whether `bytes` (a slot's key area) hold this key. The hot path
+    /// compares keys this way; override it to avoid decoding.
+    #[inline]
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        Self::read_slot(bytes).as_ref() == Some(self)
+    }
 }
 
 /// A value stored inline in a slot: plain old data with a default.
@@ -67,6 +73,10 @@ macro_rules! int_key {
             fn read_slot(bytes: &[u8]) -> Option<Self> {
                 Some(<$t>::from_le_bytes(bytes.try_into().ok()?))
             }
+            #[inline(always)]
+            fn eq_slot(&self, bytes: &[u8]) -> bool {
+                bytes == self.to_le_bytes()
+            }
         }
     )*};
 }
@@ -83,6 +93,10 @@ impl<const N: usize> StateKey for [u8; N] {
     fn read_slot(bytes: &[u8]) -> Option<Self> {
         bytes.try_into().ok()
     }
+    #[inline]
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        bytes == self
+    }
 }
 
 fn write_bytes_key(key: &[u8], out: &mut [u8]) {
@@ -94,6 +108,10 @@ fn write_bytes_key(key: &[u8], out: &mut [u8]) {
     out[0] = key.len() as u8;
     out[1..1 + key.len()].copy_from_slice(key);
     out[1 + key.len()..].fill(0);
+}
+
+fn eq_bytes_key(key: &[u8], bytes: &[u8]) -> bool {
+    bytes.first() == Some(&(key.len() as u8)) && bytes.get(1..1 + key.len()) == Some(key)
 }
 
 fn read_bytes_key(bytes: &[u8]) -> Option<&[u8]> {
@@ -109,6 +127,9 @@ impl StateKey for String {
     fn read_slot(bytes: &[u8]) -> Option<Self> {
         String::from_utf8(read_bytes_key(bytes)?.to_vec()).ok()
     }
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        eq_bytes_key(self.as_bytes(), bytes)
+    }
 }
 
 impl StateKey for Vec<u8> {
@@ -118,6 +139,9 @@ impl StateKey for Vec<u8> {
     }
     fn read_slot(bytes: &[u8]) -> Option<Self> {
         Some(read_bytes_key(bytes)?.to_vec())
+    }
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        eq_bytes_key(self, bytes)
     }
 }
 
@@ -133,6 +157,11 @@ impl<A: StateKey, B: StateKey> StateKey for (A, B) {
     fn read_slot(bytes: &[u8]) -> Option<Self> {
         let (a, b) = bytes.split_at(A::SLOT_BYTES);
         Some((A::read_slot(a)?, B::read_slot(b)?))
+    }
+    #[inline]
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        let (a, b) = bytes.split_at(A::SLOT_BYTES);
+        self.0.eq_slot(a) && self.1.eq_slot(b)
     }
 }
 
@@ -163,6 +192,10 @@ impl<T: Pod + Hash + Eq + Send> StateKey for PodKey<T> {
     #[inline]
     fn read_slot(bytes: &[u8]) -> Option<Self> {
         bytemuck::try_pod_read_unaligned(bytes).ok().map(PodKey)
+    }
+    #[inline]
+    fn eq_slot(&self, bytes: &[u8]) -> bool {
+        bytes == bytemuck::bytes_of(&self.0)
     }
 }
 
@@ -218,6 +251,7 @@ mod tests {
     fn round_trip<K: StateKey + std::fmt::Debug>(k: K) {
         let mut slot = vec![0xAAu8; K::SLOT_BYTES];
         k.write_slot(&mut slot);
+        assert!(k.eq_slot(&slot));
         assert_eq!(K::read_slot(&slot), Some(k));
     }
 
@@ -231,6 +265,10 @@ mod tests {
         round_trip("x".repeat(MAX_KEY_BYTES));
         round_trip(vec![0u8, 255, 3]);
         round_trip((3u32, "k".to_string()));
+        let mut slot = [0u8; <String as StateKey>::SLOT_BYTES];
+        "ab".to_string().write_slot(&mut slot);
+        assert!(!"a".to_string().eq_slot(&slot) && !"abc".to_string().eq_slot(&slot));
+        assert!(!1u64.eq_slot(&2u64.to_le_bytes()));
     }
 
     #[test]

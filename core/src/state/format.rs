@@ -60,6 +60,14 @@ pub(crate) struct Chunk {
 }
 
 impl Chunk {
+    /// An empty chunk with room for `bytes`.
+    pub(crate) fn with_capacity(bytes: usize) -> Chunk {
+        Chunk {
+            bytes: Vec::with_capacity(bytes),
+            ..Chunk::default()
+        }
+    }
+
     /// Appends a record header (CRC still zero) and `payload`; returns the
     /// record's start, to [`Chunk::seal_record`] once the payload is complete.
     pub(crate) fn push_record(&mut self, page: u32, kg: u32, kind: RecordKind, payload: &[&[u8]]) -> usize {
@@ -273,16 +281,48 @@ impl Record {
 /// whole-file CRC against the handle, header, every page record's CRC, and
 /// the trailer. Any failure is [`Error::Corrupt`] naming the file, the
 /// page record (when one is to blame) and both CRCs.
-pub(crate) fn read_verified(
-    root: &Path,
-    checkpoint: u64,
-    file: &StateFile,
-    layout: &SlotLayout,
-) -> Result<(Vec<u8>, Vec<Record>)> {
-    let bytes = std::fs::read(root.join(&file.path)).map_err(io_error(format!(
-        "reading state file {} of checkpoint {checkpoint}",
-        file.path
-    )))?;
+/// The bytes of a checkpoint file: mapped read-only (no copy, and no
+/// anonymous memory to fault in), or empty.
+pub(crate) enum FileBytes {
+    Mapped(memmap2::Mmap),
+    Empty,
+}
+
+impl std::ops::Deref for FileBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            FileBytes::Mapped(m) => m,
+            FileBytes::Empty => &[],
+        }
+    }
+}
+
+fn open_mapped(path: &Path, what: String) -> Result<FileBytes> {
+    let file = File::open(path).map_err(io_error(what.clone()))?;
+    let len = file.metadata().map_err(io_error(what.clone()))?.len();
+    if len == 0 {
+        return Ok(FileBytes::Empty);
+    }
+    // SAFETY: checkpoint files are immutable once renamed into place (see
+    // the module docs); nothing writes or truncates them while a restore
+    // reads them. The mapping is read-only.
+    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_error(what))?;
+    Ok(FileBytes::Mapped(map))
+}
+
+/// A verified file: its bytes, page records and the epoch it was taken at.
+pub(crate) struct Verified {
+    pub(crate) bytes: FileBytes,
+    pub(crate) records: Vec<Record>,
+    /// The epoch of the snapshot that wrote the file: every slot stamp in
+    /// it is at most this.
+    pub(crate) epoch: u32,
+}
+
+pub(crate) fn read_verified(root: &Path, checkpoint: u64, file: &StateFile, layout: &SlotLayout) -> Result<Verified> {
+    let what = format!("reading state file {} of checkpoint {checkpoint}", file.path);
+    let bytes = open_mapped(&root.join(&file.path), what)?;
     let corrupt = |page: Option<usize>, expected: u32, actual: u32, what: String| Error::Corrupt {
         checkpoint,
         file: file.path.clone(),
@@ -443,5 +483,6 @@ pub(crate) fn read_verified(
             "whole-file checksum recorded by the checkpoint".into(),
         ));
     }
-    Ok((bytes, records))
+    let epoch = u32_at(&bytes, 32);
+    Ok(Verified { bytes, records, epoch })
 }

@@ -44,6 +44,7 @@ mod arena;
 mod codec;
 mod format;
 mod handle;
+mod index;
 mod list;
 mod map;
 mod options;

@@ -15,11 +15,16 @@ use std::path::Path;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::arena::{Arena, PAGE_HEADER, PAGE_MAGIC};
+use super::arena::{Arena, PAGE_MAGIC, PAGE_TRAILER};
 use super::format::{self, RecordKind};
-use super::handle::{SlotLayout, StateHandle};
+use super::handle::{SlotLayout, StateFile, StateHandle};
 use super::options::StoreOptions;
 use crate::error::{Error, Result};
+
+/// Full pages per positioned write when restoring: 256 pages of 4 KiB make
+/// 1 MiB writes, large enough to amortise the system call and small enough
+/// to spread over rayon's threads.
+const RUN_PAGES: usize = 256;
 
 fn refuse(message: String) -> Error {
     Error::State {
@@ -69,90 +74,117 @@ impl Arena {
             return Err(refuse(format!("no handle covers key group {kg} of {want:?}")));
         }
 
-        for h in handles
-            .iter()
-            .filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end)
-        {
+        let mut max_epoch = 0;
+        for h in handles.iter().filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end) {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
             for file in &h.files {
-                let t = std::time::Instant::now();
-                let (bytes, records) = format::read_verified(root, h.checkpoint_id, file, &layout)?;
-                if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-                    eprintln!("TRACE read+verify {:?} {}", t.elapsed(), bytes.len());
-                }
-                let mut targets = Vec::with_capacity(records.len());
-                for r in &records {
-                    let kg = r.kg as usize;
-                    if !h.key_groups.contains(&kg) {
-                        return Err(refuse(format!(
-                            "file {} holds a page of key group {kg}, outside its handle's {:?}",
-                            file.path, h.key_groups
-                        )));
-                    }
-                    let target = if want.contains(&kg) {
-                        Some(match page_map.get(&r.page) {
-                            Some(&p) => p,
-                            None => {
-                                let p = arena.new_page(kg, false)?;
-                                page_map.insert(r.page, p);
-                                p
-                            }
-                        })
-                    } else {
-                        None
-                    };
-                    targets.push(target);
-                }
-                let writer = arena.page_writer();
-                let spp = layout.slots_per_page();
-                let slot = layout.slot_size as usize;
-                records.par_iter().zip(targets.par_iter()).try_for_each(|(r, target)| {
-                    let Some(target) = *target else { return Ok(()) };
-                    let payload = r.payload(&bytes, &layout);
-                    // SAFETY: `target` was allocated above for this record
-                    // alone (a file holds each page once), so no other
-                    // thread writes it; it spans page_size mapped bytes.
-                    let dst = unsafe { writer.page_ptr(target) };
-                    match r.kind {
-                        RecordKind::Full => {
-                            let head_kg = u32::from_le_bytes(payload[0..4].try_into().expect("4 bytes"));
-                            let magic = u32::from_le_bytes(payload[4..8].try_into().expect("4 bytes"));
-                            if head_kg != r.kg || magic != PAGE_MAGIC {
-                                return Err(refuse(format!(
-                                    "file {}: page {} image has key group {head_kg}, record says {}",
-                                    file.path, r.page, r.kg
-                                )));
-                            }
-                            // SAFETY: dst spans a whole page, payload is one page.
-                            unsafe { std::ptr::copy_nonoverlapping(payload.as_ptr(), dst, payload.len()) };
-                        }
-                        RecordKind::Delta(_) => {
-                            for entry in payload.chunks_exact(4 + slot) {
-                                let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
-                                if i >= spp {
-                                    return Err(refuse(format!(
-                                        "file {}: page {} has slot {i} of {spp}",
-                                        file.path, r.page
-                                    )));
-                                }
-                                // SAFETY: slot i < slots_per_page lies inside the page.
-                                unsafe {
-                                    std::ptr::copy_nonoverlapping(
-                                        entry[4..].as_ptr(),
-                                        dst.add(PAGE_HEADER + i * slot),
-                                        slot,
-                                    )
-                                };
-                            }
-                        }
-                    }
-                    Ok(())
-                })?;
+                let verified = format::read_verified(root, h.checkpoint_id, file, &layout)?;
+                max_epoch = max_epoch.max(verified.epoch);
+                arena.apply_file(h, file, &verified, &mut page_map)?;
             }
         }
-        if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-            eprintln!("TRACE applied");
-        }
+        arena.continue_epochs(max_epoch);
         Ok(arena)
+    }
+
+    /// Applies the verified records of one file of handle `h`; `page_map`
+    /// maps the old store's page numbers to this arena's.
+    fn apply_file(
+        &mut self,
+        h: &StateHandle,
+        file: &StateFile,
+        verified: &format::Verified,
+        page_map: &mut FxHashMap<u32, usize>,
+    ) -> Result<()> {
+        let layout = self.layout;
+        let want = self.opts.key_groups.clone();
+        let bytes = &verified.bytes[..];
+        // Targets, and runs of full pages bound for consecutive new pages
+        // of one segment (written with one positioned write each).
+        let mut runs: Vec<(usize, Vec<usize>)> = Vec::new();
+        let mut deltas: Vec<(usize, usize, bool)> = Vec::new();
+        for (i, r) in verified.records.iter().enumerate() {
+            let kg = r.kg as usize;
+            if !h.key_groups.contains(&kg) {
+                return Err(refuse(format!(
+                    "file {} holds a page of key group {kg}, outside its handle's {:?}",
+                    file.path, h.key_groups
+                )));
+            }
+            if !want.contains(&kg) {
+                continue;
+            }
+            let (target, fresh) = match page_map.get(&r.page) {
+                Some(&p) => (p, false),
+                None => {
+                    let p = self.new_page(kg, false)?;
+                    page_map.insert(r.page, p);
+                    (p, true)
+                }
+            };
+            match r.kind {
+                RecordKind::Full => {
+                    let writer = self.page_writer();
+                    match runs.last_mut() {
+                        Some((first, recs))
+                            if *first + recs.len() == target
+                                && recs.len() < RUN_PAGES
+                                && writer.same_segment(*first, target) =>
+                        {
+                            recs.push(i)
+                        }
+                        _ => runs.push((target, vec![i])),
+                    }
+                }
+                RecordKind::Delta(_) => deltas.push((i, target, fresh)),
+            }
+        }
+        let writer = self.page_writer();
+        let ps = layout.page_size as usize;
+        runs.par_iter().try_for_each(|(first, recs)| {
+            let mut buf = Vec::with_capacity(recs.len() * ps);
+            for &i in recs {
+                let r = &verified.records[i];
+                let payload = r.payload(bytes, &layout);
+                let trailer = &payload[ps - PAGE_TRAILER..];
+                let head_kg = u32::from_le_bytes(trailer[0..4].try_into().expect("4 bytes"));
+                let magic = u32::from_le_bytes(trailer[4..8].try_into().expect("4 bytes"));
+                if head_kg != r.kg || magic != PAGE_MAGIC {
+                    return Err(refuse(format!(
+                        "file {}: page {} image has key group {head_kg}, record says {}",
+                        file.path, r.page, r.kg
+                    )));
+                }
+                buf.extend_from_slice(payload);
+            }
+            writer.write_pages(*first, &buf)
+        })?;
+        let spp = layout.slots_per_page();
+        let slot = layout.slot_size as usize;
+        deltas.par_iter().try_for_each(|&(i, target, fresh)| {
+            let r = &verified.records[i];
+            // SAFETY: `target` was allocated for this record alone (a file
+            // holds each page once), so no other thread writes it; it spans
+            // page_size mapped bytes.
+            let dst = unsafe { writer.page_ptr(target) };
+            if fresh {
+                // A page first seen in an increment: give it its trailer.
+                // SAFETY: the trailer's first 8 bytes lie inside the page.
+                unsafe {
+                    let t = dst.add(ps - PAGE_TRAILER);
+                    t.cast::<u32>().write(r.kg);
+                    t.add(4).cast::<u32>().write(PAGE_MAGIC);
+                }
+            }
+            for entry in r.payload(bytes, &layout).chunks_exact(4 + slot) {
+                let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
+                if i >= spp {
+                    return Err(refuse(format!("file {}: page {} has slot {i} of {spp}", file.path, r.page)));
+                }
+                // SAFETY: slot i < slots_per_page lies inside the page.
+                unsafe { std::ptr::copy_nonoverlapping(entry[4..].as_ptr(), dst.add(i * slot), slot) };
+            }
+            Ok(())
+        })
     }
 }

@@ -29,7 +29,7 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
-use super::arena::{Segment, PAGE_HEADER, SLOT_HEADER};
+use super::arena::{EpochChanges, Segment, PAGE_TRAILER, SEGMENT_BYTES};
 use super::format::{self, Chunk, RecordKind};
 use super::handle::{SlotLayout, StateFile, StateHandle};
 use crate::error::Result;
@@ -54,8 +54,12 @@ pub(crate) struct JobShared {
     page_size: usize,
     claims: Box<[AtomicUsize]>,
     finished: AtomicBool,
+    /// Page copies the task published and the job took: when equal, no
+    /// copy is left to free and dropping skips scanning the claims.
+    copies_made: AtomicUsize,
+    copies_taken: AtomicUsize,
     /// The file the job wrote, once it has.
-    pub(crate) output: Mutex<Option<StateFile>>,
+    pub(crate) output: Arc<Mutex<Option<StateFile>>>,
 }
 
 /// `n` claims, all `PENDING`, without touching their memory: a barrier must
@@ -89,7 +93,9 @@ impl JobShared {
             page_size,
             claims: pending_claims(n_pages),
             finished: AtomicBool::new(false),
-            output: Mutex::new(None),
+            copies_made: AtomicUsize::new(0),
+            copies_taken: AtomicUsize::new(0),
+            output: Arc::new(Mutex::new(None)),
         }
     }
 
@@ -117,7 +123,10 @@ impl JobShared {
                     let copy: Box<[u8]> = unsafe { std::slice::from_raw_parts(src, self.page_size) }.into();
                     let ptr = Box::into_raw(copy) as *mut u8 as usize;
                     match claim.compare_exchange(PENDING, ptr, Ordering::AcqRel, Ordering::Acquire) {
-                        Ok(_) => return,
+                        Ok(_) => {
+                            self.copies_made.fetch_add(1, Ordering::Relaxed);
+                            return;
+                        }
                         // SAFETY: `ptr` was just made from a page-size box and was not published.
                         Err(_) => unsafe { free_copy(ptr, self.page_size) },
                     }
@@ -138,6 +147,9 @@ impl JobShared {
 
 impl Drop for JobShared {
     fn drop(&mut self) {
+        if self.copies_made.get_mut() == self.copies_taken.get_mut() {
+            return;
+        }
         for claim in self.claims.iter_mut() {
             let v = *claim.get_mut();
             if v > DONE {
@@ -172,8 +184,8 @@ pub(crate) enum FailPoint {
 pub struct SnapshotJob {
     pub(crate) shared: Arc<JobShared>,
     pub(crate) segments: Vec<Arc<Segment>>,
-    /// Dirty lists of the epochs in `(base, epoch]`; empty for a full job.
-    pub(crate) lists: Vec<Arc<Vec<u32>>>,
+    /// Changes of the epochs in `(base, epoch]`; empty for a full job.
+    pub(crate) lists: Vec<Arc<EpochChanges>>,
     pub(crate) name: String,
     pub(crate) checkpoint_id: u64,
     pub(crate) layout: SlotLayout,
@@ -257,27 +269,54 @@ impl SnapshotJob {
     }
 
     /// Encodes every needed page into record chunks, in parallel, in a
-    /// deterministic order.
+    /// deterministic order: all pages for a full snapshot; for an
+    /// incremental one the logged slots grouped by page, or, if an epoch
+    /// overflowed its log, the dirty pages with their slot stamps scanned.
     fn capture(&self) -> Vec<Chunk> {
         if self.shared.full {
             let starts: Vec<usize> = (0..self.n_pages).step_by(CHUNK_PAGES).collect();
-            starts
+            return starts
                 .par_iter()
-                .map(|&s| self.capture_pages((s..(s + CHUNK_PAGES).min(self.n_pages)).map(|p| p as u32)))
+                .map(|&s| self.capture_pages((s..(s + CHUNK_PAGES).min(self.n_pages)).map(|p| (p, None))))
+                .collect();
+        }
+        if self.lists.iter().all(|c| c.slots.is_some()) {
+            let mut offsets: Vec<u64> = self
+                .lists
+                .iter()
+                .flat_map(|c| c.slots.as_deref().unwrap_or_default())
+                .copied()
+                .collect();
+            offsets.par_sort_unstable();
+            offsets.dedup();
+            let shift = self.shared.page_size.trailing_zeros();
+            let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+            for (i, &off) in offsets.iter().enumerate() {
+                let page = (off >> shift) as usize;
+                match groups.last_mut() {
+                    Some(g) if g.0 == page => g.2 = i + 1,
+                    _ => groups.push((page, i, i + 1)),
+                }
+            }
+            let offsets = &offsets;
+            groups
+                .par_chunks(CHUNK_PAGES)
+                .map(|gs| self.capture_pages(gs.iter().map(|&(p, a, b)| (p, Some(&offsets[a..b])))))
                 .collect()
         } else {
-            let work: Vec<&[u32]> = self.lists.iter().flat_map(|l| l.chunks(CHUNK_PAGES)).collect();
+            let work: Vec<&[u32]> = self.lists.iter().flat_map(|c| c.pages.chunks(CHUNK_PAGES)).collect();
             work.par_iter()
-                .map(|pages| self.capture_pages(pages.iter().copied()))
+                .map(|pages| self.capture_pages(pages.iter().map(|&p| (p as usize, None))))
                 .collect()
         }
     }
 
-    fn capture_pages(&self, pages: impl Iterator<Item = u32>) -> Chunk {
-        let mut chunk = Chunk::default();
+    /// Captures `(page, changed slot offsets if known)` pairs into a chunk.
+    fn capture_pages<'a>(&self, pages: impl Iterator<Item = (usize, Option<&'a [u64]>)>) -> Chunk {
+        let ps = self.shared.page_size;
+        let mut chunk = Chunk::with_capacity(if self.shared.full { CHUNK_PAGES * (ps + 32) } else { 0 });
         let mut changed = Vec::new();
-        for page in pages {
-            let page = page as usize;
+        for (page, slots) in pages {
             let claim = &self.shared.claims[page];
             let start = match claim.compare_exchange(PENDING, READING, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => {
@@ -285,8 +324,8 @@ impl SnapshotJob {
                     // SAFETY: the page existed at the barrier, so it lies in
                     // a mapping kept alive by `self.segments`; our READING
                     // claim keeps the task from writing it until DONE.
-                    let bytes = unsafe { std::slice::from_raw_parts(src, self.shared.page_size) };
-                    let start = self.encode(page, bytes, &mut chunk, &mut changed);
+                    let bytes = unsafe { std::slice::from_raw_parts(src, ps) };
+                    let start = self.encode(page, bytes, slots, &mut chunk, &mut changed);
                     claim.store(DONE, Ordering::Release);
                     start
                 }
@@ -298,15 +337,11 @@ impl SnapshotJob {
                     {
                         continue;
                     }
+                    self.shared.copies_taken.fetch_add(1, Ordering::Relaxed);
                     // SAFETY: `copy` is a page-size box published by the
                     // task; our successful exchange took it, exactly once.
-                    let copy = unsafe {
-                        Box::from_raw(std::ptr::slice_from_raw_parts_mut(
-                            copy as *mut u8,
-                            self.shared.page_size,
-                        ))
-                    };
-                    self.encode(page, &copy, &mut chunk, &mut changed)
+                    let copy = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(copy as *mut u8, ps)) };
+                    self.encode(page, &copy, slots, &mut chunk, &mut changed)
                 }
             };
             if let Some(start) = start {
@@ -319,45 +354,65 @@ impl SnapshotJob {
 
     fn page_ptr(&self, page: usize) -> *const u8 {
         let off = page * self.shared.page_size;
-        let seg = &self.segments[off / super::arena::SEGMENT_BYTES];
+        let seg = &self.segments[off / SEGMENT_BYTES];
         // SAFETY: the offset within the segment is below its mapped length.
-        unsafe { seg.base().add(off % super::arena::SEGMENT_BYTES) }
+        unsafe { seg.base().add(off % SEGMENT_BYTES) }
     }
 
     /// Appends the record of one page as of the barrier (its CRC still to
-    /// be sealed); returns the record's start, or `None` if nothing of the
-    /// page changed since the base.
-    fn encode(&self, page: usize, src: &[u8], chunk: &mut Chunk, changed: &mut Vec<u32>) -> Option<usize> {
-        let kg = u32::from_le_bytes(src[0..4].try_into().expect("4 bytes"));
+    /// be sealed): the whole page for a full snapshot, else the slots in
+    /// `slots` (offsets) or, if unknown, those stamped after the base; a
+    /// whole page when that is smaller. Returns the record's start, or
+    /// `None` if nothing of the page changed since the base.
+    fn encode(
+        &self,
+        page: usize,
+        src: &[u8],
+        slots: Option<&[u64]>,
+        chunk: &mut Chunk,
+        changed: &mut Vec<u32>,
+    ) -> Option<usize> {
+        let ps = src.len();
+        let kg = u32::from_le_bytes(
+            src[ps - PAGE_TRAILER..ps - PAGE_TRAILER + 4]
+                .try_into()
+                .expect("4 bytes"),
+        );
         if self.shared.full {
             return Some(chunk.push_record(page as u32, kg, RecordKind::Full, &[src]));
         }
         let slot = self.layout.slot_size as usize;
         changed.clear();
-        for i in 0..self.layout.slots_per_page() {
-            let at = PAGE_HEADER + i * slot;
-            let stamp = u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"));
-            debug_assert!(
-                stamp <= self.shared.epoch,
-                "slot written after the barrier was captured"
-            );
-            if stamp > self.shared.base_epoch {
-                changed.push(i as u32);
+        match slots {
+            Some(offsets) => changed.extend(offsets.iter().map(|&o| ((o as usize & (ps - 1)) / slot) as u32)),
+            None => {
+                for i in 0..self.layout.slots_per_page() {
+                    let stamp = u32::from_le_bytes(src[i * slot..i * slot + 4].try_into().expect("4 bytes"));
+                    if stamp > self.shared.base_epoch {
+                        changed.push(i as u32);
+                    }
+                }
             }
         }
         if changed.is_empty() {
             return None;
         }
-        if changed.len() * (4 + slot) >= src.len() {
+        if changed.len() * (4 + slot) >= ps {
             return Some(chunk.push_record(page as u32, kg, RecordKind::Full, &[src]));
         }
         let start = chunk.push_record(page as u32, kg, RecordKind::Delta(changed.len() as u32), &[]);
         for &i in changed.iter() {
-            let at = PAGE_HEADER + i as usize * slot;
+            let at = i as usize * slot;
+            let stamp = u32::from_le_bytes(src[at..at + 4].try_into().expect("4 bytes"));
+            debug_assert!(
+                stamp > self.shared.base_epoch && stamp <= self.shared.epoch,
+                "slot {i} of page {page} stamped {stamp}, outside ({}, {}]",
+                self.shared.base_epoch,
+                self.shared.epoch
+            );
             chunk.bytes.extend_from_slice(&i.to_le_bytes());
             chunk.bytes.extend_from_slice(&src[at..at + slot]);
         }
-        debug_assert!(SLOT_HEADER <= slot);
         Some(start)
     }
 }

@@ -3,11 +3,10 @@
 use std::marker::PhantomData;
 use std::path::Path;
 
-use rustc_hash::FxHashMap;
-
 use super::arena::{Arena, SLOT_HEADER};
 use super::codec::{StateKey, StateValue};
 use super::handle::{SlotLayout, StateHandle, StateKind};
+use super::index::{tag_of, SlotIndex};
 use super::options::StoreOptions;
 use super::snapshot::SnapshotJob;
 use crate::error::{Error, Result};
@@ -43,8 +42,8 @@ use crate::keyed::{key_group, stable_hash};
 pub struct ValueStore<K, V> {
     arena: Arena,
     /// Key to slot offset; rebuilt from the slots on restore.
-    index: FxHashMap<K, u64>,
-    _value: PhantomData<fn() -> V>,
+    index: SlotIndex,
+    _value: PhantomData<fn() -> (K, V)>,
 }
 
 impl<K: StateKey, V: StateValue> ValueStore<K, V> {
@@ -66,7 +65,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let layout = Self::layout(opts.page_size)?;
         Ok(ValueStore {
             arena: Arena::create(opts, layout)?,
-            index: FxHashMap::default(),
+            index: SlotIndex::with_capacity(0)?,
             _value: PhantomData,
         })
     }
@@ -81,9 +80,11 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// files (disk full).
     #[inline]
     pub fn get_or_default(&mut self, key: &K) -> &mut V {
-        let off = match self.index.get(key) {
-            Some(&off) => off,
-            None => self.insert(key),
+        let tag = tag_of(key);
+        let arena = &self.arena;
+        let off = match self.index.find(tag, |off| key.eq_slot(arena.key_area(off))) {
+            Some(off) => off,
+            None => self.insert(key, tag),
         };
         let slot = self.arena.write_slot(off);
         let value_offset = self.arena.layout.value_offset as usize;
@@ -96,7 +97,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     #[cold]
     #[inline(never)]
-    fn insert(&mut self, key: &K) -> u64 {
+    fn insert(&mut self, key: &K, tag: u32) -> u64 {
         let kg = key_group(stable_hash(key), self.arena.opts.max_parallelism);
         assert!(
             self.arena.opts.key_groups.contains(&kg),
@@ -104,25 +105,21 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             self.arena.opts.key_groups
         );
         let off = self.arena.alloc_slot(kg);
-        let (key_bytes, value_offset) = (K::SLOT_BYTES, self.arena.layout.value_offset as usize);
-        let slot = self.arena.write_slot(off);
-        // SAFETY: a free slot of `slot_size` bytes prepared for writing; the
-        // key area is `K::SLOT_BYTES` bytes at SLOT_HEADER and the value area
-        // is aligned for V.
-        unsafe {
-            slot.add(4).cast::<u32>().write(Self::OCCUPIED);
-            key.write_slot(std::slice::from_raw_parts_mut(slot.add(SLOT_HEADER), key_bytes));
-            slot.add(value_offset).cast::<V>().write(V::default());
-        }
-        self.index.insert(key.clone(), off);
+        self.arena.write_entry(off, Self::OCCUPIED, |area| key.write_slot(area), bytemuck::bytes_of(&V::default()));
+        self.index.insert(tag, off);
         off
     }
 
     /// The value of `key`, if present.
     #[inline]
     pub fn get(&self, key: &K) -> Option<&V> {
-        let off = *self.index.get(key)?;
+        let off = self.find(key)?;
         Some(self.value_at(off))
+    }
+
+    #[inline]
+    fn find(&self, key: &K) -> Option<u64> {
+        self.index.find(tag_of(key), |off| key.eq_slot(self.arena.key_area(off)))
     }
 
     fn value_at(&self, off: u64) -> &V {
@@ -132,7 +129,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     /// Removes `key`, returning its value.
     pub fn remove(&mut self, key: &K) -> Option<V> {
-        let off = self.index.remove(key)?;
+        let arena = &self.arena;
+        let off = self.index.remove(tag_of(key), |off| key.eq_slot(arena.key_area(off)))?;
         let value = *self.value_at(off);
         self.arena.clear_slot(off);
         Some(value)
@@ -145,13 +143,14 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     /// Whether there are no keys.
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.index.len() == 0
     }
 
     /// Calls `f` for every key and its value, in no particular order.
     pub fn for_each(&self, mut f: impl FnMut(&K, &V)) {
-        for (k, &off) in &self.index {
-            f(k, self.value_at(off));
+        for off in self.index.offsets() {
+            let key = K::read_slot(self.arena.key_area(off)).expect("an indexed slot holds a valid key");
+            f(&key, self.value_at(off));
         }
     }
 
@@ -181,13 +180,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     pub fn restore(opts: StoreOptions, checkpoint_root: &Path, handles: &[StateHandle]) -> Result<Self> {
         let layout = Self::layout(opts.page_size)?;
         let mut arena = Arena::restore(opts, layout, checkpoint_root, handles)?;
-        let mut index = FxHashMap::default();
+        let mut index = SlotIndex::with_capacity(arena.count_occupied())?;
         let maxp = arena.opts.max_parallelism;
         arena.rebuild(|off, kg, slot| {
             let key = K::read_slot(&slot[SLOT_HEADER..SLOT_HEADER + K::SLOT_BYTES]);
             match key {
                 Some(key) if key_group(stable_hash(&key), maxp) == kg => {
-                    index.insert(key, off);
+                    index.insert(tag_of(&key), off);
                     Ok(())
                 }
                 _ => Err(Error::State {

@@ -1,0 +1,150 @@
+//! Visibility latency: from a record's emission at the source to the moment
+//! a reader of the target can see it.
+//!
+//! A direct sink makes records visible as it writes them. A transactional
+//! sink makes them visible at commit, and [`weir_core::Sink::commit`] gets
+//! no [`SinkContext`] to record into. So transactional sinks keep the
+//! emission stamps of uncommitted records in [`StampRuns`], compressed, turn
+//! them into latencies at commit ([`Visible::add`]), and hand those to the
+//! runtime at the next `write` or `finish` ([`Visible::flush`]).
+//!
+//! Bounded memory: sources stamp whole batches with one clock reading, so
+//! equal stamps come in runs and one run costs one entry. When an epoch holds
+//! more than [`MAX_RUNS`] runs (a rated source stamps every record
+//! differently), runs closer than a resolution are merged and the
+//! resolution doubles: the error of a latency is at most that resolution.
+//! A stamp of 0 means "unknown" and is not recorded.
+
+use weir_core::SinkContext;
+
+/// Most runs kept per epoch: 64 Ki runs of 16 bytes, 1 MiB.
+pub(crate) const MAX_RUNS: usize = 1 << 16;
+
+/// The first resolution used when an epoch overflows [`MAX_RUNS`]: 1 µs.
+const FIRST_RESOLUTION_NS: u64 = 1_000;
+
+/// Emission stamps of one epoch, as runs `(stamp, count)`.
+#[derive(Debug, Default)]
+pub(crate) struct StampRuns {
+    /// Runs in arrival order; a run's stamp is its first record's.
+    runs: Vec<(u64, u64)>,
+    /// Stamps within this many ns of a run's stamp join the run (0: equal only).
+    resolution: u64,
+}
+
+impl StampRuns {
+    /// Notes one record emitted at `stamp`.
+    #[inline]
+    pub(crate) fn push(&mut self, stamp: u64) {
+        if stamp == 0 {
+            return;
+        }
+        if let Some(last) = self.runs.last_mut() {
+            if stamp.abs_diff(last.0) <= self.resolution {
+                last.1 += 1;
+                return;
+            }
+        }
+        if self.runs.len() >= MAX_RUNS {
+            self.coarsen();
+        }
+        self.runs.push((stamp, 1));
+    }
+
+    /// Doubles the resolution and merges runs that are now close enough.
+    #[cold]
+    fn coarsen(&mut self) {
+        self.resolution = (self.resolution * 2).max(FIRST_RESOLUTION_NS);
+        let mut kept = 0;
+        for i in 0..self.runs.len() {
+            let (stamp, count) = self.runs[i];
+            if kept > 0 && stamp.abs_diff(self.runs[kept - 1].0) <= self.resolution {
+                self.runs[kept - 1].1 += count;
+            } else {
+                self.runs[kept] = (stamp, count);
+                kept += 1;
+            }
+        }
+        self.runs.truncate(kept);
+    }
+
+    /// Records counted so far.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
+        self.runs.iter().map(|r| r.1).sum()
+    }
+
+    /// Forgets every stamp, keeping the allocation.
+    pub(crate) fn clear(&mut self) {
+        self.runs.clear();
+        self.resolution = 0;
+    }
+}
+
+/// Latencies of records that became visible, waiting for a [`SinkContext`].
+#[derive(Debug, Default)]
+pub(crate) struct Visible {
+    /// `(latency ns, count)`.
+    pending: Vec<(u64, u64)>,
+}
+
+impl Visible {
+    /// The records of `runs` became visible at `visible_ns`.
+    pub(crate) fn add(&mut self, runs: &StampRuns, visible_ns: u64) {
+        self.pending
+            .extend(runs.runs.iter().map(|&(stamp, n)| (visible_ns.saturating_sub(stamp), n)));
+    }
+
+    /// Hands the pending latencies to the runtime.
+    pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let now = ctx.now_ns();
+        for (latency, n) in self.pending.drain(..) {
+            // `record_latency_n` measures `now - emitted`: shift the stamp so
+            // that the difference is the latency at visibility.
+            ctx.record_latency_n(now.saturating_sub(latency), n);
+        }
+    }
+
+    /// Records waiting to be handed over.
+    #[cfg(test)]
+    pub(crate) fn count(&self) -> u64 {
+        self.pending.iter().map(|r| r.1).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equal_stamps_make_one_run_and_zero_is_ignored() {
+        let mut s = StampRuns::default();
+        for _ in 0..1000 {
+            s.push(5);
+        }
+        s.push(0);
+        s.push(7);
+        assert_eq!(s.runs, vec![(5, 1000), (7, 1)]);
+        assert_eq!(s.count(), 1001);
+        let mut v = Visible::default();
+        v.add(&s, 100);
+        assert_eq!(v.pending, vec![(95, 1000), (93, 1)]);
+    }
+
+    #[test]
+    fn distinct_stamps_stay_bounded_and_counted() {
+        let mut s = StampRuns::default();
+        let n = 5 * MAX_RUNS as u64;
+        for i in 0..n {
+            s.push(1_000_000 + i * 100);
+        }
+        assert!(s.runs.len() <= MAX_RUNS, "{} runs", s.runs.len());
+        assert_eq!(s.count(), n, "no record lost by merging");
+        assert!(s.resolution <= 1_000 * 8, "resolution {} grew too far", s.resolution);
+        s.clear();
+        assert_eq!(s.count(), 0);
+    }
+}
