@@ -245,8 +245,8 @@ fn main() -> Result<(), BoxError> {
         "the sources resumed at the checkpoint's offsets"
     );
     println!(
-        "       the {skipped} orders before checkpoint {resume_from} were not read again; the {} read after it \
-         by run 1 were",
+        "       the {skipped} orders before checkpoint {resume_from} were not read again; the {} that run 1 read \
+         after it were",
         read_before_kill - skipped
     );
 

@@ -372,11 +372,13 @@ fn check_checkpoint(dir: &Path, id: u64, m: &Manifest) -> Vec<String> {
     }
     // The core stops at the first bad file; ask it once per file so that
     // every bad file is reported.
+    let mut one = Manifest {
+        files: Vec::with_capacity(1),
+        ..m.clone()
+    };
     for f in &m.files {
-        let one = Manifest {
-            files: vec![f.clone()],
-            ..m.clone()
-        };
+        one.files.clear();
+        one.files.push(f.clone());
         if let Err(e) = storage::verify_files(dir, &one) {
             problems.push(e);
         }

@@ -148,7 +148,6 @@ impl Parker {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,7 +191,11 @@ mod tests {
             park: Duration::from_micros(10),
         });
         let parks: Vec<bool> = (0..6).map(|_| idler.idle()).collect();
-        assert_eq!(parks, vec![false, false, false, false, true, true], "spin 2, yield 2, then park");
+        assert_eq!(
+            parks,
+            vec![false, false, false, false, true, true],
+            "spin 2, yield 2, then park"
+        );
         assert_eq!(idler.rounds, 6);
         idler.reset();
         assert_eq!(idler.rounds, 0);

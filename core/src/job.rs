@@ -227,14 +227,22 @@ fn prepare(
     root: Option<&Path>,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
-    let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total)).map(|_| Arc::new(Parker::default())).collect();
+    let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total))
+        .map(|_| Arc::new(Parker::default()))
+        .collect();
     let mut ctx = BuildCtx::new(config.clone(), plan, parkers.clone());
     let ckpt = config.checkpointing.as_ref();
     let checkpointing = ckpt.map(|c| {
         let completed = restored.map_or(0, |r| r.manifest.id);
+        // Never reuse an id: folders of earlier runs may remain.
+        let highest = crate::checkpoint::storage::list_ids(&c.dir)
+            .ok()
+            .and_then(|ids| ids.last().copied())
+            .unwrap_or(0);
         let timeout_ns = c.alignment_timeout.map_or(0, |d| d.as_nanos() as u64);
         let (tx, rx) = mpsc::channel();
-        (Arc::new(Signals::new(c.mode, timeout_ns, completed)), rx, tx)
+        let first_id = completed.max(highest) + 1;
+        (Arc::new(Signals::new(c.mode, timeout_ns, completed, first_id)), rx, tx)
     });
     let mut built = Vec::new();
     for (g, group) in plan.groups.iter_mut().enumerate() {
@@ -503,7 +511,7 @@ impl JobRun {
                 self.fingerprint.clone(),
                 self.groups.clone(),
                 prepared.infos.clone(),
-                signals.completed(),
+                signals.first_id,
                 self.retained.clone(),
                 self.shared.stats.clone(),
             )),

@@ -232,11 +232,13 @@ pub(crate) struct HashOutput<T, K, KF> {
     max_parallelism: usize,
     /// Target subtask of every key group: a lookup instead of a division.
     routes: Vec<u32>,
+    /// Index of the `key_by` operator in the chain (names key function panics).
+    op: usize,
     _k: std::marker::PhantomData<fn() -> K>,
 }
 
 impl<T, K, KF> HashOutput<T, K, KF> {
-    pub(crate) fn new(outboxes: Vec<Outbox<T>>, key_fn: KF, max_parallelism: usize) -> Self {
+    pub(crate) fn new(outboxes: Vec<Outbox<T>>, key_fn: KF, max_parallelism: usize, op: usize) -> Self {
         let q = outboxes.len();
         assert!(
             q >= 1 && q <= max_parallelism,
@@ -250,6 +252,7 @@ impl<T, K, KF> HashOutput<T, K, KF> {
             key_fn,
             max_parallelism,
             routes,
+            op,
             _k: std::marker::PhantomData,
         }
     }
@@ -259,6 +262,7 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
     #[inline]
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.records_out += batch.len() as u64;
+        ctx.current_op = self.op;
         let maxp = self.max_parallelism;
         for record in batch.drain(..) {
             let kg = key_group(stable_hash(&(self.key_fn)(&record)), maxp);

@@ -22,8 +22,8 @@ use rustc_hash::FxHashMap;
 use crate::collector::Collector;
 use crate::config::RuntimeConfig;
 use crate::data::Data;
-use crate::idle::Parker;
 use crate::error::{Error, Result};
+use crate::idle::Parker;
 use crate::job::JobHandle;
 use crate::keyed::{KeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
 use crate::message::Message;
@@ -83,6 +83,8 @@ struct Graph {
     dangling: Vec<String>,
     /// Build-time errors recorded by methods that cannot return one.
     errors: Vec<String>,
+    /// Last operators of the streams not consumed yet.
+    open_streams: Vec<String>,
 }
 
 /// The rings of one exchange edge, created at run time and handed out to
@@ -269,6 +271,12 @@ impl Pipeline {
     /// checkpoint to restore from cannot be used.
     pub fn run(self, config: RuntimeConfig) -> Result<JobHandle> {
         config.validate()?;
+        if Rc::strong_count(&self.graph) > 1 {
+            let open = self.graph.borrow().open_streams.join("', '");
+            return Err(Error::InvalidPipeline(format!(
+                "the stream after '{open}' is still open: end every stream with a sink (or drop it) before run"
+            )));
+        }
         let graph = std::mem::take(&mut *self.graph.borrow_mut());
         if let Some(e) = graph.errors.first() {
             return Err(Error::InvalidPipeline(e.clone()));
@@ -299,13 +307,13 @@ impl Pipeline {
             edge_groups: graph
                 .edges
                 .iter()
-                .map(|e| {
-                    (
-                        e.from_group,
-                        e.to_group.expect("no dangling stream, so every edge has a consumer"),
-                    )
+                .enumerate()
+                .map(|(k, e)| {
+                    e.to_group.map(|to| (e.from_group, to)).ok_or_else(|| {
+                        Error::InvalidPipeline(format!("exchange {k} has no consumer: end every stream with a sink"))
+                    })
                 })
-                .collect(),
+                .collect::<Result<_>>()?,
             groups: graph.groups,
         };
         crate::job::start(plan, config)
@@ -328,9 +336,46 @@ struct Guard {
     armed: bool,
 }
 
+impl Guard {
+    fn new(graph: Rc<RefCell<Graph>>, last_op: String) -> Self {
+        graph.borrow_mut().open_streams.push(last_op.clone());
+        Guard {
+            graph,
+            last_op,
+            armed: true,
+        }
+    }
+
+    fn forget_open(&self) {
+        if let Ok(mut g) = self.graph.try_borrow_mut() {
+            if let Some(i) = g.open_streams.iter().position(|n| *n == self.last_op) {
+                g.open_streams.swap_remove(i);
+            }
+        }
+    }
+
+    /// The stream was consumed by an operator, an exchange or a sink.
+    fn disarm(&mut self) {
+        if self.armed {
+            self.armed = false;
+            self.forget_open();
+        }
+    }
+
+    fn rename(&mut self, name: &str) {
+        if let Ok(mut g) = self.graph.try_borrow_mut() {
+            if let Some(n) = g.open_streams.iter_mut().find(|n| **n == self.last_op) {
+                *n = name.to_string();
+            }
+        }
+        self.last_op = name.to_string();
+    }
+}
+
 impl Drop for Guard {
     fn drop(&mut self) {
         if self.armed {
+            self.forget_open();
             if let Ok(mut g) = self.graph.try_borrow_mut() {
                 g.dangling.push(self.last_op.clone());
             }
@@ -362,11 +407,7 @@ impl<T: Send + 'static> Stream<T> {
         input_edges: Vec<EdgeId>,
         chain: ChainFn<T>,
     ) -> Self {
-        let guard = Guard {
-            graph: graph.clone(),
-            last_op: ops.last().cloned().unwrap_or_default(),
-            armed: true,
-        };
+        let guard = Guard::new(graph.clone(), ops.last().cloned().unwrap_or_default());
         Stream {
             graph,
             parallelism,
@@ -399,7 +440,7 @@ impl<T: Send + 'static> Stream<T> {
         if let Some(last) = self.ops.last_mut() {
             *last = name.to_string();
         }
-        self.guard.last_op = name.to_string();
+        self.guard.rename(name);
         self
     }
 
@@ -410,7 +451,7 @@ impl<T: Send + 'static> Stream<T> {
         default_name: &str,
         mut wrap: impl FnMut(usize, usize, Box<dyn Collector<U>>) -> Box<dyn Collector<T>> + Send + 'static,
     ) -> Stream<U> {
-        self.guard.armed = false;
+        self.guard.disarm();
         let op = self.ops.len();
         let mut ops = std::mem::take(&mut self.ops);
         ops.push(default_name.to_string());
@@ -479,7 +520,7 @@ impl<T: Send + 'static> Stream<T> {
         S: Sink<T>,
         F: FnMut(usize) -> S + Send + 'static,
     {
-        self.guard.armed = false;
+        self.guard.disarm();
         let op = self.ops.len();
         let mut ops = std::mem::take(&mut self.ops);
         ops.push(name.to_string());
@@ -506,7 +547,7 @@ impl<T: Send + 'static> Stream<T> {
         to: usize,
         mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Box<dyn Collector<T>> + Send + 'static,
     ) -> EdgeId {
-        self.guard.armed = false;
+        self.guard.disarm();
         let graph = self.graph.clone();
         let mut g = graph.borrow_mut();
         let edge = g.edges.len();
@@ -580,6 +621,12 @@ impl<T: Send + 'static> Stream<T> {
         let graph = self.graph.clone();
         let name = if others.is_empty() { "rebalance" } else { "union" };
         check_parallelism(&graph, name, parallelism);
+        for s in others.iter().filter(|s| !Rc::ptr_eq(&s.graph, &graph)) {
+            let name = s.ops.last().cloned().unwrap_or_default();
+            graph.borrow_mut().errors.push(format!(
+                "union: the stream after '{name}' belongs to another pipeline; build both in the same one"
+            ));
+        }
         let mut edges = Vec::new();
         let mut input_rings = 0;
         for s in std::iter::once(self).chain(others) {
@@ -637,9 +684,19 @@ where
         let p = self.upstream.parallelism;
         let key_fn = self.key_fn;
         let up_key = key_fn.clone();
-        let edge = self.upstream.close_into_edge(q, move |ctx, edge, i| {
+        let mut upstream = self.upstream;
+        // The key function runs at the end of the upstream chain: name it,
+        // so that a panic in it is blamed on `key_by`.
+        let key_op = upstream.ops.len();
+        upstream.ops.push("key_by".to_string());
+        let edge = upstream.close_into_edge(q, move |ctx, edge, i| {
             let maxp = ctx.max_parallelism;
-            Box::new(HashOutput::new(ctx.producers::<T>(edge, i), up_key.clone(), maxp))
+            Box::new(HashOutput::new(
+                ctx.producers::<T>(edge, i),
+                up_key.clone(),
+                maxp,
+                key_op,
+            ))
         });
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.consumers::<T>(edge, j);

@@ -531,7 +531,7 @@ fn hash_exchange_across_threads_sends_each_key_to_one_subtask_in_order() {
             thread::spawn(move || {
                 let start = Instant::now();
                 let (mut ctx, _) = test_ctx(0);
-                let mut out = HashOutput::new(outboxes, |r: &(usize, u64, u64)| r.1, maxp);
+                let mut out = HashOutput::new(outboxes, |r: &(usize, u64, u64)| r.1, maxp, 0);
                 let mut sizes = Lcg(from as u64 + 5);
                 let mut batch = Vec::new();
                 let mut seq = 0;

@@ -46,8 +46,11 @@ pub trait Sink<T>: Send + 'static {
         Ok(Vec::new())
     }
 
-    /// `checkpoint` is complete: make its pre-committed output visible.
-    /// Must be idempotent: recovery may call it again for the same id.
+    /// `checkpoint` is complete: make the output pre-committed at it and at
+    /// every earlier barrier visible (ids may be skipped when checkpoints
+    /// complete in quick succession, and output pre-committed for an
+    /// aborted checkpoint is committed with the next complete one). Must be
+    /// idempotent: recovery may call it again.
     fn commit(&mut self, _checkpoint: u64) -> Result<(), BoxError> {
         Ok(())
     }

@@ -248,7 +248,11 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             injected = self.inject_barriers(ctx)?;
         }
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
-            return Ok(if injected && p == TaskPoll::Idle { TaskPoll::Progress } else { p });
+            return Ok(if injected && p == TaskPoll::Idle {
+                TaskPoll::Progress
+            } else {
+                p
+            });
         }
         if self.phase != Phase::Running {
             // Exhausted, or the final barrier just went out.
@@ -407,38 +411,39 @@ impl<T: Data> InputTask<T> {
         if available <= inbox.scanned {
             return Ok(None);
         }
-        let chunk = inbox
-            .ring
-            .read_chunk(available)
-            .expect("slots() promised this many readable messages");
-        let (a, b) = chunk.as_slices();
         let mut found = None;
         let mut pos = inbox.scanned;
-        while pos < available {
-            let m = if pos < a.len() { &a[pos] } else { &b[pos - a.len()] };
-            pos += 1;
-            match m {
-                Message::Data(r) => {
-                    if let Some(buf) = buffer.as_deref_mut() {
-                        encode_into(r, buf)?;
-                        *records += 1;
+        {
+            // Peek only: the chunk is never committed, so scanning consumes nothing.
+            let chunk = inbox
+                .ring
+                .read_chunk(available)
+                .expect("slots() promised this many readable messages");
+            let (a, b) = chunk.as_slices();
+            while pos < available {
+                let m = if pos < a.len() { &a[pos] } else { &b[pos - a.len()] };
+                pos += 1;
+                match m {
+                    Message::Data(r) => {
+                        if let Some(buf) = buffer.as_deref_mut() {
+                            encode_into(r, buf)?;
+                            *records += 1;
+                        }
                     }
-                }
-                Message::Barrier(bar) if bar.id > inbox.delivered => {
-                    if bar.is_final && buffer.is_none() {
-                        // The final barrier is handled aligned, when read:
-                        // stop in front of it without claiming it.
-                        pos -= 1;
+                    Message::Barrier(bar) if bar.id > inbox.delivered => {
+                        if bar.is_final && buffer.is_none() {
+                            // The final barrier is handled aligned, when read:
+                            // stop in front of it without claiming it.
+                            pos -= 1;
+                            break;
+                        }
+                        found = Some(*bar);
                         break;
                     }
-                    found = Some(*bar);
-                    break;
+                    _ => {}
                 }
-                _ => {}
             }
         }
-        // The chunk is dropped without commit: scanning consumes nothing.
-        drop(chunk);
         inbox.scanned = pos;
         if let Some(bar) = found {
             inbox.ahead = Some(bar.id);
@@ -743,7 +748,9 @@ impl<T: Data> Task for InputTask<T> {
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();
             }
-            if out_of_time {
+            if out_of_time || !self.chain.flush(ctx)? {
+                // Out of time, or output backpressured: read no more this
+                // turn (the collector contract).
                 budget = 0;
             }
             match control {

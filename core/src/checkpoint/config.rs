@@ -168,6 +168,13 @@ impl CheckpointConfig {
             return Err(Error::config("checkpoint.dir", "\"\"", "must name a directory"));
         }
         if let Some(t) = self.alignment_timeout {
+            if t.is_zero() {
+                return Err(Error::config(
+                    "checkpoint.alignment_timeout",
+                    "0",
+                    "must be positive (use None for no timeout)",
+                ));
+            }
             if self.mode != CheckpointMode::Aligned {
                 return Err(Error::config(
                     "checkpoint.alignment_timeout",
@@ -181,9 +188,10 @@ impl CheckpointConfig {
 }
 
 /// What the job does when a task fails.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub enum RestartStrategy {
     /// Fail the job at the first task failure.
+    #[default]
     None,
     /// Restart after a fixed delay, at most `attempts` times in total.
     FixedDelay {
@@ -204,12 +212,6 @@ pub enum RestartStrategy {
         /// Growth factor, at least 1.
         multiplier: f64,
     },
-}
-
-impl Default for RestartStrategy {
-    fn default() -> Self {
-        RestartStrategy::None
-    }
 }
 
 impl RestartStrategy {

@@ -57,6 +57,8 @@ pub(crate) struct Coordinator {
     groups: Vec<ManifestGroup>,
     tasks: Vec<TaskInfo>,
     sources_exhausted: Vec<bool>,
+    /// First id of this attempt; lower ids belong to earlier runs.
+    first_id: u64,
     next_id: u64,
     pending: BTreeMap<u64, Pending>,
     last_trigger: Instant,
@@ -80,7 +82,7 @@ impl Coordinator {
         fingerprint: String,
         groups: Vec<ManifestGroup>,
         tasks: Vec<TaskInfo>,
-        last_completed: u64,
+        first_id: u64,
         retained: VecDeque<u64>,
         stats: Arc<Mutex<CheckpointStats>>,
     ) -> Self {
@@ -95,7 +97,8 @@ impl Coordinator {
             groups,
             tasks,
             sources_exhausted: vec![false; n],
-            next_id: last_completed + 1,
+            first_id,
+            next_id: first_id,
             pending: BTreeMap::new(),
             last_trigger: now,
             last_completion: now,
@@ -179,8 +182,11 @@ impl Coordinator {
             Event::Ack(ack) => {
                 let id = ack.id;
                 let Some(p) = self.pending.get_mut(&id) else {
-                    // Late ack of an aborted checkpoint: its folder is gone
-                    // or going; remove what the task just wrote.
+                    // Late ack of an aborted checkpoint of this attempt: its
+                    // folder is gone or going; remove what the task wrote.
+                    if id < self.first_id || self.retained.contains(&id) {
+                        return Ok(());
+                    }
                     let _ = storage::remove_checkpoint(&self.root, id);
                     let fence = self.next_id.saturating_sub(1);
                     self.doomed
@@ -394,6 +400,7 @@ impl Coordinator {
             for id in self.retained.drain(..) {
                 let _ = storage::remove_checkpoint(&self.root, id);
             }
+            let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
         }
     }
 

@@ -37,13 +37,18 @@ pub(crate) struct Signals {
     aborted: Mutex<Vec<u64>>,
     /// Alignment timeout in nanoseconds (0: none).
     pub(crate) alignment_timeout_ns: u64,
+    /// The first checkpoint id of this attempt: lower ids belong to earlier
+    /// runs and are never injected.
+    pub(crate) first_id: u64,
 }
 
 impl Signals {
-    pub(crate) fn new(mode: CheckpointMode, alignment_timeout_ns: u64, completed: u64) -> Self {
+    pub(crate) fn new(mode: CheckpointMode, alignment_timeout_ns: u64, completed: u64, first_id: u64) -> Self {
+        debug_assert!(first_id > completed);
         Signals {
             mode,
-            triggered: AtomicU64::new(completed),
+            first_id,
+            triggered: AtomicU64::new(first_id - 1),
             trigger_ns: std::array::from_fn(|_| AtomicU64::new(0)),
             final_id: AtomicU64::new(0),
             completed: AtomicU64::new(completed),

@@ -57,10 +57,11 @@ use crate::error::{Error, Result};
 pub(crate) const SEGMENT_BYTES: usize = 16 << 20;
 const SEGMENT_SHIFT: u32 = SEGMENT_BYTES.trailing_zeros();
 
-/// Bytes at the end of every page: the key group (u32 LE), the page magic
-/// (u32 LE), eight reserved zero bytes. At the end rather than the start so
-/// that slots start at the page's first byte: a 32-byte slot then never
-/// straddles two cache lines.
+/// Bytes at the end of every page: the key group, the page magic, the
+/// table generation and the page's position in its key group's table (all
+/// u32 LE; generation and position are 0 for pages not in a table). At the
+/// end rather than the start so that slots start at the page's first byte:
+/// a 32-byte slot then never straddles two cache lines.
 pub(crate) const PAGE_TRAILER: usize = 16;
 /// Marks an initialised page: b"WPG1" little-endian.
 pub(crate) const PAGE_MAGIC: u32 = u32::from_le_bytes(*b"WPG1");
@@ -242,6 +243,8 @@ pub(crate) struct Arena {
     page_epoch: Vec<u32>,
     /// Per owned key group (index `kg - key_groups.start`).
     groups: Vec<GroupAlloc>,
+    /// Pages given back by [`Self::release_page`], reused before new ones.
+    free_pages: Vec<u32>,
     /// The current epoch, >= 1.
     epoch: u32,
     /// Pages first written in the current epoch.
@@ -287,6 +290,7 @@ impl Arena {
             bases: Vec::new(),
             page_epoch: Vec::new(),
             groups,
+            free_pages: Vec::new(),
             epoch: 1,
             dirty: Vec::new(),
             log: Vec::new(),
@@ -420,9 +424,7 @@ impl Arena {
             g.next += slot;
             return g.next - slot;
         }
-        let page = self
-            .new_page(kg, true)
-            .unwrap_or_else(|e| panic!("state store cannot grow: {e}"));
+        let page = self.new_page(kg, 0, 0);
         let first = self.slot_offset(page, 0);
         let g = &mut self.groups[gi];
         g.next = first + slot;
@@ -448,13 +450,23 @@ impl Arena {
     }
 
     /// Clears the slot at `off` (all but the epoch stamp, which tells the
-    /// next snapshot it changed) and returns it to its free list.
+    /// next snapshot it changed).
     pub(crate) fn clear_slot(&mut self, off: u64) {
         let slot_size = self.slot_size;
         let p = self.write_slot(off);
         // SAFETY: as in `write_entry`.
         unsafe { std::ptr::write_bytes(p.add(4), 0, slot_size - 4) };
-        self.free_slot(off);
+    }
+
+    /// Copies the slot at `from` (all but its stamp) over the slot at `to`.
+    pub(crate) fn copy_slot(&mut self, from: u64, to: u64) {
+        debug_assert_ne!(from, to);
+        let slot_size = self.slot_size;
+        let dst = self.write_slot(to);
+        let src = self.ptr(from);
+        // SAFETY: both are slots of allocated pages, distinct, so the ranges
+        // do not overlap; `to` is prepared for writing, `from` only read.
+        unsafe { std::ptr::copy_nonoverlapping(src.add(4), dst.add(4), slot_size - 4) };
     }
 
     /// The encoded value of an occupied codec slot (meta word = 1 + length).
@@ -479,15 +491,58 @@ impl Arena {
         (unsafe { p.cast::<u32>().read() }) as usize
     }
 
-    /// Appends a page owned by `kg`. A `dirty` page (a new one) gets its
-    /// trailer and joins the current epoch's dirty list; otherwise (restore)
-    /// the page is not touched, its content and trailer come from a file,
-    /// and it starts at epoch 0.
-    pub(crate) fn new_page(&mut self, kg: usize, dirty: bool) -> Result<usize> {
+    /// A page for key group `kg` at position `pos` of table generation
+    /// `gen` (both 0 outside tables): a released page if any, else a new
+    /// one. The page is initialised through the copy-on-write path: every
+    /// slot cleared and stamped with the current epoch (so the next
+    /// snapshot carries the page whole, trailer included), then the
+    /// trailer written.
+    ///
+    /// # Panics
+    ///
+    /// If a new segment file cannot be created or mapped (disk full,
+    /// working directory gone): callers on the hot path have no error
+    /// channel, and a store that cannot grow cannot go on.
+    pub(crate) fn new_page(&mut self, kg: usize, gen: u32, pos: u32) -> usize {
         debug_assert!(self.opts.key_groups.contains(&kg));
+        let page = match self.free_pages.pop() {
+            Some(page) => page as usize,
+            None => self
+                .append_page(self.epoch)
+                .unwrap_or_else(|e| panic!("state store cannot grow: {e}")),
+        };
+        if self.page_epoch[page] != self.epoch {
+            self.first_write(page);
+        }
+        for i in 0..self.slots_per_page {
+            let off = self.slot_offset(page, i);
+            let p = self.write_slot(off);
+            // SAFETY: a slot of an allocated page prepared for writing.
+            unsafe { std::ptr::write_bytes(p.add(4), 0, self.slot_size - 4) };
+        }
+        let base = (page as u64) << self.page_shift;
+        let t = self.ptr(base + (self.opts.page_size - PAGE_TRAILER) as u64);
+        // SAFETY: the trailer's 16 bytes lie in the page, which
+        // `first_write` made safe to write in this epoch.
+        unsafe {
+            for (i, w) in [kg as u32, PAGE_MAGIC, gen, pos].into_iter().enumerate() {
+                t.add(4 * i).cast::<u32>().write(w);
+            }
+        }
+        page
+    }
+
+    /// Appends an untouched page (mapping a new segment when needed) that
+    /// starts at `epoch`: the current one for new pages (which joins the
+    /// dirty list), 0 for restored ones, whose content comes from a file.
+    pub(crate) fn append_page(&mut self, epoch: u32) -> Result<usize> {
         let page = self.page_epoch.len();
         assert!(page < u32::MAX as usize, "state store exceeds 2^32 pages");
         let off = (page as u64) << self.page_shift;
+        assert!(
+            off + (self.opts.page_size as u64) < super::index::MAX_ARENA_BYTES,
+            "state store exceeds 32 GiB"
+        );
         if (off >> SEGMENT_SHIFT) as usize == self.segments.len() {
             let path = self
                 .opts
@@ -497,20 +552,26 @@ impl Arena {
             self.bases.push(seg.base);
             self.segments.push(Arc::new(seg));
         }
-        if dirty {
-            let p = self.ptr(off + (self.opts.page_size - PAGE_TRAILER) as u64);
-            // SAFETY: a new page lies past every job's captured range and in
-            // a freshly mapped, 8-aligned region; nothing else references it.
-            unsafe {
-                p.cast::<u32>().write(kg as u32);
-                p.add(4).cast::<u32>().write(PAGE_MAGIC);
-            }
-        }
-        self.page_epoch.push(if dirty { self.epoch } else { 0 });
-        if dirty {
+        self.page_epoch.push(epoch);
+        if epoch == self.epoch {
             self.dirty.push(page as u32);
         }
         Ok(page)
+    }
+
+    /// Gives a page back for reuse by [`Self::new_page`]. Its bytes stay
+    /// as they are until then (a snapshot may still capture them; restore
+    /// ignores them by their old table generation).
+    pub(crate) fn release_page(&mut self, page: usize) {
+        self.free_pages.push(page as u32);
+    }
+
+    /// A page's trailer: key group, table generation, table position.
+    pub(crate) fn page_trailer(&self, page: usize) -> (usize, u32, u32) {
+        let t = self.ptr(((page as u64 + 1) << self.page_shift) - PAGE_TRAILER as u64);
+        // SAFETY: the trailer of an allocated page lies in a live mapping.
+        let w = |i: usize| unsafe { t.add(4 * i).cast::<u32>().read() };
+        (w(0) as usize, w(2), w(3))
     }
 
     /// Raw page addresses for a restore that fills pages in parallel.

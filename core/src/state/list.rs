@@ -141,6 +141,7 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         let Some(list) = self.index.remove(key) else { return 0 };
         for &off in &list.slots {
             self.arena.clear_slot(off);
+            self.arena.free_slot(off);
         }
         self.elements -= list.slots.len();
         list.slots.len()

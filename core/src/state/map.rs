@@ -165,6 +165,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
             self.index.remove(key);
         }
         self.arena.clear_slot(off);
+        self.arena.free_slot(off);
         self.entries -= 1;
         true
     }
@@ -174,6 +175,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         let Some(map) = self.index.remove(key) else { return 0 };
         for &off in map.values() {
             self.arena.clear_slot(off);
+            self.arena.free_slot(off);
         }
         self.entries -= map.len();
         map.len()

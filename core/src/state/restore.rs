@@ -75,7 +75,10 @@ impl Arena {
         }
 
         let mut max_epoch = 0;
-        for h in handles.iter().filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end) {
+        for h in handles
+            .iter()
+            .filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end)
+        {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
             for file in &h.files {
                 let verified = format::read_verified(root, h.checkpoint_id, file, &layout)?;
@@ -179,7 +182,10 @@ impl Arena {
             for entry in r.payload(bytes, &layout).chunks_exact(4 + slot) {
                 let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
                 if i >= spp {
-                    return Err(refuse(format!("file {}: page {} has slot {i} of {spp}", file.path, r.page)));
+                    return Err(refuse(format!(
+                        "file {}: page {} has slot {i} of {spp}",
+                        file.path, r.page
+                    )));
                 }
                 // SAFETY: slot i < slots_per_page lies inside the page.
                 unsafe { std::ptr::copy_nonoverlapping(entry[4..].as_ptr(), dst.add(i * slot), slot) };

@@ -105,7 +105,12 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             self.arena.opts.key_groups
         );
         let off = self.arena.alloc_slot(kg);
-        self.arena.write_entry(off, Self::OCCUPIED, |area| key.write_slot(area), bytemuck::bytes_of(&V::default()));
+        self.arena.write_entry(
+            off,
+            Self::OCCUPIED,
+            |area| key.write_slot(area),
+            bytemuck::bytes_of(&V::default()),
+        );
         self.index.insert(tag, off);
         off
     }
@@ -119,7 +124,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     #[inline]
     fn find(&self, key: &K) -> Option<u64> {
-        self.index.find(tag_of(key), |off| key.eq_slot(self.arena.key_area(off)))
+        self.index
+            .find(tag_of(key), |off| key.eq_slot(self.arena.key_area(off)))
     }
 
     fn value_at(&self, off: u64) -> &V {

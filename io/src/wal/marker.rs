@@ -1,0 +1,223 @@
+//! The commit marker of a WAL sink subtask: the last committed epoch and
+//! the log position where its records end.
+//!
+//! The marker file holds two 40-byte slots; writes alternate between them
+//! and each is fsynced, so a write torn by a crash damages only the slot
+//! being written while the other still holds the previous marker. A
+//! reader takes the valid slot with the higher write counter. Slot layout
+//! (little-endian):
+//!
+//! ```text
+//! crc32 u32 (of bytes 4..40) | magic "WMK1" | counter u64 | epoch u64 | seg u64 | off u64
+//! ```
+//!
+//! Both slots damaged is corruption and is reported; an all-zero slot was
+//! never written. The file is created (zeroed, fsynced, its folder fsynced)
+//! before the first marker is written into it.
+
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use super::codec::WalPos;
+use crate::error::IoContext;
+use crate::fsutil::{fault, sync_dir};
+use crate::{Error, Result};
+
+/// Bytes of one slot.
+const SLOT_BYTES: usize = 40;
+const MAGIC: &[u8; 4] = b"WMK1";
+
+/// Fault point before a marker slot is written and fsynced.
+pub const FAULT_MARKER: &str = "wal.commit.marker";
+
+/// A committed epoch and where its records end in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Committed {
+    /// Every epoch up to this one is committed.
+    pub epoch: u64,
+    /// End of the committed records; uncommitted ones start here.
+    pub pos: WalPos,
+}
+
+/// The marker file of one sink subtask.
+#[derive(Debug)]
+pub(crate) struct Marker {
+    path: PathBuf,
+    file: Option<File>,
+    /// Counter of the last slot written or read.
+    counter: u64,
+}
+
+enum Slot {
+    Empty,
+    Valid(u64, Committed),
+    Bad(String),
+}
+
+fn decode_slot(b: &[u8]) -> Slot {
+    if b.iter().all(|&x| x == 0) {
+        return Slot::Empty;
+    }
+    let stored = u32::from_le_bytes(b[0..4].try_into().expect("4 bytes"));
+    let actual = crc32fast::hash(&b[4..SLOT_BYTES]);
+    if stored != actual || &b[4..8] != MAGIC {
+        return Slot::Bad(format!(
+            "marker slot CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+        ));
+    }
+    let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    Slot::Valid(
+        u64_at(8),
+        Committed {
+            epoch: u64_at(16),
+            pos: WalPos {
+                seg: u64_at(24),
+                off: u64_at(32),
+            },
+        },
+    )
+}
+
+impl Marker {
+    /// Reads the marker at `path`; `None` if there is none yet.
+    pub(crate) fn open(path: PathBuf) -> Result<(Self, Option<Committed>)> {
+        let mut bytes = Vec::new();
+        match File::open(&path) {
+            Ok(mut f) => {
+                f.read_to_end(&mut bytes).ctx("read", &path)?;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((
+                    Marker {
+                        path,
+                        file: None,
+                        counter: 0,
+                    },
+                    None,
+                ))
+            }
+            Err(e) => return Err(Error::io("open", &path, e)),
+        }
+        if bytes.len() != 2 * SLOT_BYTES {
+            return Err(Error::corrupt(
+                "commit marker",
+                &path,
+                0,
+                format!("file is {} bytes, expected {}", bytes.len(), 2 * SLOT_BYTES),
+            ));
+        }
+        let a = decode_slot(&bytes[..SLOT_BYTES]);
+        let b = decode_slot(&bytes[SLOT_BYTES..]);
+        let best = match (a, b) {
+            (Slot::Valid(ca, va), Slot::Valid(cb, vb)) => Some(if ca >= cb { (ca, va) } else { (cb, vb) }),
+            (Slot::Valid(c, v), _) | (_, Slot::Valid(c, v)) => Some((c, v)),
+            // Never written, or the very first write was torn by a crash
+            // before its fsync returned: no commit was recorded.
+            (Slot::Empty, Slot::Empty) | (Slot::Empty, Slot::Bad(_)) | (Slot::Bad(_), Slot::Empty) => None,
+            (Slot::Bad(reason), Slot::Bad(_)) => {
+                return Err(Error::corrupt("commit marker", &path, 0, format!("both slots damaged: {reason}")))
+            }
+        };
+        let counter = best.map_or(0, |(c, _)| c);
+        Ok((
+            Marker {
+                path,
+                file: None,
+                counter,
+            },
+            best.map(|(_, v)| v),
+        ))
+    }
+
+    /// Durably records `value`.
+    pub(crate) fn write(&mut self, value: Committed) -> Result<()> {
+        if self.file.is_none() {
+            self.file = Some(self.open_for_write()?);
+        }
+        let file = self.file.as_mut().expect("opened above");
+        self.counter += 1;
+        let mut slot = [0u8; SLOT_BYTES];
+        slot[4..8].copy_from_slice(MAGIC);
+        slot[8..16].copy_from_slice(&self.counter.to_le_bytes());
+        slot[16..24].copy_from_slice(&value.epoch.to_le_bytes());
+        slot[24..32].copy_from_slice(&value.pos.seg.to_le_bytes());
+        slot[32..40].copy_from_slice(&value.pos.off.to_le_bytes());
+        let crc = crc32fast::hash(&slot[4..]);
+        slot[0..4].copy_from_slice(&crc.to_le_bytes());
+        let at = (self.counter % 2) * SLOT_BYTES as u64;
+        fault(FAULT_MARKER, "write commit marker", &self.path)?;
+        file.seek(SeekFrom::Start(at))
+            .and_then(|_| file.write_all(&slot))
+            .and_then(|_| file.sync_data())
+            .ctx("write commit marker", &self.path)
+    }
+
+    /// Opens the marker file, creating it zeroed and durable if absent.
+    fn open_for_write(&self) -> Result<File> {
+        if let Ok(f) = OpenOptions::new().write(true).open(&self.path) {
+            return Ok(f);
+        }
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&self.path)
+            .ctx("create", &self.path)?;
+        f.write_all(&[0; 2 * SLOT_BYTES])
+            .and_then(|_| f.sync_all())
+            .ctx("initialize", &self.path)?;
+        sync_dir(self.path.parent().unwrap_or(Path::new(".")), FAULT_MARKER)?;
+        Ok(f)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(epoch: u64) -> Committed {
+        Committed {
+            epoch,
+            pos: WalPos { seg: epoch, off: 100 },
+        }
+    }
+
+    #[test]
+    fn latest_write_wins_and_a_torn_slot_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("committed");
+        let (mut m, none) = Marker::open(path.clone()).unwrap();
+        assert_eq!(none, None);
+        for e in 1..=3 {
+            m.write(value(e)).unwrap();
+            assert_eq!(Marker::open(path.clone()).unwrap().1, Some(value(e)));
+        }
+        // Write 3 went to slot 1; tear it: the marker is write 2's.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[SLOT_BYTES + 20] ^= 0xff;
+        std::fs::write(&path, &bytes).unwrap();
+        let (mut m, v) = Marker::open(path.clone()).unwrap();
+        assert_eq!(v, Some(value(2)));
+        // Writing goes on after the torn slot.
+        m.write(value(4)).unwrap();
+        assert_eq!(Marker::open(path.clone()).unwrap().1, Some(value(4)));
+        // Both slots damaged: reported with the file.
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[10] ^= 1;
+        bytes[SLOT_BYTES + 10] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let e = Marker::open(path.clone()).unwrap_err().to_string();
+        assert!(e.contains("commit marker") && e.contains("committed"), "{e}");
+    }
+
+    #[test]
+    fn a_torn_first_write_means_no_marker() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("committed");
+        let mut bytes = vec![0u8; 2 * SLOT_BYTES];
+        bytes[SLOT_BYTES + 3] = 7;
+        std::fs::write(&path, &bytes).unwrap();
+        assert_eq!(Marker::open(path).unwrap().1, None);
+    }
+}
