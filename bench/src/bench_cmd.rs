@@ -145,29 +145,23 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             keys: args.keys,
             parallelism,
             seed: args.seed,
+            slow_ns: 0,
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
         }
         let (dir, temporary) = match &args.checkpoint_dir {
             Some(d) => (d.clone(), false),
-            None => (
-                std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), clock::now_ns())),
-                true,
-            ),
+            None => (temp_checkpoint_dir(), true),
         };
-        let config = RuntimeConfig {
-            workers: args.workers.unwrap_or(cores),
-            ring_capacity: args.ring_capacity,
-            batch_size: args.batch_size,
-            checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
-                interval: Duration::from_millis(args.checkpoint_interval_ms),
-                restore: weir_core::RestoreFrom::Nothing,
-                retained: 1,
-                ..CheckpointConfig::new(m, &dir)
-            }),
-            ..RuntimeConfig::default()
-        };
+        let config = runtime_config(
+            args.workers.unwrap_or(cores),
+            args.ring_capacity,
+            args.batch_size,
+            args.mode,
+            args.checkpoint_interval_ms,
+            &dir,
+        );
         let result = run_one(&spec, config, args.mode);
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
@@ -182,7 +176,50 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
     Ok(results)
 }
 
+/// One run's result with the raw data behind it (for plots).
+pub struct RunOutput {
+    /// The row.
+    pub result: BenchResult,
+    /// End-to-end latency, nanoseconds.
+    pub latency_ns: hdrhistogram::Histogram<u64>,
+    /// Completed checkpoints: (trigger time ms since start, duration ms).
+    pub checkpoint_durations: Vec<(f64, f64)>,
+}
+
+/// The runtime configuration of a benchmark run.
+pub fn runtime_config(
+    workers: usize,
+    ring_capacity: usize,
+    batch_size: usize,
+    mode: Mode,
+    interval_ms: u64,
+    dir: &std::path::Path,
+) -> RuntimeConfig {
+    RuntimeConfig {
+        workers,
+        ring_capacity,
+        batch_size,
+        checkpointing: mode.checkpoint_mode().map(|m| CheckpointConfig {
+            interval: Duration::from_millis(interval_ms),
+            restore: weir_core::RestoreFrom::Nothing,
+            retained: 1,
+            ..CheckpointConfig::new(m, dir)
+        }),
+        ..RuntimeConfig::default()
+    }
+}
+
+/// A fresh temporary checkpoint folder for one run.
+pub fn temp_checkpoint_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), clock::now_ns()))
+}
+
 fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult, CliError> {
+    run_one_full(spec, config, mode).map(|o| o.result)
+}
+
+/// Runs one benchmark job and checks its output count.
+pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOutput, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
     // Every generator subtask shares one schedule origin, slightly in the
@@ -202,7 +239,7 @@ fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult
         )));
     }
     let seconds = result.elapsed.as_secs_f64();
-    Ok(BenchResult {
+    let row = BenchResult {
         pipeline: spec.kind.name(),
         mode: mode.name(),
         parallelism: spec.parallelism,
@@ -218,11 +255,22 @@ fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult
             .checkpoint_mode()
             .map(|_| CheckpointSummary::from_stats(&result.metrics.checkpoints)),
         machine: Machine::here(),
+    };
+    Ok(RunOutput {
+        result: row,
+        checkpoint_durations: result
+            .metrics
+            .checkpoints
+            .history
+            .iter()
+            .map(|r| (r.trigger_ms, r.duration_us as f64 / 1e3))
+            .collect(),
+        latency_ns: result.metrics.latency_ns,
     })
 }
 
 /// Shows a progress bar on a terminal until the job ends.
-fn watch(job: &JobHandle, events: u64) {
+pub fn watch(job: &JobHandle, events: u64) {
     let terminal = std::io::stderr().is_terminal();
     let bar = terminal.then(|| {
         let b = ProgressBar::new(events);

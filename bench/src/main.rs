@@ -2,8 +2,10 @@
 
 mod bench_cmd;
 mod checkpoints_cmd;
+mod compare_cmd;
 mod event;
 mod pipelines;
+mod plot;
 mod report;
 
 use clap::{Parser, Subcommand};
@@ -18,6 +20,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Compare checkpoint modes (none, at-least-once, aligned, unaligned)
+    /// on one pipeline: throughput, latency, checkpoints; table, JSON, SVG.
+    Compare(compare_cmd::CompareArgs),
     /// Run a benchmark job and print throughput and latency.
     Bench(bench_cmd::BenchArgs),
     /// List, inspect and verify the checkpoints in a checkpoint directory.
@@ -25,8 +30,19 @@ enum Command {
 }
 
 fn main() {
+    // Logs (failures, restarts, checkpoints restored from) go to stderr;
+    // WEIR_LOG sets the filter (default: info).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WEIR_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    weir_core::fault::arm_from_env();
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Compare(args) => compare_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args).map(|_| ()),
         Command::Checkpoints(args) => checkpoints_cmd::run(args),
     };

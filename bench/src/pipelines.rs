@@ -53,6 +53,17 @@ pub struct Spec {
     pub parallelism: usize,
     /// Generator seed.
     pub seed: u64,
+    /// Keyed only: a slow operator after the keyed one, spinning this many
+    /// nanoseconds per record (the backpressure scenario); 0 for none.
+    pub slow_ns: u64,
+}
+
+/// Busy-waits `ns` nanoseconds (a slow operator's work).
+fn spin_for(ns: u64) {
+    let start = weir_core::clock::now_ns();
+    while weir_core::clock::now_ns() - start < ns {
+        std::hint::spin_loop();
+    }
 }
 
 /// Counts records and records their latency, one histogram update per run
@@ -150,15 +161,28 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             })
             .filter(|e: &Event| e.seq % 16 != 15)
             .sink("count", sink),
-        Kind::Keyed => events
-            .key_by(|e: &Event| e.key)
-            .parallelism(p)
-            .process(|_key: &u64, sum: &mut u64, e: Event, out| {
-                *sum = sum.wrapping_add(e.value);
-                out.emit(Event { value: *sum, ..e });
-            })
-            .name("running-sum")
-            .sink("count", sink),
+        Kind::Keyed => {
+            let slow_ns = spec.slow_ns;
+            let summed = events
+                .key_by(|e: &Event| e.key)
+                .parallelism(p)
+                .process(|_key: &u64, sum: &mut u64, e: Event, out| {
+                    *sum = sum.wrapping_add(e.value);
+                    out.emit(Event { value: *sum, ..e });
+                })
+                .name("running-sum");
+            if slow_ns > 0 {
+                summed
+                    .map(move |e: Event| {
+                        spin_for(slow_ns);
+                        e
+                    })
+                    .name("slow")
+                    .sink("count", sink)
+            } else {
+                summed.sink("count", sink)
+            }
+        }
     }
     pipeline
 }

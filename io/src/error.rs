@@ -77,12 +77,10 @@ pub enum Error {
         reason: String,
     },
     /// The state a sink stored in a checkpoint cannot be used.
-    #[error("sink '{sink}' subtask {subtask}: bad state in checkpoint {checkpoint}: {reason}")]
+    #[error("{sink}: bad state in checkpoint {checkpoint}: {reason}")]
     BadState {
-        /// The kind of sink.
-        sink: &'static str,
-        /// The sink subtask.
-        subtask: usize,
+        /// The sink (kind and subtask, where known).
+        sink: String,
         /// The checkpoint being restored.
         checkpoint: u64,
         /// What is wrong.

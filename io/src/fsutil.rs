@@ -28,9 +28,7 @@ pub(crate) fn fault(name: &str, op: &str, path: &Path) -> Result<()> {
 /// survive a crash.
 pub(crate) fn sync_dir(dir: &Path, fault_point: &str) -> Result<()> {
     fault(fault_point, "fsync folder", dir)?;
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("fsync folder", dir)
+    File::open(dir).and_then(|d| d.sync_all()).ctx("fsync folder", dir)
 }
 
 /// Creates `dir` (and missing parents) and makes its entry durable.

@@ -91,8 +91,11 @@ pub(crate) struct Visible {
 impl Visible {
     /// The records of `runs` became visible at `visible_ns`.
     pub(crate) fn add(&mut self, runs: &StampRuns, visible_ns: u64) {
-        self.pending
-            .extend(runs.runs.iter().map(|&(stamp, n)| (visible_ns.saturating_sub(stamp), n)));
+        self.pending.extend(
+            runs.runs
+                .iter()
+                .map(|&(stamp, n)| (visible_ns.saturating_sub(stamp), n)),
+        );
     }
 
     /// Hands the pending latencies to the runtime.
@@ -112,6 +115,26 @@ impl Visible {
     #[cfg(test)]
     pub(crate) fn count(&self) -> u64 {
         self.pending.iter().map(|r| r.1).sum()
+    }
+}
+
+/// Records the latency of `batch`, visible now: one histogram update per
+/// run of equal stamps (sources stamp whole batches with one reading).
+#[inline]
+pub(crate) fn record_visible<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
+    let mut run = (0u64, 0u64);
+    for r in batch {
+        let stamp = emitted_ns(r);
+        if stamp != run.0 {
+            if run.0 != 0 {
+                ctx.record_latency_n(run.0, run.1);
+            }
+            run = (stamp, 0);
+        }
+        run.1 += 1;
+    }
+    if run.0 != 0 {
+        ctx.record_latency_n(run.0, run.1);
     }
 }
 

@@ -259,7 +259,10 @@ mod tests {
             }
         }
         assert_eq!(all.len(), 50_000);
-        assert!(all.iter().enumerate().all(|(i, r)| r.0 == i as u64 + 1 && r.1 == format!("line {i}")));
+        assert!(all
+            .iter()
+            .enumerate()
+            .all(|(i, r)| r.0 == i as u64 + 1 && r.1 == format!("line {i}")));
     }
 
     #[test]

@@ -51,6 +51,10 @@ use super::options::StoreOptions;
 use super::snapshot::{JobShared, SnapshotJob};
 use crate::error::{Error, Result};
 
+/// The largest arena: 32 GiB, so that slot offsets fit comfortably in
+/// every index and page numbers in 32 bits.
+pub(crate) const MAX_ARENA_BYTES: u64 = 32 << 30;
+
 /// Bytes per mapped segment file: 16 MiB, a power of two so that the
 /// segment of an offset is a shift. Small enough that a store of a few keys
 /// maps little; large enough that 1 GiB is 64 mappings.
@@ -335,6 +339,18 @@ impl Arena {
         unsafe { std::slice::from_raw_parts(self.ptr(off), self.slot_size) }
     }
 
+    /// The page holding the slot at `off`.
+    #[inline(always)]
+    pub(crate) fn page_of(&self, off: u64) -> usize {
+        (off >> self.page_shift) as usize
+    }
+
+    /// The index within its page of the slot at `off`.
+    #[inline]
+    pub(crate) fn slot_index(&self, off: u64) -> usize {
+        (off as usize & (self.opts.page_size - 1)) / self.slot_size
+    }
+
     /// The key area of the slot at `off`, for comparing keys.
     #[inline(always)]
     pub(crate) fn key_area(&self, off: u64) -> &[u8] {
@@ -540,7 +556,7 @@ impl Arena {
         assert!(page < u32::MAX as usize, "state store exceeds 2^32 pages");
         let off = (page as u64) << self.page_shift;
         assert!(
-            off + (self.opts.page_size as u64) < super::index::MAX_ARENA_BYTES,
+            off + (self.opts.page_size as u64) < MAX_ARENA_BYTES,
             "state store exceeds 32 GiB"
         );
         if (off >> SEGMENT_SHIFT) as usize == self.segments.len() {
@@ -589,26 +605,6 @@ impl Arena {
         debug_assert!(self.in_flight.is_empty() && self.history.is_empty());
         assert!(max_file_epoch < u32::MAX - 2, "state store epoch overflow");
         self.epoch = self.epoch.max(max_file_epoch + 1);
-    }
-
-    /// Number of occupied slots, counted in parallel (to size an index
-    /// before a restore fills it).
-    pub(crate) fn count_occupied(&self) -> usize {
-        use rayon::prelude::*;
-        let reader = self.page_writer();
-        let (spp, slot) = (self.slots_per_page, self.slot_size);
-        (0..self.pages())
-            .into_par_iter()
-            .map(|page| {
-                // SAFETY: the page is allocated; nothing writes the arena
-                // while `&self` is borrowed.
-                let base = unsafe { reader.page_ptr(page) };
-                // SAFETY: each slot's meta word lies inside the page.
-                (0..spp)
-                    .filter(|i| unsafe { base.add(i * slot + 4).cast::<u32>().read() } != 0)
-                    .count()
-            })
-            .sum()
     }
 
     /// Walks every slot of a restored arena: free slots go to their key

@@ -44,7 +44,6 @@ mod arena;
 mod codec;
 mod format;
 mod handle;
-mod index;
 mod list;
 mod map;
 mod options;

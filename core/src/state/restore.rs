@@ -120,7 +120,7 @@ impl Arena {
             let (target, fresh) = match page_map.get(&r.page) {
                 Some(&p) => (p, false),
                 None => {
-                    let p = self.new_page(kg, false)?;
+                    let p = self.append_page(0)?;
                     page_map.insert(r.page, p);
                     (p, true)
                 }

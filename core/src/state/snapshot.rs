@@ -52,7 +52,7 @@ pub(crate) struct JobShared {
     base_epoch: u32,
     full: bool,
     page_size: usize,
-    claims: Box<[AtomicUsize]>,
+    claims: Claims,
     finished: AtomicBool,
     /// Page copies the task published and the job took: when equal, no
     /// copy is left to free and dropping skips scanning the claims.
@@ -62,15 +62,28 @@ pub(crate) struct JobShared {
     pub(crate) output: Arc<Mutex<Option<StateFile>>>,
 }
 
-/// `n` claims, all `PENDING`, without touching their memory: a barrier must
-/// not cost time proportional to the state size.
-fn pending_claims(n: usize) -> Box<[AtomicUsize]> {
-    // `vec![0; n]` allocates zeroed memory (calloc), which the allocator
-    // takes fresh from the OS for large sizes: pages are zero-filled lazily.
-    let zeros: Box<[usize]> = vec![0usize; n].into_boxed_slice();
-    // SAFETY: AtomicUsize has the same size, alignment and bit validity as
-    // usize, so a boxed slice of one is a boxed slice of the other.
-    unsafe { Box::from_raw(Box::into_raw(zeros) as *mut [AtomicUsize]) }
+/// One claim word per page, all `PENDING`, in an anonymous mapping: the
+/// kernel hands out zeroed pages lazily, so creating the claims of a
+/// 1 GiB state (2 MiB of words) costs one system call, not a 2 MiB memset
+/// (`calloc` may serve a large block from the heap and zero it).
+struct Claims {
+    map: memmap2::MmapMut,
+    len: usize,
+}
+
+impl Claims {
+    fn new(len: usize) -> Claims {
+        let bytes = len.max(1) * std::mem::size_of::<AtomicUsize>();
+        let map = memmap2::MmapMut::map_anon(bytes).expect("cannot map a snapshot's page claims (out of memory)");
+        Claims { map, len }
+    }
+
+    fn as_slice(&self) -> &[AtomicUsize] {
+        // SAFETY: the mapping is page-aligned (so aligned for AtomicUsize),
+        // at least `len` words long and zero-filled by the kernel; zero is a
+        // valid AtomicUsize. Atomics allow shared mutation through `&`.
+        unsafe { std::slice::from_raw_parts(self.map.as_ptr().cast::<AtomicUsize>(), self.len) }
+    }
 }
 
 /// Frees a page copy made by [`JobShared::protect`].
@@ -91,7 +104,7 @@ impl JobShared {
             base_epoch,
             full,
             page_size,
-            claims: pending_claims(n_pages),
+            claims: Claims::new(n_pages),
             finished: AtomicBool::new(false),
             copies_made: AtomicUsize::new(0),
             copies_taken: AtomicUsize::new(0),
@@ -108,11 +121,11 @@ impl JobShared {
     /// last written in epoch `last`, whose mapped bytes start at `src`: if
     /// this job still needs the page as it is, gives it a private copy.
     pub(crate) fn protect(&self, page: usize, last: u32, src: *const u8) {
-        let needed = page < self.claims.len() && last <= self.epoch && (self.full || last > self.base_epoch);
+        let needed = page < self.claims.len && last <= self.epoch && (self.full || last > self.base_epoch);
         if !needed {
             return;
         }
-        let claim = &self.claims[page];
+        let claim = &self.claims.as_slice()[page];
         let mut spins = 0u32;
         loop {
             match claim.load(Ordering::Acquire) {
@@ -150,8 +163,8 @@ impl Drop for JobShared {
         if self.copies_made.get_mut() == self.copies_taken.get_mut() {
             return;
         }
-        for claim in self.claims.iter_mut() {
-            let v = *claim.get_mut();
+        for claim in self.claims.as_slice() {
+            let v = claim.load(Ordering::Relaxed);
             if v > DONE {
                 // SAFETY: values above DONE are copies published by
                 // `protect` and not taken by the job (taking sets DONE).
@@ -317,7 +330,7 @@ impl SnapshotJob {
         let mut chunk = Chunk::with_capacity(if self.shared.full { CHUNK_PAGES * (ps + 32) } else { 0 });
         let mut changed = Vec::new();
         for (page, slots) in pages {
-            let claim = &self.shared.claims[page];
+            let claim = &self.shared.claims.as_slice()[page];
             let start = match claim.compare_exchange(PENDING, READING, Ordering::Acquire, Ordering::Acquire) {
                 Ok(_) => {
                     let src = self.page_ptr(page);

@@ -126,7 +126,9 @@ impl LogWriter {
             return Ok(());
         }
         fault(FAULT_APPEND, "append to WAL segment", &self.path)?;
-        self.file.write_all(&self.buf).ctx("append to WAL segment", &self.path)?;
+        self.file
+            .write_all(&self.buf)
+            .ctx("append to WAL segment", &self.path)?;
         self.written += self.buf.len() as u64;
         self.buf.clear();
         self.file_dirty = true;
@@ -298,7 +300,10 @@ impl LogReader {
                     if n == 0 {
                         return Ok(Some(Stopped {
                             offset: pos,
-                            reason: format!("record cut short: {} bytes left before the end position {end}", end - pos),
+                            reason: format!(
+                                "record cut short: {} bytes left before the end position {end}",
+                                end - pos
+                            ),
                         }));
                     }
                     hi += n;

@@ -116,7 +116,12 @@ impl Marker {
             // before its fsync returned: no commit was recorded.
             (Slot::Empty, Slot::Empty) | (Slot::Empty, Slot::Bad(_)) | (Slot::Bad(_), Slot::Empty) => None,
             (Slot::Bad(reason), Slot::Bad(_)) => {
-                return Err(Error::corrupt("commit marker", &path, 0, format!("both slots damaged: {reason}")))
+                return Err(Error::corrupt(
+                    "commit marker",
+                    &path,
+                    0,
+                    format!("both slots damaged: {reason}"),
+                ))
             }
         };
         let counter = best.map_or(0, |(c, _)| c);

@@ -256,7 +256,7 @@ impl Parts {
     fn publish(&mut self) -> Result<Vec<u64>> {
         for (epoch, temp) in &self.written {
             let target = self.final_path(*epoch);
-            fault(FAULT_COMMIT_RENAME, "rename into place", &temp.clone())?;
+            fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
             std::fs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
         }
         if !self.written.is_empty() {
@@ -333,7 +333,10 @@ impl Running {
                             "WAL record",
                             &segment_path(dir, end.seg),
                             at,
-                            format!("epoch {tag} out of order: expected epochs {} to {n} in order", floor + 1),
+                            format!(
+                                "epoch {tag} out of order: expected epochs {} to {n} in order",
+                                floor + 1
+                            ),
                         ));
                     }
                     parts.end()?;
@@ -446,7 +449,7 @@ where
 
     /// This subtask's log folder.
     pub fn log_dir(&self) -> PathBuf {
-        self.config.wal_dir.join(format!("subtask-{:03}", self.subtask))
+        subtask_log_dir(&self.config, self.subtask)
     }
 
     fn running(&mut self) -> Result<&mut Running> {
@@ -456,8 +459,8 @@ where
         Ok(self.run.as_mut().expect("started above"))
     }
 
-    /// Prepares folders, the marker and bookkeeping for a log that starts
-    /// at position `start`, with `committed` recorded.
+    /// The bookkeeping of a started subtask: `committed` as the marker
+    /// records it, writing on in a new segment `next_seg`, epoch `open_tag`.
     fn open(&self, marker: Marker, committed: Committed, next_seg: u64, open_tag: u64) -> Result<Running> {
         let dir = self.log_dir();
         let writer = LogWriter::create(
@@ -550,8 +553,7 @@ where
 
     fn restore_from(&mut self, n: u64, state: &[u8]) -> Result<()> {
         let bad = |reason: String| Error::BadState {
-            sink: "wal",
-            subtask: self.subtask,
+            sink: format!("WAL sink subtask {}", self.subtask),
             checkpoint: n,
             reason,
         };
@@ -603,7 +605,10 @@ where
                 "WAL segment",
                 &end_path,
                 end_len,
-                format!("the segment ends before checkpoint {n}'s end at byte {}: data was lost", st.end.off),
+                format!(
+                    "the segment ends before checkpoint {n}'s end at byte {}: data was lost",
+                    st.end.off
+                ),
             ));
         }
 
@@ -615,13 +620,12 @@ where
             records += 1;
             match closed.back_mut() {
                 Some(c) if c.tag == tag => c.end = end,
-                last if tag > committed.epoch && tag <= n && last.is_none_or(|c| c.tag < tag) => {
-                    closed.push_back(Closed {
+                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => closed
+                    .push_back(Closed {
                         tag,
                         end,
                         stamps: StampRuns::default(),
-                    })
-                }
+                    }),
                 _ => {
                     let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
                     return Err(Error::corrupt(
@@ -649,7 +653,11 @@ where
             ..WalRecovery::default()
         };
         if end_len > st.end.off {
-            fault(FAULT_RESTORE_TRUNCATE, "cut off the log after the checkpoint in", &end_path)?;
+            fault(
+                FAULT_RESTORE_TRUNCATE,
+                "cut off the log after the checkpoint in",
+                &end_path,
+            )?;
             let f = OpenOptions::new().write(true).open(&end_path).ctx("open", &end_path)?;
             f.set_len(st.end.off)
                 .and_then(|_| f.sync_all())

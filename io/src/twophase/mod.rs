@@ -1,0 +1,345 @@
+//! Two-phase commit: exactly-once output into any target that has
+//! transactions which can be prepared durably and committed idempotently.
+//!
+//! In the spirit of Flink's `TwoPhaseCommitSinkFunction`, a target
+//! implements [`TwoPhaseCommit`] (begin a transaction, write into it,
+//! pre-commit it, commit it, abort it) and [`TwoPhaseCommitSink`] drives it
+//! through weir's checkpoint lifecycle:
+//!
+//! - `write`: records go into the open transaction, begun for epoch
+//!   `last barrier + 1`.
+//! - `pre_commit(n)` (barrier `n`): the open transaction, if it holds
+//!   records, is pre-committed (durable, invisible) and becomes pending
+//!   under checkpoint `n`; the next transaction is begun. The checkpoint
+//!   records the handles ([`TwoPhaseCommit::Txn`]) of every pending
+//!   transaction and of the open one.
+//! - `commit(n)` (checkpoint `n` complete): the pending transactions of
+//!   checkpoints up to `n` are committed, in order.
+//! - `abort(n)` (checkpoint `n` failed): nothing is discarded; the pending
+//!   transactions are committed with the next completed checkpoint.
+//! - `restore(n, state)`: the target first cleans up what newer
+//!   transactions left behind ([`TwoPhaseCommit::recover`]); then the
+//!   pending transactions recorded in checkpoint `n` are committed again
+//!   (commit is idempotent: they may or may not have been committed before
+//!   the failure) and the recorded open one is aborted.
+//! - Without checkpointing, `finish` pre-commits and commits the open
+//!   transaction.
+//!
+//! A transaction without records is never pre-committed or committed: it
+//! stays open across barriers, so idle epochs cost nothing.
+//!
+//! The state stored in a checkpoint is the postcard encoding of the
+//! handles followed by a CRC-32, verified on restore.
+//!
+//! Implementations here: [`FileTransactions`] (a temporary file renamed
+//! into the target folder) and [`SqliteTransactions`] (a staging table
+//! moved into the target table in one database transaction with a
+//! committed-epoch fence).
+
+pub mod file;
+pub mod sqlite;
+
+use std::collections::VecDeque;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use weir_core::{clock, BoxError, Sink, SinkContext};
+
+use crate::latency::{StampRuns, Visible};
+use crate::Error;
+
+pub use file::{FileTransactions, FileTxn, FILE_FAULT_POINTS};
+pub use sqlite::{SqliteTransactions, SqliteTxn, SQLITE_FAULT_POINTS};
+
+/// A transactional target, driven by [`TwoPhaseCommitSink`]; one instance
+/// per sink subtask.
+///
+/// Every method may be called again for the same transaction after a
+/// failure: `commit` and `abort` must be idempotent.
+pub trait TwoPhaseCommit<T>: Send + 'static {
+    /// The handle of one transaction: what a checkpoint records to commit
+    /// or abort it after a crash. It must name the transaction's durable
+    /// resources (a file name, an epoch in a staging table), not hold them.
+    type Txn: Serialize + DeserializeOwned + Send + 'static;
+
+    /// Begins the transaction for the records of `epoch` (the id of the
+    /// checkpoint expected to close it). Should be cheap: resources can be
+    /// created at the first write.
+    fn begin_transaction(&mut self, epoch: u64) -> Result<Self::Txn, BoxError>;
+
+    /// Writes every record of `batch` into `txn`, leaving `batch` empty.
+    fn write(&mut self, txn: &mut Self::Txn, batch: &mut Vec<T>) -> Result<(), BoxError>;
+
+    /// Makes `txn` durable, but not yet visible: after this returns, a crash
+    /// must not lose it and [`TwoPhaseCommit::commit`] must be able to
+    /// finish it from the handle alone.
+    fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), BoxError>;
+
+    /// Makes the pre-committed `txn` visible. Idempotent: it may be called
+    /// again, by this or a new instance, after it succeeded.
+    fn commit(&mut self, txn: &Self::Txn) -> Result<(), BoxError>;
+
+    /// Discards `txn`. Idempotent.
+    fn abort(&mut self, txn: &Self::Txn) -> Result<(), BoxError>;
+
+    /// Called once before anything else: `restored` is the checkpoint being
+    /// restored (whose recorded transactions are committed or aborted right
+    /// after), or `None` for a start without a checkpoint. Discard whatever
+    /// transactions begun after that checkpoint left behind, and refuse a
+    /// target that holds output newer than it.
+    fn recover(&mut self, _restored: Option<u64>) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    /// Emission time of a record on [`weir_core::clock`], for the
+    /// visibility latency; 0 (the default) means unknown.
+    fn emitted_ns(&self, _record: &T) -> u64 {
+        0
+    }
+}
+
+/// What a checkpoint records, as written.
+#[derive(Serialize)]
+struct RecordedRef<'a, X> {
+    pending: Vec<(u64, &'a X)>,
+    open: Option<&'a X>,
+}
+
+/// What a checkpoint records, as read back.
+#[derive(Deserialize)]
+struct Recorded<X> {
+    pending: Vec<(u64, X)>,
+    open: Option<X>,
+}
+
+/// Version byte in front of the recorded state.
+const STATE_VERSION: u8 = 1;
+
+/// A transaction pre-committed at a barrier, not yet committed.
+struct Pending<X> {
+    checkpoint: u64,
+    txn: X,
+    stamps: StampRuns,
+}
+
+/// The open transaction.
+struct Open<X> {
+    txn: X,
+    records: u64,
+    stamps: StampRuns,
+}
+
+/// A [`Sink`] over any [`TwoPhaseCommit`] target; see the module docs.
+///
+/// ```
+/// use weir_core::harness::Harness;
+/// use weir_core::Sink;
+/// use weir_io::{FileTransactions, TwoPhaseCommitSink};
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let encode = |r: &u32, out: &mut Vec<u8>| out.extend_from_slice(format!("{r}\n").as_bytes());
+/// let mut sink = TwoPhaseCommitSink::new(FileTransactions::new(dir.path(), 0, encode, |_: &u32| 0));
+/// let mut h = Harness::new(0, 1);
+/// h.write_sink(&mut sink, &mut vec![1, 2]).unwrap();
+/// let _state = sink.pre_commit(1).unwrap(); // flushed, fsynced, closed
+/// sink.commit(1).unwrap(); // renamed into the target folder
+/// let out = std::fs::read_to_string(dir.path().join("part-000-000000001.csv")).unwrap();
+/// assert_eq!(out, "1\n2\n");
+/// ```
+pub struct TwoPhaseCommitSink<T, P: TwoPhaseCommit<T>> {
+    inner: P,
+    /// `recover` was called.
+    started: bool,
+    last_barrier: u64,
+    open: Option<Open<P::Txn>>,
+    pending: VecDeque<Pending<P::Txn>>,
+    spare_stamps: Vec<StampRuns>,
+    visible: Visible,
+    _records: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
+    /// A sink committing through `inner`.
+    pub fn new(inner: P) -> Self {
+        TwoPhaseCommitSink {
+            inner,
+            started: false,
+            last_barrier: 0,
+            open: None,
+            pending: VecDeque::new(),
+            spare_stamps: Vec::new(),
+            visible: Visible::default(),
+            _records: std::marker::PhantomData,
+        }
+    }
+
+    /// The target.
+    pub fn inner(&self) -> &P {
+        &self.inner
+    }
+
+    /// Checkpoints whose transactions are pre-committed, waiting for commit.
+    pub fn pending_checkpoints(&self) -> Vec<u64> {
+        self.pending.iter().map(|p| p.checkpoint).collect()
+    }
+
+    fn start(&mut self) -> Result<(), BoxError> {
+        if !self.started {
+            self.inner.recover(None)?;
+            self.started = true;
+        }
+        Ok(())
+    }
+
+    fn begin(&mut self) -> Result<(), BoxError> {
+        if self.open.is_none() {
+            let txn = self.inner.begin_transaction(self.last_barrier + 1)?;
+            self.open = Some(Open {
+                txn,
+                records: 0,
+                stamps: self.spare_stamps.pop().unwrap_or_default(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Commits the pending transactions of checkpoints up to `n`, in order.
+    fn commit_through(&mut self, n: u64) -> Result<(), BoxError> {
+        while self.pending.front().is_some_and(|p| p.checkpoint <= n) {
+            let p = self.pending.front().expect("checked above");
+            self.inner.commit(&p.txn)?;
+            let mut p = self.pending.pop_front().expect("checked above");
+            self.visible.add(&p.stamps, clock::now_ns());
+            p.stamps.clear();
+            self.spare_stamps.push(p.stamps);
+        }
+        Ok(())
+    }
+
+    fn encode_state(&self) -> Result<Vec<u8>, BoxError> {
+        let recorded = RecordedRef {
+            pending: self.pending.iter().map(|p| (p.checkpoint, &p.txn)).collect(),
+            open: self.open.as_ref().map(|o| &o.txn),
+        };
+        let mut out = vec![STATE_VERSION];
+        postcard::to_io(&recorded, &mut out)?;
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        Ok(out)
+    }
+
+    fn decode_state(checkpoint: u64, state: &[u8]) -> Result<Recorded<P::Txn>, Error> {
+        let bad = |reason: String| Error::BadState {
+            sink: "two-phase commit sink".to_string(),
+            checkpoint,
+            reason,
+        };
+        if state.len() < 5 || state[0] != STATE_VERSION {
+            return Err(bad(format!(
+                "not a version-{STATE_VERSION} state of {} bytes",
+                state.len()
+            )));
+        }
+        let (body, crc) = state.split_at(state.len() - 4);
+        let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+        let actual = crc32fast::hash(body);
+        if stored != actual {
+            return Err(bad(format!(
+                "CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+            )));
+        }
+        postcard::from_bytes(&body[1..]).map_err(|e| bad(format!("cannot decode the transactions: {e}")))
+    }
+}
+
+impl<T, P> Sink<T> for TwoPhaseCommitSink<T, P>
+where
+    T: Send + 'static,
+    P: TwoPhaseCommit<T>,
+{
+    fn write(&mut self, batch: &mut Vec<T>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.start()?;
+        self.visible.flush(ctx);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.begin()?;
+        let open = self.open.as_mut().expect("begun above");
+        for r in batch.iter() {
+            open.stamps.push(self.inner.emitted_ns(r));
+        }
+        open.records += batch.len() as u64;
+        self.inner.write(&mut open.txn, batch)?;
+        batch.clear();
+        Ok(())
+    }
+
+    fn finish(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.start()?;
+        if let Some(mut open) = self.open.take() {
+            if open.records > 0 {
+                // Without checkpointing: commit the only transaction now.
+                self.inner.pre_commit(&mut open.txn)?;
+                self.pending.push_back(Pending {
+                    checkpoint: self.last_barrier + 1,
+                    txn: open.txn,
+                    stamps: open.stamps,
+                });
+            } else {
+                self.inner.abort(&open.txn)?;
+            }
+        }
+        self.commit_through(u64::MAX)?;
+        self.visible.flush(ctx);
+        Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.start()?;
+        assert!(
+            checkpoint > self.last_barrier,
+            "barrier {checkpoint} after barrier {}: barrier ids must increase",
+            self.last_barrier
+        );
+        self.last_barrier = checkpoint;
+        if self.open.as_ref().is_some_and(|o| o.records > 0) {
+            let mut open = self.open.take().expect("checked above");
+            self.inner.pre_commit(&mut open.txn)?;
+            self.pending.push_back(Pending {
+                checkpoint,
+                txn: open.txn,
+                stamps: open.stamps,
+            });
+        }
+        // Begin the next transaction now, so the checkpoint records it and
+        // a restore can abort whatever it left behind.
+        self.begin()?;
+        self.encode_state()
+    }
+
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.commit_through(checkpoint)
+    }
+
+    fn abort(&mut self, _checkpoint: u64) -> Result<(), BoxError> {
+        // Flink semantics: keep the pre-committed transaction; the next
+        // completed checkpoint commits it.
+        Ok(())
+    }
+
+    fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
+        let recorded = Self::decode_state(checkpoint, state)?;
+        self.open = None;
+        self.pending.clear();
+        self.inner.recover(Some(checkpoint))?;
+        self.started = true;
+        for (_, txn) in &recorded.pending {
+            self.inner.commit(txn)?;
+        }
+        if let Some(txn) = &recorded.open {
+            self.inner.abort(txn)?;
+        }
+        self.last_barrier = checkpoint;
+        Ok(())
+    }
+}
