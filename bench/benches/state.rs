@@ -317,7 +317,15 @@ fn us(micros: u64) -> Duration {
 
 fn main() {
     // `cargo bench` passes `--bench`; nothing else is accepted.
-    let dir = tempfile::Builder::new().prefix("weir-state-bench").tempdir().unwrap();
+    // WEIR_STATE_BENCH_DIR puts the scratch (working files and checkpoints)
+    // elsewhere than the system temp directory.
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("weir-state-bench");
+    let dir = match std::env::var_os("WEIR_STATE_BENCH_DIR") {
+        Some(d) => builder.tempdir_in(d),
+        None => builder.tempdir(),
+    }
+    .unwrap();
     let mut rows = Vec::new();
     eprintln!("weir state backend benchmark (scratch in {})", dir.path().display());
     let only = std::env::var("WEIR_STATE_BENCH").unwrap_or_default();

@@ -209,7 +209,7 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
     let bytes = snapshot.state.encode();
     let dir = storage::checkpoint_dir(&ck.root, id);
     let name = storage::task_file_name(snapshot.state.group as usize, snapshot.state.subtask as usize);
-    let file = storage::write_durable(&ck.root, &dir, &name, &bytes)
+    let file = storage::write_durable(&ck.root, &dir, &name, &bytes, storage::DirSync::Deferred)
         .map_err(|e| format!("writing {}: {e}", dir.join(&name).display()))?;
     Ok(TaskAck {
         id,

@@ -111,9 +111,26 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     File::open(dir)?.sync_all()
 }
 
+/// Whether [`write_durable`] fsyncs the folder after its rename.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DirSync {
+    /// Now: the file must be durable under its final name on return.
+    Now,
+    /// Later: the caller fsyncs the folder once for several files (the
+    /// coordinator does before writing the manifest, which names them).
+    Deferred,
+}
+
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
-/// fsync folder); returns the file's reference relative to `root`.
-pub(crate) fn write_durable(root: &Path, dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<FileRef> {
+/// fsync folder now or deferred); returns the file's reference relative
+/// to `root`.
+pub(crate) fn write_durable(
+    root: &Path,
+    dir: &Path,
+    name: &str,
+    bytes: &[u8],
+    dir_sync: DirSync,
+) -> std::io::Result<FileRef> {
     crate::fault::hit("checkpoint.write.before")?;
     if !dir.exists() {
         fs::create_dir_all(dir)?;
@@ -127,11 +144,14 @@ pub(crate) fn write_durable(root: &Path, dir: &Path, name: &str, bytes: &[u8]) -
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
         crate::fault::hit("checkpoint.write.before-fsync")?;
-        f.sync_all()?;
+        // Data and size; other metadata (times) does not matter here.
+        f.sync_data()?;
     }
     crate::fault::hit("checkpoint.write.before-rename")?;
     fs::rename(&tmp, &target)?;
-    sync_dir(dir)?;
+    if dir_sync == DirSync::Now {
+        sync_dir(dir)?;
+    }
     let rel = target
         .strip_prefix(root)
         .map(|p| p.to_string_lossy().into_owned())
@@ -176,7 +196,10 @@ impl Manifest {
     pub(crate) fn commit(&self, root: &Path) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
         crate::fault::hit("checkpoint.manifest.before")?;
-        write_durable(root, &dir, MANIFEST, &self.encode())?;
+        // One folder fsync makes every task file's rename durable before
+        // the manifest that names them exists.
+        sync_dir(&dir)?;
+        write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
         crate::fault::hit("checkpoint.manifest.after")?;
         Ok(())
     }
@@ -312,7 +335,7 @@ mod tests {
     fn durable_write_and_verify() {
         let root = tempfile::tempdir().unwrap();
         let dir = checkpoint_dir(root.path(), 5);
-        let f = write_durable(root.path(), &dir, "a.state", b"hello").unwrap();
+        let f = write_durable(root.path(), &dir, "a.state", b"hello", DirSync::Deferred).unwrap();
         assert_eq!(f.path, "chk-0000000005/a.state");
         let mut m = manifest(5);
         m.files.push(f.clone());

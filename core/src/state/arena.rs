@@ -365,11 +365,19 @@ impl Arena {
     /// with the epoch and logs it.
     #[inline(always)]
     pub(crate) fn write_slot(&mut self, off: u64) -> *mut u8 {
-        let page = (off >> self.page_shift) as usize;
+        let p = self.ptr(off);
+        self.touch(self.page_of(off), off, p);
+        p
+    }
+
+    /// [`Self::write_slot`] for a caller that has the slot's page, offset
+    /// and address at hand (the value store's hot path).
+    #[inline(always)]
+    pub(crate) fn touch(&mut self, page: usize, off: u64, p: *mut u8) {
+        debug_assert_eq!(self.ptr(off), p);
         if self.page_epoch[page] != self.epoch {
             self.first_write(page);
         }
-        let p = self.ptr(off);
         // SAFETY: `off` names a slot of an allocated page, so `p` is
         // 8-aligned (pages are page-aligned, slot sizes multiples of 8) and
         // in a live mapping; no job reads this page now, because
@@ -377,7 +385,12 @@ impl Arena {
         if unsafe { p.cast::<u32>().read() } != self.epoch {
             self.first_slot_write(off, p);
         }
-        p
+    }
+
+    /// The address of `page`'s first byte (its slot 0).
+    #[inline(always)]
+    pub(crate) fn page_ptr(&self, page: usize) -> *mut u8 {
+        self.ptr((page as u64) << self.page_shift)
     }
 
     #[cold]

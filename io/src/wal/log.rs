@@ -261,8 +261,11 @@ impl LogReader {
         if start >= end {
             return Ok(None);
         }
-        if self.buf.len() < READ_CHUNK {
-            self.buf.resize(READ_CHUNK, 0);
+        // A buffer as large as the range, up to READ_CHUNK: small commits
+        // (a short checkpoint interval) do not pay for a large buffer.
+        let want = (end - start).min(READ_CHUNK as u64) as usize;
+        if self.buf.len() < want {
+            self.buf.resize(want, 0);
         }
         file.seek(SeekFrom::Start(start)).ctx("seek in WAL segment", path)?;
         // buf[lo..hi] holds the file bytes from offset `pos` on.

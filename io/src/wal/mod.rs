@@ -112,6 +112,10 @@ pub struct WalSinkConfig {
     pub buffer_bytes: usize,
     /// Ending of output file names (default `.csv`).
     pub suffix: String,
+    /// Uncommitted output kept in memory for the commit, in bytes (default
+    /// 64 MiB). An epoch that does not fit is read back from the log at
+    /// commit (verified) instead; 0 always reads back.
+    pub memory_bytes: usize,
 }
 
 impl WalSinkConfig {
@@ -123,6 +127,7 @@ impl WalSinkConfig {
             segment_bytes: 64 << 20,
             buffer_bytes: 1 << 20,
             suffix: ".csv".into(),
+            memory_bytes: 64 << 20,
         }
     }
 
@@ -172,8 +177,12 @@ pub struct WalRecovery {
 #[derive(Debug)]
 struct Closed {
     tag: u64,
-    /// Log position after its last record.
+    /// Log position after its last record; the epoch starts where the
+    /// previous one ends (or at the commit marker's position).
     end: WalPos,
+    records: u64,
+    /// Its output bytes, if they were kept in memory.
+    payload: Option<Vec<u8>>,
     stamps: StampRuns,
 }
 
@@ -231,6 +240,15 @@ impl Parts {
         Ok(())
     }
 
+    /// Writes a whole epoch's bytes, kept in memory, at once.
+    fn write_all(&mut self, bytes: &[u8], records: u64) -> Result<()> {
+        self.write_out()?;
+        let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
+        file.write_all(bytes).ctx("write", temp)?;
+        self.records += records;
+        Ok(())
+    }
+
     fn write_out(&mut self) -> Result<()> {
         let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
         file.write_all(&self.out).ctx("write", temp)?;
@@ -266,6 +284,10 @@ impl Parts {
     }
 }
 
+/// Spare output buffers kept for reuse: enough for the epochs of a few
+/// checkpoints in flight.
+const SPARE_BUFFERS: usize = 4;
+
 /// The log, marker and bookkeeping of a started sink subtask.
 #[derive(Debug)]
 struct Running {
@@ -280,14 +302,30 @@ struct Running {
     open_tag: u64,
     open_records: u64,
     open_stamps: StampRuns,
+    /// Output bytes of the open epoch, while `open_in_memory`.
+    open_payload: Vec<u8>,
+    open_in_memory: bool,
     closed: VecDeque<Closed>,
+    /// Bytes of output kept in memory by closed epochs.
+    memory_used: usize,
+    memory_limit: usize,
     spare_stamps: Vec<StampRuns>,
+    spare_payloads: Vec<Vec<u8>>,
     reader: LogReader,
     parts: Parts,
     visible: Visible,
 }
 
 impl Running {
+    /// Stops keeping the open epoch in memory if it no longer fits.
+    #[inline]
+    fn check_memory(&mut self) {
+        if self.open_in_memory && self.memory_used + self.open_payload.len() > self.memory_limit {
+            self.open_in_memory = false;
+            self.open_payload = Vec::new();
+        }
+    }
+
     /// Closes the open epoch at barrier `n` and makes the log durable;
     /// returns the log's end.
     fn pre_commit(&mut self, n: u64) -> Result<WalPos> {
@@ -298,16 +336,28 @@ impl Running {
         );
         let end = self.writer.pos();
         if self.open_records > 0 {
+            let payload = if self.open_in_memory {
+                let fresh = self.spare_payloads.pop().unwrap_or_default();
+                let p = std::mem::replace(&mut self.open_payload, fresh);
+                self.memory_used += p.len();
+                Some(p)
+            } else {
+                None
+            };
             let fresh = self.spare_stamps.pop().unwrap_or_default();
             self.closed.push_back(Closed {
                 tag: self.open_tag,
                 end,
+                records: self.open_records,
+                payload,
                 stamps: std::mem::replace(&mut self.open_stamps, fresh),
             });
         }
         self.writer.sync()?;
         self.open_tag = n + 1;
         self.open_records = 0;
+        self.open_payload.clear();
+        self.open_in_memory = true;
         Ok(end)
     }
 
@@ -319,33 +369,33 @@ impl Running {
             return Ok((Vec::new(), 0));
         }
         let to = self.closed[k - 1].end;
-        let from = self.committed.pos;
-        let floor = self.committed.epoch;
-        let (dir, parts) = (&self.dir, &mut self.parts);
-        parts.reset();
-        let mut current = None;
-        self.reader
-            .read_range(dir, self.subtask as u32, from, to, |tag, payload, end| {
-                if current != Some(tag) {
-                    if tag <= floor || tag > n || current.is_some_and(|c| tag < c) {
-                        let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
-                        return Err(Error::corrupt(
-                            "WAL record",
-                            &segment_path(dir, end.seg),
-                            at,
-                            format!(
-                                "epoch {tag} out of order: expected epochs {} to {n} in order",
-                                floor + 1
-                            ),
-                        ));
-                    }
-                    parts.end()?;
-                    parts.begin(tag)?;
-                    current = Some(tag);
+        self.parts.reset();
+        let mut start = self.committed.pos;
+        for c in self.closed.range(..k) {
+            self.parts.begin(c.tag)?;
+            match &c.payload {
+                Some(bytes) => self.parts.write_all(bytes, c.records)?,
+                None => {
+                    // Not in memory: read the epoch back from the log, verified.
+                    let (dir, parts, tag) = (&self.dir, &mut self.parts, c.tag);
+                    self.reader
+                        .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
+                            if t != tag {
+                                let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
+                                return Err(Error::corrupt(
+                                    "WAL record",
+                                    &segment_path(dir, end.seg),
+                                    at,
+                                    format!("a record of epoch {t} among those of epoch {tag}"),
+                                ));
+                            }
+                            parts.write(payload)
+                        })?;
                 }
-                parts.write(payload)
-            })?;
-        self.parts.end()?;
+            }
+            self.parts.end()?;
+            start = c.end;
+        }
         let epochs = self.parts.publish()?;
         let value = Committed { epoch: n, pos: to };
         self.marker.write(value)?;
@@ -356,6 +406,13 @@ impl Running {
             self.visible.add(&c.stamps, now);
             c.stamps.clear();
             self.spare_stamps.push(c.stamps);
+            if let Some(mut p) = c.payload {
+                self.memory_used -= p.len();
+                if self.spare_payloads.len() < SPARE_BUFFERS {
+                    p.clear();
+                    self.spare_payloads.push(p);
+                }
+            }
         }
         Ok((epochs, self.parts.records))
     }
@@ -479,8 +536,13 @@ where
             open_tag,
             open_records: 0,
             open_stamps: StampRuns::default(),
+            open_payload: Vec::new(),
+            open_in_memory: true,
             closed: VecDeque::new(),
+            memory_used: 0,
+            memory_limit: self.config.memory_bytes,
             spare_stamps: Vec::new(),
+            spare_payloads: Vec::new(),
             reader: LogReader::default(),
             parts: Parts {
                 target: self.config.target_dir.clone(),
@@ -619,13 +681,19 @@ where
         reader.read_range(&dir, self.subtask as u32, committed.pos, st.end, |tag, payload, end| {
             records += 1;
             match closed.back_mut() {
-                Some(c) if c.tag == tag => c.end = end,
-                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => closed
-                    .push_back(Closed {
+                Some(c) if c.tag == tag => {
+                    c.end = end;
+                    c.records += 1;
+                }
+                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => {
+                    closed.push_back(Closed {
                         tag,
                         end,
+                        records: 1,
+                        payload: None,
                         stamps: StampRuns::default(),
-                    }),
+                    })
+                }
                 _ => {
                     let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
                     return Err(Error::corrupt(
@@ -714,10 +782,15 @@ where
                 }
                 .into());
             }
+            if run.open_in_memory {
+                run.open_payload
+                    .extend_from_slice(&run.writer.buf[at + codec::HEADER_BYTES..]);
+            }
             run.open_stamps.push(emitted_ns(&record));
             run.writer.maybe_flush()?;
         }
         run.open_records += n;
+        run.check_memory();
         Ok(())
     }
 
@@ -772,4 +845,94 @@ pub fn subtask_log_dir(config: &WalSinkConfig, subtask: usize) -> PathBuf {
 /// Path of segment `seq` of a subtask log folder (for tools and tests).
 pub fn segment_file(log_dir: &Path, seq: u64) -> PathBuf {
     segment_path(log_dir, seq)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use weir_core::harness::Harness;
+
+    fn line(r: &u64, out: &mut Vec<u8>) {
+        out.extend_from_slice(format!("{r:07}\n").as_bytes());
+    }
+
+    fn config(dir: &Path) -> WalSinkConfig {
+        WalSinkConfig {
+            segment_bytes: 4096,
+            buffer_bytes: 512,
+            ..WalSinkConfig::new(dir.join("wal"), dir.join("out"))
+        }
+    }
+
+    fn output(dir: &Path) -> Vec<u64> {
+        let mut all = Vec::new();
+        for f in crate::committed_files(&dir.join("out")).unwrap() {
+            let text = std::fs::read_to_string(f).unwrap();
+            all.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+        }
+        all
+    }
+
+    #[test]
+    fn segments_roll_are_deleted_once_committed_and_restore_across_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let mut h = Harness::new(0, 1);
+        let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+        // Epoch 1: ~3 segments of 24-byte frames; committed.
+        h.write_sink(&mut sink, &mut (0..500).collect()).unwrap();
+        let _ = sink.pre_commit(1).unwrap();
+        sink.commit(1).unwrap();
+        let log = sink.log_dir();
+        let segs = list_segments(&log).unwrap();
+        assert_eq!(segs.len(), 1, "committed segments are deleted: {segs:?}");
+        // Epochs 2 and 3 span several segments; checkpoint 3 completes, the
+        // crash comes before its commit, with epoch 4 half written.
+        h.write_sink(&mut sink, &mut (500..900).collect()).unwrap();
+        let _ = sink.pre_commit(2).unwrap();
+        h.write_sink(&mut sink, &mut (900..1300).collect()).unwrap();
+        let state3 = sink.pre_commit(3).unwrap();
+        h.write_sink(&mut sink, &mut (1300..1700).collect()).unwrap();
+        drop(sink);
+        assert!(list_segments(&log).unwrap().len() >= 4);
+        let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+        sink.restore(3, &state3).unwrap();
+        let r = sink.last_recovery().unwrap();
+        assert_eq!(r.recommitted_epochs, vec![2, 3]);
+        assert_eq!(r.recommitted_records, 800);
+        assert!(r.discarded_segments >= 1 || r.discarded_records > 0, "{r:?}");
+        assert_eq!(output(dir.path()), (0..1300).collect::<Vec<_>>());
+        assert_eq!(sink.committed_epoch(), 3);
+        // Go on after the restore: ids are never reused, epoch 4 is closed by barrier 6.
+        h.write_sink(&mut sink, &mut (1300..1700).collect()).unwrap();
+        let _ = sink.pre_commit(6).unwrap();
+        sink.commit(6).unwrap();
+        h.finish_sink(&mut sink).unwrap();
+        assert_eq!(output(dir.path()), (0..1700).collect::<Vec<_>>());
+        assert!(dir.path().join("out/part-000-000000004.csv").exists());
+        assert!(list_segments(&log).unwrap().len() <= 2);
+    }
+
+    #[test]
+    fn bad_states_and_settings_are_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = config(dir.path());
+        let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+        let e = Sink::<u64>::restore(&mut sink, 1, b"garbage").unwrap_err().to_string();
+        assert!(e.contains("WAL sink subtask 0: bad state in checkpoint 1"), "{e}");
+        let other = SinkState {
+            subtask: 1,
+            epoch: 1,
+            end: WalPos { seg: 1, off: 24 },
+        };
+        let e = Sink::<u64>::restore(&mut sink, 1, &other.encode()).unwrap_err().to_string();
+        assert!(e.contains("subtask 1"), "{e}");
+        let tiny = WalSinkConfig {
+            segment_bytes: 10,
+            ..cfg
+        };
+        let mut sink = WalSink::new(tiny, 0, line, |_: &u64| 0);
+        let e = Harness::new(0, 1).write_sink(&mut sink, &mut vec![1]).unwrap_err().to_string();
+        assert!(e.contains("segment_bytes"), "{e}");
+    }
 }

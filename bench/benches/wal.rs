@@ -1,0 +1,144 @@
+//! Benchmark of the write-ahead-log sink (`weir_io::WalSink`): records
+//! committed per second, 32-byte records, against the target of 20 M/s.
+//!
+//! Run: `nice -n -15 cargo bench -p weir-bench --bench wal`
+//! (about a minute; needs ~3 GiB of free disk).
+//!
+//! One sink subtask is driven by hand, the way the runtime drives it:
+//! batches of 1024 records are written, and every `epoch` records a barrier
+//! (`pre_commit`: the log is written and fsynced) is followed by the
+//! checkpoint's completion (`commit`: the epoch is read back, verified,
+//! written to its output file, fsynced, renamed, the folder fsynced, the
+//! marker written and fsynced, the log segments deleted). The clock runs
+//! from the first write to the last commit, so every record counted is
+//! durable and visible. Each record costs 48 bytes of log (16 of framing)
+//! and 32 bytes of output.
+//!
+//! The runs go to two folders: `target/bench-wal` (the disk) and, where it
+//! exists, `/dev/shm` (memory: the sink's own cost, without the disk's).
+//! Set `WEIR_WAL_BENCH_RECORDS` to change the records per run (default
+//! 20 M) and `WEIR_WAL_BENCH_DIR` to add a folder.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use weir_core::harness::Harness;
+use weir_core::Sink;
+use weir_io::{WalSink, WalSinkConfig};
+
+/// Records per `write` call, like the runtime's default batch.
+const BATCH: u64 = 1024;
+
+/// Bytes of one record: `r` + 16 hex digits + 14 `.` + `\n`.
+const RECORD_BYTES: usize = 32;
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Appends a 32-byte line for `seq`: no allocation, no formatting machinery.
+#[inline]
+fn encode(seq: &u64, out: &mut Vec<u8>) {
+    let mut line = *b"r0000000000000000..............\n";
+    for i in 0..16 {
+        line[16 - i] = HEX[((seq >> (4 * i)) & 0xf) as usize];
+    }
+    out.extend_from_slice(&line);
+}
+
+struct Run {
+    seconds: f64,
+    write: Duration,
+    pre_commit: Duration,
+    commit: Duration,
+}
+
+fn run(dir: &Path, records: u64, epoch: u64) -> Run {
+    let _ = std::fs::remove_dir_all(dir);
+    let cfg = WalSinkConfig::new(dir.join("wal"), dir.join("out"));
+    let mut sink = WalSink::new(cfg, 0, encode, |_: &u64| 0);
+    let mut h = Harness::new(0, 1);
+    let mut batch: Vec<u64> = Vec::with_capacity(BATCH as usize);
+    let (mut write, mut pre_commit, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
+    let mut id = 0;
+    let start = Instant::now();
+    let mut seq = 0;
+    while seq < records {
+        let end = (seq + epoch).min(records);
+        let t = Instant::now();
+        while seq < end {
+            let hi = (seq + BATCH).min(end);
+            batch.extend(seq..hi);
+            h.write_sink(&mut sink, &mut batch).unwrap();
+            seq = hi;
+        }
+        let t1 = Instant::now();
+        id += 1;
+        let _ = sink.pre_commit(id).unwrap();
+        let t2 = Instant::now();
+        sink.commit(id).unwrap();
+        let t3 = Instant::now();
+        write += t1 - t;
+        pre_commit += t2 - t1;
+        commit += t3 - t2;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    h.finish_sink(&mut sink).unwrap();
+    drop(sink);
+    // Check the output before throwing it away: every record, in order.
+    let out = weir_io::committed_files(&dir.join("out")).unwrap();
+    let bytes: u64 = out.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    assert_eq!(bytes, records * RECORD_BYTES as u64, "committed output size");
+    let last = std::fs::read(out.last().unwrap()).unwrap();
+    let mut expected = Vec::new();
+    encode(&(records - 1), &mut expected);
+    assert!(last.ends_with(&expected), "the last record is the last line");
+    let _ = std::fs::remove_dir_all(dir);
+    Run {
+        seconds,
+        write,
+        pre_commit,
+        commit,
+    }
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; nothing else is accepted.
+    let records: u64 = std::env::var("WEIR_WAL_BENCH_RECORDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20_000_000);
+    let mut places: Vec<(String, PathBuf)> = vec![(
+        "disk".into(),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/bench-wal"),
+    )];
+    if Path::new("/dev/shm").is_dir() {
+        places.push(("memory".into(), PathBuf::from("/dev/shm/weir-bench-wal")));
+    }
+    if let Ok(d) = std::env::var("WEIR_WAL_BENCH_DIR") {
+        places.push((d.clone(), PathBuf::from(d).join("weir-bench-wal")));
+    }
+    eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}, one subtask");
+    eprintln!(
+        "{:<8} {:>12} {:>10} {:>12} {:>12} {:>9} {:>9} {:>9}",
+        "place", "epoch recs", "seconds", "records/s", "log+out MB/s", "write %", "fsync %", "commit %"
+    );
+    for (name, dir) in &places {
+        // 200 K records is one 10 ms checkpoint at 20 M/s; 2 M is 100 ms.
+        for epoch in [200_000u64, 2_000_000] {
+            let r = run(dir, records, epoch);
+            let rate = records as f64 / r.seconds;
+            let mbs = rate * (RECORD_BYTES as f64 * 2.0 + 16.0) / 1e6;
+            let pct = |d: Duration| 100.0 * d.as_secs_f64() / r.seconds;
+            eprintln!(
+                "{:<8} {:>12} {:>10.3} {:>10.2} M {:>12.0} {:>8.1}% {:>8.1}% {:>8.1}%",
+                name,
+                epoch,
+                r.seconds,
+                rate / 1e6,
+                mbs,
+                pct(r.write),
+                pct(r.pre_commit),
+                pct(r.commit)
+            );
+        }
+    }
+}

@@ -1,0 +1,873 @@
+//! Crash tests of the sinks of `weir-io`.
+//!
+//! A small driver plays the runtime's part by hand: it writes batches,
+//! takes barriers (`pre_commit`), completes or aborts checkpoints
+//! (`commit`, `abort`) and finishes. A crash is simulated the way recovery
+//! sees one: a durable step fails (a named fault point armed to fail once),
+//! the sink instance is dropped, and a new instance is restored from the
+//! state of the last *completed* checkpoint, with the input replayed from
+//! that checkpoint's position and checkpoint ids going on after it.
+//!
+//! For every fault point of a sink, the driver fails its first hit, then
+//! (in a fresh run) its second, and so on until a run passes every hit:
+//! a crash between every pair of durable steps. The crash is repeated once
+//! inside the restore that follows it. After every step the visible output
+//! of an exactly-once sink must be a prefix of the input, in order, with no
+//! partial line, and at the end exactly the input.
+//!
+//! Fault points are process-wide, so every test here takes [`serial`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use weir_core::fault::{self, Action};
+use weir_core::harness::Harness;
+use weir_core::{BoxError, CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig, Sink};
+use weir_io::rusqlite::Connection;
+use weir_io::wal::{self, codec};
+use weir_io::{
+    direct, twophase, upsert, DirectFileSink, GenContext, Generator, GeneratorConfig, SqlRow, SqliteTable,
+    SqliteUpsertSink, TwoPhaseCommitSink, WalSink, WalSinkConfig,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+/// Tests here arm process-wide fault points: one at a time.
+fn serial() -> MutexGuard<'static, ()> {
+    let g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    fault::disarm_all();
+    g
+}
+
+/// A scratch folder, in memory where possible: the crash runs fsync a lot.
+fn scratch() -> tempfile::TempDir {
+    if Path::new("/dev/shm").is_dir() {
+        if let Ok(d) = tempfile::tempdir_in("/dev/shm") {
+            return d;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
+
+/// A record: (sequence number, emission stamp).
+type Rec = (u64, u64);
+
+fn line(r: &Rec, out: &mut Vec<u8>) {
+    writeln!(out, "{}", r.0).unwrap();
+}
+
+fn stamp(r: &Rec) -> u64 {
+    r.1
+}
+
+fn bind_seq(r: &Rec, row: &mut SqlRow<'_, '_>) {
+    row.push(r.0 as i64);
+}
+
+/// What the driver does: `records` records, a barrier after every
+/// `per_epoch`, batches of `batch`, and every `abort_every`-th checkpoint
+/// fails (its epoch must be committed with the next one).
+#[derive(Debug, Clone, Copy)]
+struct Script {
+    records: u64,
+    per_epoch: u64,
+    batch: u64,
+    abort_every: u64,
+}
+
+const SCRIPT: Script = Script {
+    records: 400,
+    per_epoch: 70,
+    batch: 16,
+    abort_every: 3,
+};
+
+/// What the visible output must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Guarantee {
+    /// A prefix of the input after every step, all of it at the end.
+    ExactlyOnce,
+    /// Every record at the end, duplicates allowed.
+    AtLeastOnce,
+}
+
+struct RunResult {
+    /// The step at which the fault was injected, if it was.
+    injected_at: Option<usize>,
+    /// Restores that failed at their fault point.
+    restore_failures: usize,
+}
+
+/// One run of `script` against sinks from `make`, injecting `point` at its
+/// first hit at or after step `from` (no injection if `point` is `None`),
+/// then `in_restore` (default: `point` again) once in the restore.
+fn drive<S: Sink<Rec>>(
+    make: &dyn Fn() -> S,
+    visible: &dyn Fn() -> Vec<u64>,
+    script: Script,
+    point: Option<&str>,
+    from: usize,
+    in_restore: Option<&str>,
+    guarantee: Guarantee,
+) -> RunResult {
+    let expected: Vec<u64> = (0..script.records).collect();
+    let mut h = Harness::new(0, 1);
+    let mut sink = make();
+    // (checkpoint, state, input position) of the last completed checkpoint.
+    let mut completed: Option<(u64, Vec<u8>, u64)> = None;
+    let (mut pos, mut next_id, mut in_epoch) = (0u64, 1u64, 0u64);
+    let mut step = 0usize;
+    let mut injected_at = None;
+    let mut restore_failures = 0;
+    let check_visible = |what: &str| {
+        let v = visible();
+        if guarantee == Guarantee::ExactlyOnce {
+            assert!(
+                expected.starts_with(&v),
+                "{what}: visible output is not a prefix of the input: {v:?}"
+            );
+        }
+    };
+    // A barrier taken (pre-committed), waiting for its checkpoint to
+    // complete or fail: (checkpoint, state).
+    let mut barrier: Option<(u64, Vec<u8>)> = None;
+    for guard in 0.. {
+        assert!(guard < 100_000, "the script makes no progress");
+        let done = completed.as_ref().is_some_and(|c| c.2 == script.records);
+        let arm = match point {
+            Some(p) if injected_at.is_none() && step >= from => {
+                fault::arm(p, Action::Fail(1));
+                true
+            }
+            _ => false,
+        };
+        let mut finished = false;
+        let result: Result<(), BoxError> = if let Some((id, state)) = barrier.take() {
+            if id % script.abort_every == 0 {
+                sink.abort(id)
+            } else {
+                completed = Some((id, state, pos));
+                sink.commit(id)
+            }
+        } else if pos < script.records && in_epoch < script.per_epoch {
+            let hi = (pos + script.batch)
+                .min(script.records)
+                .min(pos + script.per_epoch - in_epoch);
+            let now = weir_core::clock::now_ns();
+            let mut batch: Vec<Rec> = (pos..hi).map(|s| (s, now)).collect();
+            let r = h.write_sink(&mut sink, &mut batch);
+            if r.is_ok() {
+                in_epoch += hi - pos;
+                pos = hi;
+            }
+            r
+        } else if !done {
+            // Checkpoint ids are never reused, not even after a restore.
+            let id = next_id;
+            next_id += 1;
+            sink.pre_commit(id).map(|state| {
+                in_epoch = 0;
+                barrier = Some((id, state));
+            })
+        } else {
+            finished = true;
+            h.finish_sink(&mut sink)
+        };
+        if arm {
+            fault::disarm_all();
+        }
+        step += 1;
+        match result {
+            Ok(()) if finished => break,
+            Ok(()) => check_visible(&format!("after step {step}")),
+            Err(e) => {
+                let injected = arm && e.to_string().contains("injected fault");
+                assert!(injected, "step {step} failed without an injected fault: {e}");
+                injected_at = Some(step);
+                // The crash: the instance is gone; recovery builds a new one.
+                drop(sink);
+                check_visible("after the crash");
+                sink = make();
+                barrier = None;
+                match &completed {
+                    Some((id, state, p)) => {
+                        // The same fault (or another) once more, inside the restore.
+                        let fp = in_restore.or(point).expect("a fault was injected");
+                        fault::arm(fp, Action::Fail(1));
+                        let first = sink.restore(*id, state);
+                        fault::disarm_all();
+                        if let Err(e) = first {
+                            assert!(e.to_string().contains("injected fault"), "restore failed: {e}");
+                            restore_failures += 1;
+                            drop(sink);
+                            sink = make();
+                            sink.restore(*id, state).expect("restore after a crash in restore");
+                        }
+                        pos = *p;
+                    }
+                    None => pos = 0,
+                }
+                in_epoch = 0;
+                check_visible("after the restore");
+            }
+        }
+    }
+    let v = visible();
+    match guarantee {
+        Guarantee::ExactlyOnce => assert_eq!(v, expected, "final output (fault {point:?} at step {injected_at:?})"),
+        Guarantee::AtLeastOnce => {
+            let mut seen = v.clone();
+            seen.sort_unstable();
+            seen.dedup();
+            assert_eq!(seen, expected, "final output lost records (fault {point:?})");
+        }
+    }
+    RunResult {
+        injected_at,
+        restore_failures,
+    }
+}
+
+/// Runs the script once per hit of every fault point; returns the number
+/// of crashes injected per point. `case(dir)` builds the sink factory and
+/// the visible-output reader for a fresh folder. `restore_only` lists
+/// points hit only by a restore, each with a step point that crashes first.
+#[allow(clippy::type_complexity)]
+fn crash_everywhere<S: Sink<Rec>>(
+    points: &[&str],
+    restore_only: &[(&str, &str)],
+    script: Script,
+    guarantee: Guarantee,
+    case: &dyn Fn(&Path) -> (Box<dyn Fn() -> S>, Box<dyn Fn() -> Vec<u64>>),
+) -> BTreeMap<String, usize> {
+    let mut crashes = BTreeMap::new();
+    // A run without faults first.
+    let dir = scratch();
+    let (make, visible) = case(dir.path());
+    drive(&*make, &*visible, script, None, 0, None, guarantee);
+    let mut cases: Vec<(&str, Option<&str>)> = points
+        .iter()
+        .filter(|p| !restore_only.iter().any(|r| r.1 == **p))
+        .map(|&p| (p, None))
+        .collect();
+    cases.extend(restore_only.iter().map(|&(trigger, p)| (trigger, Some(p))));
+    for (p, in_restore) in cases {
+        let mut from = 0;
+        let mut n = 0;
+        loop {
+            let dir = scratch();
+            let (make, visible) = case(dir.path());
+            let r = drive(&*make, &*visible, script, Some(p), from, in_restore, guarantee);
+            n += match in_restore {
+                None => usize::from(r.injected_at.is_some()),
+                Some(_) => r.restore_failures,
+            };
+            match r.injected_at {
+                Some(at) => from = at,
+                None => break,
+            }
+        }
+        crashes.insert(in_restore.unwrap_or(p).to_string(), n);
+    }
+    for (p, n) in &crashes {
+        assert!(*n > 0, "fault point {p} was never hit: the test does not cover it");
+    }
+    crashes
+}
+
+/// Sequence numbers in the committed files of `dir` (non-hidden, in name
+/// order); a partial or malformed line fails the test.
+fn committed_lines(dir: &Path) -> Vec<u64> {
+    let mut out = Vec::new();
+    for f in weir_io::committed_files(dir).unwrap() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.is_empty() || text.ends_with('\n'), "{} ends in a partial line", f.display());
+        for l in text.lines() {
+            out.push(l.parse().unwrap_or_else(|_| panic!("{}: bad line {l:?}", f.display())));
+        }
+    }
+    out
+}
+
+fn sqlite_rows(db: &Path, sql: &str) -> Vec<u64> {
+    if !db.exists() {
+        return Vec::new();
+    }
+    let conn = Connection::open(db).unwrap();
+    let Ok(mut stmt) = conn.prepare(sql) else {
+        return Vec::new(); // the table does not exist yet
+    };
+    stmt.query_map([], |r| r.get::<_, i64>(0))
+        .unwrap()
+        .map(|r| r.unwrap() as u64)
+        .collect()
+}
+
+fn wal_config(dir: &Path) -> WalSinkConfig {
+    WalSinkConfig {
+        // Small enough that a run writes several segments and appends on writes.
+        segment_bytes: 4096,
+        buffer_bytes: 64,
+        ..WalSinkConfig::new(dir.join("wal"), dir.join("out"))
+    }
+}
+
+#[test]
+fn wal_sink_survives_a_crash_at_every_durable_step() {
+    let _g = serial();
+    // Commits from output kept in memory, and from the log read back.
+    for memory_bytes in [1 << 20, 0] {
+        let restore_only = [(wal::FAULT_FSYNC, wal::FAULT_RESTORE_TRUNCATE)];
+        let crashes = crash_everywhere(wal::FAULT_POINTS, &restore_only, SCRIPT, Guarantee::ExactlyOnce, &|dir| {
+            let cfg = WalSinkConfig {
+                memory_bytes,
+                ..wal_config(dir)
+            };
+            let out = dir.join("out");
+            (
+                Box::new(move || WalSink::new(cfg.clone(), 0, line, stamp)),
+                Box::new(move || committed_lines(&out)),
+            )
+        });
+        eprintln!("WAL sink (memory {memory_bytes}) crashes per fault point: {crashes:?}");
+    }
+}
+
+#[test]
+fn two_phase_file_sink_survives_a_crash_at_every_durable_step() {
+    let _g = serial();
+    let crashes = crash_everywhere(
+        twophase::FILE_FAULT_POINTS,
+        &[],
+        SCRIPT,
+        Guarantee::ExactlyOnce,
+        &|dir| {
+            let out = dir.join("out");
+            let o = out.clone();
+            (
+                Box::new(move || weir_io::two_phase_file_sink(o.clone(), 0, line, stamp)),
+                Box::new(move || committed_lines(&out)),
+            )
+        },
+    );
+    eprintln!("2PC file sink crashes per fault point: {crashes:?}");
+}
+
+fn seq_table(dir: &Path) -> SqliteTable {
+    SqliteTable::new(dir.join("out.sqlite"), "out", &["seq"])
+        .create("CREATE TABLE IF NOT EXISTS out (seq INTEGER NOT NULL)")
+}
+
+#[test]
+fn two_phase_sqlite_sink_survives_a_crash_at_every_durable_step() {
+    let _g = serial();
+    let script = Script { records: 200, ..SCRIPT };
+    let crashes = crash_everywhere(
+        twophase::SQLITE_FAULT_POINTS,
+        &[],
+        script,
+        Guarantee::ExactlyOnce,
+        &|dir| {
+            let table = seq_table(dir);
+            let db = table.db.clone();
+            (
+                Box::new(move || weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp)),
+                Box::new(move || sqlite_rows(&db, "SELECT seq FROM out ORDER BY rowid")),
+            )
+        },
+    );
+    eprintln!("2PC SQLite sink crashes per fault point: {crashes:?}");
+}
+
+#[test]
+fn upsert_sink_converges_after_a_crash_at_every_step() {
+    let _g = serial();
+    let script = Script { records: 200, ..SCRIPT };
+    // Keyed by seq: after replays, each key holds its value once.
+    let crashes = crash_everywhere(upsert::UPSERT_FAULT_POINTS, &[], script, Guarantee::ExactlyOnce, &|dir| {
+        let table = SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
+            .key(&["k"])
+            .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
+        let db = table.db.clone();
+        let bind = |r: &Rec, row: &mut SqlRow<'_, '_>| {
+            row.push(r.0 as i64).push(r.0 as i64 * 10);
+        };
+        (
+            Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind, stamp)),
+            Box::new(move || sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k")),
+        )
+    });
+    eprintln!("upsert sink crashes per fault point: {crashes:?}");
+}
+
+#[test]
+fn direct_sink_loses_nothing_and_keeps_whole_lines() {
+    let _g = serial();
+    let crashes = crash_everywhere(direct::DIRECT_FAULT_POINTS, &[], SCRIPT, Guarantee::AtLeastOnce, &|dir| {
+        let out = dir.join("out");
+        let o = out.clone();
+        (
+            Box::new(move || DirectFileSink::new(o.clone(), 0, line, stamp)),
+            Box::new(move || committed_lines(&out)),
+        )
+    });
+    eprintln!("direct sink crashes per fault point: {crashes:?}");
+}
+
+#[test]
+fn direct_sink_cuts_a_partial_last_line() {
+    let _g = serial();
+    let dir = scratch();
+    let mut h = Harness::new(0, 1);
+    let mut sink = DirectFileSink::new(dir.path(), 0, line, stamp);
+    h.write_sink(&mut sink, &mut vec![(1, 0), (2, 0)]).unwrap();
+    let path = sink.path().to_path_buf();
+    drop(sink);
+    // A crash in the middle of a write left half a line.
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap()
+        .write_all(b"12")
+        .unwrap();
+    let mut sink = DirectFileSink::new(dir.path(), 0, line, stamp);
+    h.write_sink(&mut sink, &mut vec![(3, 0)]).unwrap();
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n3\n");
+}
+
+/// Writes `epochs` epochs of 10 records into a fresh WAL sink, completing
+/// each checkpoint; returns the sink and the last state.
+fn wal_with_epochs(cfg: &WalSinkConfig, epochs: u64) -> (WalSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>, Vec<u8>) {
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg.clone(), 0, line as fn(&Rec, &mut Vec<u8>), stamp as fn(&Rec) -> u64);
+    let mut state = Vec::new();
+    for e in 1..=epochs {
+        let mut batch: Vec<Rec> = ((e - 1) * 10..e * 10).map(|s| (s, 0)).collect();
+        h.write_sink(&mut sink, &mut batch).unwrap();
+        state = sink.pre_commit(e).unwrap();
+        sink.commit(e).unwrap();
+    }
+    (sink, state)
+}
+
+#[test]
+fn wal_torn_tail_is_cut_off_and_reported() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let mut h = Harness::new(0, 1);
+    let (mut sink, _) = wal_with_epochs(&cfg, 1);
+    // Epoch 2 is pre-committed (checkpoint 2 completes) but not committed.
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    let state2 = sink.pre_commit(2).unwrap();
+    // Epoch 3 is written out, then the crash tears its last record.
+    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect()).unwrap();
+    let _ = sink.pre_commit(3).unwrap();
+    drop(sink);
+    let log = wal::subtask_log_dir(&cfg, 0);
+    let seg = wal::segment_file(&log, 1);
+    let len = std::fs::metadata(&seg).unwrap().len();
+    let f = std::fs::OpenOptions::new().write(true).open(&seg).unwrap();
+    f.set_len(len - 3).unwrap();
+
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    sink.restore(2, &state2).unwrap();
+    let report = sink.last_recovery().unwrap().clone();
+    assert_eq!(report.committed_before, 1);
+    assert_eq!(report.recommitted_epochs, vec![2]);
+    assert_eq!(report.recommitted_records, 10);
+    assert_eq!(report.discarded_records, 9, "epoch 3's whole records are discarded");
+    let (torn_file, torn_at) = report.torn_tail.expect("the torn record is found");
+    assert_eq!(torn_file, seg);
+    let record = (codec::HEADER_BYTES + 3) as u64; // "29\n"
+    assert_eq!(torn_at, len - record, "the torn record's offset");
+    assert_eq!(std::fs::metadata(&seg).unwrap().len(), len - 10 * record, "the tail was cut");
+    // Replay epoch 3 and finish: exactly once.
+    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect()).unwrap();
+    let _ = sink.pre_commit(3).unwrap();
+    sink.commit(3).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(committed_lines(&cfg.target_dir), (0..30).collect::<Vec<_>>());
+}
+
+#[test]
+fn wal_corruption_before_the_checkpoint_is_an_error_with_file_and_offset() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let mut h = Harness::new(0, 1);
+    let (mut sink, _) = wal_with_epochs(&cfg, 1);
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    let state2 = sink.pre_commit(2).unwrap();
+    let before = std::fs::read_dir(&cfg.target_dir).unwrap().count();
+    drop(sink);
+    // Flip a byte in the 5th record of epoch 2 (records of epoch 1 hold
+    // "0\n".."9\n", those of epoch 2 "10\n".."19\n").
+    let seg = wal::segment_file(&wal::subtask_log_dir(&cfg, 0), 1);
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let (one, two) = (codec::HEADER_BYTES + 2, codec::HEADER_BYTES + 3);
+    let start = codec::SEGMENT_HEADER_BYTES + 10 * one + 4 * two;
+    bytes[start + 17] ^= 0x40;
+    std::fs::write(&seg, &bytes).unwrap();
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    let e = sink.restore(2, &state2).unwrap_err().to_string();
+    assert!(e.contains(&seg.display().to_string()), "names the file: {e}");
+    assert!(e.contains(&format!("at byte {start}")), "names the offset: {e}");
+    assert!(e.contains("CRC"), "says what is wrong: {e}");
+    assert_eq!(
+        std::fs::read_dir(&cfg.target_dir).unwrap().count(),
+        before,
+        "nothing of the damaged epoch became visible"
+    );
+}
+
+#[test]
+fn wal_commit_repeated_after_recovery_changes_nothing() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = wal_config(dir.path());
+    let (mut sink, state3) = wal_with_epochs(&cfg, 3);
+    let expected: Vec<u64> = (0..30).collect();
+    sink.commit(3).unwrap();
+    sink.commit(2).unwrap();
+    assert_eq!(committed_lines(&cfg.target_dir), expected);
+    drop(sink);
+    for _ in 0..2 {
+        let mut again = WalSink::new(cfg.clone(), 0, line, stamp);
+        again.restore(3, &state3).unwrap();
+        assert_eq!(again.last_recovery().unwrap().recommitted_epochs, Vec::<u64>::new());
+        again.commit(3).unwrap();
+        assert_eq!(committed_lines(&cfg.target_dir), expected);
+    }
+    // An older checkpoint than the committed output is refused.
+    let (_, state1) = {
+        let d2 = scratch();
+        wal_with_epochs(&wal_config(d2.path()), 1)
+    };
+    let mut older = WalSink::new(cfg.clone(), 0, line, stamp);
+    let e = older.restore(1, &state1).unwrap_err().to_string();
+    assert!(e.contains("committed through epoch 3"), "{e}");
+    // So is a fresh start into the used target.
+    let mut fresh = WalSink::new(cfg.clone(), 0, line, stamp);
+    let e = Harness::new(0, 1)
+        .write_sink(&mut fresh, &mut vec![(0, 0)])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("starts without a checkpoint"), "{e}");
+}
+
+#[test]
+fn wal_aborted_epochs_are_committed_with_the_next_checkpoint() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    h.write_sink(&mut sink, &mut (0..5).map(|s| (s, 0)).collect()).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    sink.abort(1).unwrap();
+    assert!(committed_lines(&cfg.target_dir).is_empty());
+    h.write_sink(&mut sink, &mut (5..8).map(|s| (s, 0)).collect()).unwrap();
+    let _ = sink.pre_commit(2).unwrap();
+    sink.commit(2).unwrap();
+    assert_eq!(committed_lines(&cfg.target_dir), (0..8).collect::<Vec<_>>());
+    let names: Vec<String> = weir_io::committed_files(&cfg.target_dir)
+        .unwrap()
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, vec!["part-000-000000001.csv", "part-000-000000002.csv"]);
+}
+
+#[test]
+fn wal_without_checkpointing_commits_at_finish() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    h.write_sink(&mut sink, &mut (0..100).map(|s| (s, 0)).collect()).unwrap();
+    assert!(committed_lines(&cfg.target_dir).is_empty(), "nothing visible before the end");
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(committed_lines(&cfg.target_dir), (0..100).collect::<Vec<_>>());
+    let segments = std::fs::read_dir(wal::subtask_log_dir(&cfg, 0))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".wal"))
+        .count();
+    assert!(segments <= 1, "committed segments are deleted ({segments} left)");
+}
+
+#[test]
+fn sinks_record_visibility_latency_at_commit() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg, 0, line, stamp);
+    let emitted = weir_core::clock::now_ns();
+    h.write_sink(&mut sink, &mut (0..50).map(|s| (s, emitted)).collect()).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    sink.commit(1).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    let hist = h.latency_ns();
+    assert_eq!(hist.len(), 50, "every committed record is counted once");
+    assert!(hist.min() >= 20_000_000, "measured to the commit: min {} ns", hist.min());
+
+    // The two-phase sink the same way.
+    let mut h = Harness::new(0, 1);
+    let mut sink = weir_io::two_phase_file_sink(dir.path().join("out2"), 0, line, stamp);
+    let emitted = weir_core::clock::now_ns();
+    h.write_sink(&mut sink, &mut (0..30).map(|s| (s, emitted)).collect()).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    sink.commit(1).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    let hist = h.latency_ns();
+    assert_eq!(hist.len(), 30);
+    assert!(hist.min() >= 20_000_000, "min {} ns", hist.min());
+}
+
+#[test]
+fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
+    let _g = serial();
+    let dir = scratch();
+    let out = dir.path().join("out");
+    let mut h = Harness::new(0, 1);
+    let mut sink = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
+    h.write_sink(&mut sink, &mut (0..10).map(|s| (s, 0)).collect()).unwrap();
+    let state1 = sink.pre_commit(1).unwrap();
+    // Nothing visible yet: the transaction is a hidden temporary file.
+    assert!(committed_lines(&out).is_empty());
+    assert!(out.join(weir_io::IN_PROGRESS_DIR).join("part-000-000000001.csv.tmp").exists());
+    sink.commit(1).unwrap();
+    sink.commit(1).unwrap();
+    drop(sink);
+    for _ in 0..2 {
+        let mut again = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
+        again.restore(1, &state1).unwrap();
+        assert_eq!(committed_lines(&out), (0..10).collect::<Vec<_>>());
+    }
+    // A pre-committed transaction whose file vanished is reported, not skipped.
+    let mut sink = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
+    sink.restore(1, &state1).unwrap();
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    let state2 = sink.pre_commit(2).unwrap();
+    std::fs::remove_file(out.join(weir_io::IN_PROGRESS_DIR).join("part-000-000000002.csv.tmp")).unwrap();
+    let mut lost = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
+    let e = lost.restore(2, &state2).unwrap_err().to_string();
+    assert!(e.contains("epoch 2 is lost"), "{e}");
+}
+
+#[test]
+fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
+    let _g = serial();
+    let dir = scratch();
+    let table = seq_table(dir.path());
+    let db = table.db.clone();
+    let rows = || sqlite_rows(&db, "SELECT seq FROM out ORDER BY rowid");
+    let mut h = Harness::new(0, 1);
+    let mut sink = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
+    h.write_sink(&mut sink, &mut (0..10).map(|s| (s, 0)).collect()).unwrap();
+    let state1 = sink.pre_commit(1).unwrap();
+    assert!(rows().is_empty(), "staged, not visible");
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    let state2 = sink.pre_commit(2).unwrap();
+    // A second instance (the recovered one) commits checkpoint 2 ...
+    let mut recovered = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
+    recovered.restore(2, &state2).unwrap();
+    assert_eq!(rows(), (0..20).collect::<Vec<_>>());
+    // ... and the stale first instance's commits are no-ops.
+    sink.commit(1).unwrap();
+    sink.commit(2).unwrap();
+    recovered.commit(2).unwrap();
+    assert_eq!(rows(), (0..20).collect::<Vec<_>>(), "no duplicates");
+    let conn = Connection::open(&db).unwrap();
+    let fence: i64 = conn
+        .query_row(
+            "SELECT committed FROM weir_sink_epochs WHERE sink = 'out' AND subtask = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(fence, 2);
+    // Restoring an older checkpoint than the fence is refused.
+    let mut older = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
+    let e = older.restore(1, &state1).unwrap_err().to_string();
+    assert!(e.contains("committed through epoch 2"), "{e}");
+    // Another subtask has its own fence.
+    let mut other = weir_io::two_phase_sqlite_sink(table, 1, bind_seq, stamp);
+    h.write_sink(&mut other, &mut vec![(100, 0)]).unwrap();
+    let _ = other.pre_commit(1).unwrap();
+    other.commit(1).unwrap();
+    assert_eq!(rows().len(), 21);
+}
+
+/// Makes a map operator panic after a number of records, `failures` times.
+#[derive(Clone)]
+struct Chaos {
+    seen: Arc<AtomicU64>,
+    left: Arc<AtomicU32>,
+    every: u64,
+}
+
+impl Chaos {
+    fn tick(&self) {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if n % self.every == 0 && self.left.load(Ordering::Relaxed) > 0 {
+            self.left.fetch_sub(1, Ordering::Relaxed);
+            panic!("injected failure after {n} records");
+        }
+    }
+}
+
+/// key, running count, running sum, emission stamp
+type Count = (u64, u64, u64, u64);
+
+const EVENTS: u64 = 20_000;
+const KEYS: u64 = 37;
+
+/// Runs a keyed running count with checkpoints and three injected
+/// failures into the sink that `sink` adds.
+fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stream<Count>)) -> usize {
+    let p = Pipeline::new("sinks-test");
+    let chaos = Chaos {
+        seen: Arc::new(AtomicU64::new(0)),
+        left: Arc::new(AtomicU32::new(3)),
+        every: 5_000,
+    };
+    let cfg = GeneratorConfig {
+        seed: 9,
+        events: Some(EVENTS),
+        ..Default::default()
+    };
+    let counts = p
+        .source("gen", 2, move |i, n| {
+            Generator::new(cfg, i, n, |c: GenContext| (c.random % KEYS, c.seq, c.emitted_ns)).unwrap()
+        })
+        .map(move |r: (u64, u64, u64)| {
+            chaos.tick();
+            r
+        })
+        .name("chaos")
+        .key_by(|r: &(u64, u64, u64)| r.0)
+        .parallelism(2)
+        .process(move |k: &u64, st: &mut (u64, u64), (_, v, at): (u64, u64, u64), out| {
+            st.0 += 1;
+            st.1 = st.1.wrapping_add(v);
+            out.emit((*k, st.0, st.1, at));
+        })
+        .name("count");
+    sink(counts);
+    let config = RuntimeConfig {
+        workers: 2,
+        checkpointing: Some(CheckpointConfig {
+            interval: Duration::from_millis(5),
+            timeout: Duration::from_secs(20),
+            ..CheckpointConfig::new(mode, dir.join("checkpoints"))
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 10,
+            delay: Duration::from_millis(1),
+        },
+        ..RuntimeConfig::default()
+    };
+    let result = p.run(config).unwrap().join().unwrap();
+    result.metrics.checkpoints.restarts.len()
+}
+
+fn count_line(r: &Count, out: &mut Vec<u8>) {
+    writeln!(out, "{},{},{}", r.0, r.1, r.2).unwrap();
+}
+
+fn count_stamp(r: &Count) -> u64 {
+    r.3
+}
+
+/// Checks per key: counts 1..=n exactly once, and the right final sum.
+fn assert_exactly_once(rows: &[(u64, u64, u64)]) {
+    let mut expected: HashMap<u64, (u64, u64)> = HashMap::new();
+    for seq in 0..EVENTS {
+        let random = weir_io::generator::splitmix64(seq ^ weir_io::generator::splitmix64(9));
+        let e = expected.entry(random % KEYS).or_default();
+        e.0 += 1;
+        e.1 = e.1.wrapping_add(seq);
+    }
+    let mut by_key: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    for &(k, c, s) in rows {
+        by_key.entry(k).or_default().push((c, s));
+    }
+    assert_eq!(by_key.len(), expected.len());
+    for (k, (n, sum)) in expected {
+        let mut got = by_key.remove(&k).unwrap();
+        got.sort_unstable();
+        let counts: Vec<u64> = got.iter().map(|r| r.0).collect();
+        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "key {k}");
+        assert_eq!(got.last().unwrap().1, sum, "key {k}: final sum");
+    }
+}
+
+fn parse_count_lines(dir: &Path) -> Vec<(u64, u64, u64)> {
+    let mut rows = Vec::new();
+    for f in weir_io::committed_files(dir).unwrap() {
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(text.ends_with('\n'), "{} ends in a partial line", f.display());
+        for l in text.lines() {
+            let v: Vec<u64> = l.split(',').map(|x| x.parse().unwrap()).collect();
+            rows.push((v[0], v[1], v[2]));
+        }
+    }
+    rows
+}
+
+#[test]
+fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
+    let _g = serial();
+    // WAL sink, aligned checkpoints.
+    let dir = scratch();
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let restarts = keyed_job(CheckpointMode::Aligned, dir.path(), |s| {
+        s.sink("wal", move |i| WalSink::new(cfg.clone(), i, count_line, count_stamp))
+    });
+    assert!(restarts >= 1, "{restarts} restarts");
+    assert_exactly_once(&parse_count_lines(&dir.path().join("out")));
+
+    // Two-phase file sink, unaligned checkpoints.
+    let dir = scratch();
+    let out: PathBuf = dir.path().join("out");
+    let o = out.clone();
+    let restarts = keyed_job(CheckpointMode::Unaligned, dir.path(), move |s| {
+        s.sink("2pc-file", move |i| {
+            weir_io::two_phase_file_sink(o.clone(), i, count_line, count_stamp)
+        })
+    });
+    assert!(restarts >= 1, "{restarts} restarts");
+    assert_exactly_once(&parse_count_lines(&out));
+
+    // Two-phase SQLite sink, both subtasks into one database.
+    let dir = scratch();
+    let table = SqliteTable::new(dir.path().join("counts.sqlite"), "counts", &["k", "n", "total"])
+        .create("CREATE TABLE IF NOT EXISTS counts (k INTEGER, n INTEGER, total INTEGER)");
+    let db = table.db.clone();
+    let bind = |r: &Count, row: &mut SqlRow<'_, '_>| {
+        row.push(r.0 as i64).push(r.1 as i64).push(r.2 as i64);
+    };
+    let restarts = keyed_job(CheckpointMode::Aligned, dir.path(), move |s| {
+        s.sink("2pc-sqlite", move |i| {
+            TwoPhaseCommitSink::new(weir_io::SqliteTransactions::new(table.clone(), i, bind, count_stamp))
+        })
+    });
+    assert!(restarts >= 1, "{restarts} restarts");
+    let conn = Connection::open(&db).unwrap();
+    let mut stmt = conn.prepare("SELECT k, n, total FROM counts").unwrap();
+    let rows: Vec<(u64, u64, u64)> = stmt
+        .query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)))
+        .unwrap()
+        .map(|r| r.unwrap())
+        .collect();
+    assert_exactly_once(&rows);
+}
