@@ -34,6 +34,8 @@ fn a_fault_at_any_durable_step_leaves_the_previous_checkpoint_restorable() {
                 mode,
                 failures: 0,
                 events: 30_000,
+                // Long enough (0.3 s at 5 ms intervals) for the fault to hit.
+                rate: 100_000.0,
                 ..BASE
             };
             let dir = tempfile::tempdir().unwrap();

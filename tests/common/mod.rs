@@ -129,6 +129,8 @@ pub struct Job {
     /// A slow operator after the exchange (backpressure), µs per record.
     pub slow_us: u64,
     pub ring: usize,
+    /// Records per second of the main source.
+    pub rate: f64,
 }
 
 pub const BASE: Job = Job {
@@ -139,6 +141,7 @@ pub const BASE: Job = Job {
     union_slow: false,
     slow_us: 0,
     ring: 256,
+    rate: 400_000.0,
 };
 
 fn key_of(c: &GenContext, keys: u64) -> u64 {
@@ -175,7 +178,7 @@ pub fn run_with(
         rate: Some(rate),
         start_ns: None,
     };
-    let fast = gen(400_000.0, job.events, 1);
+    let fast = gen(job.rate, job.events, 1);
     let mut stream = p.source("fast", 2, move |i, n| {
         Generator::new(fast, i, n, move |c: GenContext| (key_of(&c, keys), c.seq)).unwrap()
     });
