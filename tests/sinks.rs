@@ -285,7 +285,11 @@ fn committed_lines(dir: &Path) -> Vec<u64> {
     let mut out = Vec::new();
     for f in weir_io::committed_files(dir).unwrap() {
         let text = std::fs::read_to_string(&f).unwrap();
-        assert!(text.is_empty() || text.ends_with('\n'), "{} ends in a partial line", f.display());
+        assert!(
+            text.is_empty() || text.ends_with('\n'),
+            "{} ends in a partial line",
+            f.display()
+        );
         for l in text.lines() {
             out.push(l.parse().unwrap_or_else(|_| panic!("{}: bad line {l:?}", f.display())));
         }
@@ -322,17 +326,23 @@ fn wal_sink_survives_a_crash_at_every_durable_step() {
     // Commits from output kept in memory, and from the log read back.
     for memory_bytes in [1 << 20, 0] {
         let restore_only = [(wal::FAULT_FSYNC, wal::FAULT_RESTORE_TRUNCATE)];
-        let crashes = crash_everywhere(wal::FAULT_POINTS, &restore_only, SCRIPT, Guarantee::ExactlyOnce, &|dir| {
-            let cfg = WalSinkConfig {
-                memory_bytes,
-                ..wal_config(dir)
-            };
-            let out = dir.join("out");
-            (
-                Box::new(move || WalSink::new(cfg.clone(), 0, line, stamp)),
-                Box::new(move || committed_lines(&out)),
-            )
-        });
+        let crashes = crash_everywhere(
+            wal::FAULT_POINTS,
+            &restore_only,
+            SCRIPT,
+            Guarantee::ExactlyOnce,
+            &|dir| {
+                let cfg = WalSinkConfig {
+                    memory_bytes,
+                    ..wal_config(dir)
+                };
+                let out = dir.join("out");
+                (
+                    Box::new(move || WalSink::new(cfg.clone(), 0, line, stamp)),
+                    Box::new(move || committed_lines(&out)),
+                )
+            },
+        );
         eprintln!("WAL sink (memory {memory_bytes}) crashes per fault point: {crashes:?}");
     }
 }
@@ -388,33 +398,45 @@ fn upsert_sink_converges_after_a_crash_at_every_step() {
     let _g = serial();
     let script = Script { records: 200, ..SCRIPT };
     // Keyed by seq: after replays, each key holds its value once.
-    let crashes = crash_everywhere(upsert::UPSERT_FAULT_POINTS, &[], script, Guarantee::ExactlyOnce, &|dir| {
-        let table = SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
-            .key(&["k"])
-            .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
-        let db = table.db.clone();
-        let bind = |r: &Rec, row: &mut SqlRow<'_, '_>| {
-            row.push(r.0 as i64).push(r.0 as i64 * 10);
-        };
-        (
-            Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind, stamp)),
-            Box::new(move || sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k")),
-        )
-    });
+    let crashes = crash_everywhere(
+        upsert::UPSERT_FAULT_POINTS,
+        &[],
+        script,
+        Guarantee::ExactlyOnce,
+        &|dir| {
+            let table = SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
+                .key(&["k"])
+                .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
+            let db = table.db.clone();
+            let bind = |r: &Rec, row: &mut SqlRow<'_, '_>| {
+                row.push(r.0 as i64).push(r.0 as i64 * 10);
+            };
+            (
+                Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind, stamp)),
+                Box::new(move || sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k")),
+            )
+        },
+    );
     eprintln!("upsert sink crashes per fault point: {crashes:?}");
 }
 
 #[test]
 fn direct_sink_loses_nothing_and_keeps_whole_lines() {
     let _g = serial();
-    let crashes = crash_everywhere(direct::DIRECT_FAULT_POINTS, &[], SCRIPT, Guarantee::AtLeastOnce, &|dir| {
-        let out = dir.join("out");
-        let o = out.clone();
-        (
-            Box::new(move || DirectFileSink::new(o.clone(), 0, line, stamp)),
-            Box::new(move || committed_lines(&out)),
-        )
-    });
+    let crashes = crash_everywhere(
+        direct::DIRECT_FAULT_POINTS,
+        &[],
+        SCRIPT,
+        Guarantee::AtLeastOnce,
+        &|dir| {
+            let out = dir.join("out");
+            let o = out.clone();
+            (
+                Box::new(move || DirectFileSink::new(o.clone(), 0, line, stamp)),
+                Box::new(move || committed_lines(&out)),
+            )
+        },
+    );
     eprintln!("direct sink crashes per fault point: {crashes:?}");
 }
 
@@ -441,7 +463,10 @@ fn direct_sink_cuts_a_partial_last_line() {
 
 /// Writes `epochs` epochs of 10 records into a fresh WAL sink, completing
 /// each checkpoint; returns the sink and the last state.
-fn wal_with_epochs(cfg: &WalSinkConfig, epochs: u64) -> (WalSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>, Vec<u8>) {
+fn wal_with_epochs(
+    cfg: &WalSinkConfig,
+    epochs: u64,
+) -> (WalSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>, Vec<u8>) {
     let mut h = Harness::new(0, 1);
     let mut sink = WalSink::new(cfg.clone(), 0, line as fn(&Rec, &mut Vec<u8>), stamp as fn(&Rec) -> u64);
     let mut state = Vec::new();
@@ -462,10 +487,12 @@ fn wal_torn_tail_is_cut_off_and_reported() {
     let mut h = Harness::new(0, 1);
     let (mut sink, _) = wal_with_epochs(&cfg, 1);
     // Epoch 2 is pre-committed (checkpoint 2 completes) but not committed.
-    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect())
+        .unwrap();
     let state2 = sink.pre_commit(2).unwrap();
     // Epoch 3 is written out, then the crash tears its last record.
-    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect())
+        .unwrap();
     let _ = sink.pre_commit(3).unwrap();
     drop(sink);
     let log = wal::subtask_log_dir(&cfg, 0);
@@ -485,9 +512,14 @@ fn wal_torn_tail_is_cut_off_and_reported() {
     assert_eq!(torn_file, seg);
     let record = (codec::HEADER_BYTES + 3) as u64; // "29\n"
     assert_eq!(torn_at, len - record, "the torn record's offset");
-    assert_eq!(std::fs::metadata(&seg).unwrap().len(), len - 10 * record, "the tail was cut");
+    assert_eq!(
+        std::fs::metadata(&seg).unwrap().len(),
+        len - 10 * record,
+        "the tail was cut"
+    );
     // Replay epoch 3 and finish: exactly once.
-    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (20..30).map(|s| (s, 0)).collect())
+        .unwrap();
     let _ = sink.pre_commit(3).unwrap();
     sink.commit(3).unwrap();
     h.finish_sink(&mut sink).unwrap();
@@ -501,7 +533,8 @@ fn wal_corruption_before_the_checkpoint_is_an_error_with_file_and_offset() {
     let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
     let mut h = Harness::new(0, 1);
     let (mut sink, _) = wal_with_epochs(&cfg, 1);
-    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect())
+        .unwrap();
     let state2 = sink.pre_commit(2).unwrap();
     let before = std::fs::read_dir(&cfg.target_dir).unwrap().count();
     drop(sink);
@@ -590,8 +623,12 @@ fn wal_without_checkpointing_commits_at_finish() {
     let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
     let mut h = Harness::new(0, 1);
     let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
-    h.write_sink(&mut sink, &mut (0..100).map(|s| (s, 0)).collect()).unwrap();
-    assert!(committed_lines(&cfg.target_dir).is_empty(), "nothing visible before the end");
+    h.write_sink(&mut sink, &mut (0..100).map(|s| (s, 0)).collect())
+        .unwrap();
+    assert!(
+        committed_lines(&cfg.target_dir).is_empty(),
+        "nothing visible before the end"
+    );
     h.finish_sink(&mut sink).unwrap();
     assert_eq!(committed_lines(&cfg.target_dir), (0..100).collect::<Vec<_>>());
     let segments = std::fs::read_dir(wal::subtask_log_dir(&cfg, 0))
@@ -609,20 +646,26 @@ fn sinks_record_visibility_latency_at_commit() {
     let mut h = Harness::new(0, 1);
     let mut sink = WalSink::new(cfg, 0, line, stamp);
     let emitted = weir_core::clock::now_ns();
-    h.write_sink(&mut sink, &mut (0..50).map(|s| (s, emitted)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (0..50).map(|s| (s, emitted)).collect())
+        .unwrap();
     let _ = sink.pre_commit(1).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     sink.commit(1).unwrap();
     h.finish_sink(&mut sink).unwrap();
     let hist = h.latency_ns();
     assert_eq!(hist.len(), 50, "every committed record is counted once");
-    assert!(hist.min() >= 20_000_000, "measured to the commit: min {} ns", hist.min());
+    assert!(
+        hist.min() >= 20_000_000,
+        "measured to the commit: min {} ns",
+        hist.min()
+    );
 
     // The two-phase sink the same way.
     let mut h = Harness::new(0, 1);
     let mut sink = weir_io::two_phase_file_sink(dir.path().join("out2"), 0, line, stamp);
     let emitted = weir_core::clock::now_ns();
-    h.write_sink(&mut sink, &mut (0..30).map(|s| (s, emitted)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (0..30).map(|s| (s, emitted)).collect())
+        .unwrap();
     let _ = sink.pre_commit(1).unwrap();
     std::thread::sleep(Duration::from_millis(20));
     sink.commit(1).unwrap();
@@ -643,7 +686,10 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     let state1 = sink.pre_commit(1).unwrap();
     // Nothing visible yet: the transaction is a hidden temporary file.
     assert!(committed_lines(&out).is_empty());
-    assert!(out.join(weir_io::IN_PROGRESS_DIR).join("part-000-000000001.csv.tmp").exists());
+    assert!(out
+        .join(weir_io::IN_PROGRESS_DIR)
+        .join("part-000-000000001.csv.tmp")
+        .exists());
     sink.commit(1).unwrap();
     sink.commit(1).unwrap();
     drop(sink);
@@ -655,7 +701,8 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     // A pre-committed transaction whose file vanished is reported, not skipped.
     let mut sink = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
     sink.restore(1, &state1).unwrap();
-    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect())
+        .unwrap();
     let state2 = sink.pre_commit(2).unwrap();
     std::fs::remove_file(out.join(weir_io::IN_PROGRESS_DIR).join("part-000-000000002.csv.tmp")).unwrap();
     let mut lost = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
@@ -675,7 +722,8 @@ fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
     h.write_sink(&mut sink, &mut (0..10).map(|s| (s, 0)).collect()).unwrap();
     let state1 = sink.pre_commit(1).unwrap();
     assert!(rows().is_empty(), "staged, not visible");
-    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect()).unwrap();
+    h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect())
+        .unwrap();
     let state2 = sink.pre_commit(2).unwrap();
     // A second instance (the recovered one) commits checkpoint 2 ...
     let mut recovered = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
@@ -865,7 +913,13 @@ fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
     let conn = Connection::open(&db).unwrap();
     let mut stmt = conn.prepare("SELECT k, n, total FROM counts").unwrap();
     let rows: Vec<(u64, u64, u64)> = stmt
-        .query_map([], |r| Ok((r.get::<_, i64>(0)? as u64, r.get::<_, i64>(1)? as u64, r.get::<_, i64>(2)? as u64)))
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+            ))
+        })
         .unwrap()
         .map(|r| r.unwrap())
         .collect();

@@ -32,20 +32,40 @@ const BATCH: u64 = 1024;
 /// Bytes of one record: `r` + 16 hex digits + 14 `.` + `\n`.
 const RECORD_BYTES: usize = 32;
 
-const HEX: &[u8; 16] = b"0123456789abcdef";
+/// Two hex digits for every byte value.
+static HEX_PAIRS: [[u8; 2]; 256] = {
+    let digits = b"0123456789abcdef";
+    let mut t = [[0u8; 2]; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = [digits[i >> 4], digits[i & 0xf]];
+        i += 1;
+    }
+    t
+};
 
 /// Appends a 32-byte line for `seq`: no allocation, no formatting machinery.
 #[inline]
 fn encode(seq: &u64, out: &mut Vec<u8>) {
     let mut line = *b"r0000000000000000..............\n";
-    for i in 0..16 {
-        line[16 - i] = HEX[((seq >> (4 * i)) & 0xf) as usize];
+    for (i, b) in seq.to_be_bytes().iter().enumerate() {
+        line[1 + 2 * i..3 + 2 * i].copy_from_slice(&HEX_PAIRS[*b as usize]);
     }
     out.extend_from_slice(&line);
 }
 
+/// CPU time of the calling thread (user and system), from
+/// `/proc/thread-self/schedstat`; `None` where that does not exist.
+fn thread_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(Duration::from_nanos(s.split_whitespace().next()?.parse().ok()?))
+}
+
 struct Run {
     seconds: f64,
+    /// CPU time of the thread over the same span: the sink's own cost,
+    /// whatever else the machine runs.
+    cpu: Option<Duration>,
     write: Duration,
     pre_commit: Duration,
     commit: Duration,
@@ -59,6 +79,7 @@ fn run(dir: &Path, records: u64, epoch: u64) -> Run {
     let mut batch: Vec<u64> = Vec::with_capacity(BATCH as usize);
     let (mut write, mut pre_commit, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut id = 0;
+    let cpu0 = thread_cpu();
     let start = Instant::now();
     let mut seq = 0;
     while seq < records {
@@ -81,6 +102,7 @@ fn run(dir: &Path, records: u64, epoch: u64) -> Run {
         commit += t3 - t2;
     }
     let seconds = start.elapsed().as_secs_f64();
+    let cpu = thread_cpu().zip(cpu0).map(|(b, a)| b - a);
     h.finish_sink(&mut sink).unwrap();
     drop(sink);
     // Check the output before throwing it away: every record, in order.
@@ -94,6 +116,7 @@ fn run(dir: &Path, records: u64, epoch: u64) -> Run {
     let _ = std::fs::remove_dir_all(dir);
     Run {
         seconds,
+        cpu,
         write,
         pre_commit,
         commit,
@@ -118,8 +141,8 @@ fn main() {
     }
     eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}, one subtask");
     eprintln!(
-        "{:<8} {:>12} {:>10} {:>12} {:>12} {:>9} {:>9} {:>9}",
-        "place", "epoch recs", "seconds", "records/s", "log+out MB/s", "write %", "fsync %", "commit %"
+        "{:<8} {:>10} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
+        "place", "epoch", "seconds", "records/s", "log+out MB/s", "write", "fsync", "commit", "records/CPU-s"
     );
     for (name, dir) in &places {
         // 200 K records is one 10 ms checkpoint at 20 M/s; 2 M is 100 ms.
@@ -128,8 +151,11 @@ fn main() {
             let rate = records as f64 / r.seconds;
             let mbs = rate * (RECORD_BYTES as f64 * 2.0 + 16.0) / 1e6;
             let pct = |d: Duration| 100.0 * d.as_secs_f64() / r.seconds;
+            let per_cpu = r.cpu.map_or("-".to_string(), |c| {
+                format!("{:.2} M", records as f64 / c.as_secs_f64() / 1e6)
+            });
             eprintln!(
-                "{:<8} {:>12} {:>10.3} {:>10.2} M {:>12.0} {:>8.1}% {:>8.1}% {:>8.1}%",
+                "{:<8} {:>10} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
                 name,
                 epoch,
                 r.seconds,
@@ -137,7 +163,8 @@ fn main() {
                 mbs,
                 pct(r.write),
                 pct(r.pre_commit),
-                pct(r.commit)
+                pct(r.commit),
+                per_cpu
             );
         }
     }

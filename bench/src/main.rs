@@ -7,6 +7,7 @@ mod event;
 mod pipelines;
 mod plot;
 mod report;
+mod run_cmd;
 
 use clap::{Parser, Subcommand};
 
@@ -25,6 +26,9 @@ enum Command {
     Compare(compare_cmd::CompareArgs),
     /// Run a benchmark job and print throughput and latency.
     Bench(bench_cmd::BenchArgs),
+    /// Run a job that can be killed at any instant and resumed: keyed
+    /// counts of `key,value` lines, written exactly once.
+    Run(run_cmd::RunArgs),
     /// List, inspect and verify the checkpoints in a checkpoint directory.
     Checkpoints(checkpoints_cmd::CheckpointsArgs),
 }
@@ -44,6 +48,7 @@ fn main() {
     let result = match &cli.command {
         Command::Compare(args) => compare_cmd::run(args),
         Command::Bench(args) => bench_cmd::run(args).map(|_| ()),
+        Command::Run(args) => run_cmd::run(args),
         Command::Checkpoints(args) => checkpoints_cmd::run(args),
     };
     if let Err(e) = result {

@@ -40,7 +40,6 @@ struct Table {
 const MAX_LOAD_NUM: usize = 3;
 const MAX_LOAD_DEN: usize = 4;
 
-
 /// Where the probe for hash `h` starts: a page position from the low bits
 /// and a slot from bits 16..48, both independent of the high bits that
 /// chose the key group.

@@ -685,15 +685,14 @@ where
                     c.end = end;
                     c.records += 1;
                 }
-                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => {
-                    closed.push_back(Closed {
+                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => closed
+                    .push_back(Closed {
                         tag,
                         end,
                         records: 1,
                         payload: None,
                         stamps: StampRuns::default(),
-                    })
-                }
+                    }),
                 _ => {
                     let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
                     return Err(Error::corrupt(
@@ -925,14 +924,19 @@ mod tests {
             epoch: 1,
             end: WalPos { seg: 1, off: 24 },
         };
-        let e = Sink::<u64>::restore(&mut sink, 1, &other.encode()).unwrap_err().to_string();
+        let e = Sink::<u64>::restore(&mut sink, 1, &other.encode())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("subtask 1"), "{e}");
         let tiny = WalSinkConfig {
             segment_bytes: 10,
             ..cfg
         };
         let mut sink = WalSink::new(tiny, 0, line, |_: &u64| 0);
-        let e = Harness::new(0, 1).write_sink(&mut sink, &mut vec![1]).unwrap_err().to_string();
+        let e = Harness::new(0, 1)
+            .write_sink(&mut sink, &mut vec![1])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("segment_bytes"), "{e}");
     }
 }

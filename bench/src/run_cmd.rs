@@ -1,0 +1,346 @@
+//! `weir run`: a real job to kill and resume. Reads `key,value` lines from
+//! a file or a folder, keeps a running count and sum per key, and writes
+//! one line `key,count,sum` per input record through a committing sink.
+//! Given the same arguments again, it resumes from its latest checkpoint.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_core::{
+    clock, BoxError, CheckpointConfig, Output, Pipeline, RestartStrategy, RestoreFrom, RuntimeConfig, Source,
+    SourceContext, SourcePoll,
+};
+use weir_io::{BadRecords, DirectFileSink, FileSource, LineInfo, ParseError, WalSink, WalSinkConfig};
+
+use crate::bench_cmd::{CliError, Mode};
+
+/// Which committing sink `weir run` writes through.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum RunSink {
+    /// Write-ahead log, committed to files when a checkpoint completes.
+    Wal,
+    /// Two-phase commit: a temporary file per epoch, renamed at commit.
+    #[value(name = "2pc-file")]
+    TwoPcFile,
+    /// Written at once (at-least-once).
+    Direct,
+}
+
+/// What to do with malformed input lines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BadRecordsArg {
+    /// Stop with an error naming the file and line.
+    Fail,
+    /// Skip them into a rejected-records file and go on.
+    Skip,
+}
+
+/// The only job `weir run` knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum JobKind {
+    /// Running count and sum per key.
+    KeyedCount,
+}
+
+/// Arguments of `weir run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// The job.
+    #[arg(long, value_enum)]
+    pub job: JobKind,
+    /// Input: a file or a folder of files of `key,value` lines.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Output folder: committed files are its regular, non-hidden files.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Checkpoint folder; a completed checkpoint in it is resumed from.
+    #[arg(long)]
+    pub checkpoint_dir: PathBuf,
+    /// Checkpoint mode.
+    #[arg(long, value_enum, default_value = "aligned")]
+    pub mode: Mode,
+    /// Time between checkpoints, milliseconds.
+    #[arg(long, default_value_t = 100)]
+    pub checkpoint_interval_ms: u64,
+    /// Parallelism of the source, the keyed operator and the sink.
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: usize,
+    /// The sink.
+    #[arg(long, value_enum, default_value = "wal")]
+    pub sink: RunSink,
+    /// Malformed lines: stop, or skip into a rejected-records file.
+    #[arg(long, value_enum, default_value = "fail")]
+    pub bad_records: BadRecordsArg,
+    /// Rejected-records file [default: <checkpoint-dir>/rejected-records.tsv].
+    #[arg(long)]
+    pub rejected: Option<PathBuf>,
+    /// Read at most this many lines per second per source subtask (to
+    /// watch a job, or give a crash test time to kill it); 0: no limit.
+    #[arg(long, default_value_t = 0)]
+    pub throttle: u64,
+}
+
+/// Longest accepted key.
+const MAX_KEY: usize = 64;
+
+/// One input record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Rec {
+    key: String,
+    value: i64,
+    emitted_ns: u64,
+}
+
+/// One output record.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct Counted {
+    key: String,
+    count: u64,
+    sum: i64,
+    emitted_ns: u64,
+}
+
+/// Parses `key,value`.
+fn parse(line: &[u8], info: &LineInfo<'_>) -> Result<Rec, ParseError> {
+    let text = std::str::from_utf8(line).map_err(|_| ParseError::new("the line is not UTF-8"))?;
+    let text = text.strip_suffix('\r').unwrap_or(text);
+    let (key, value) = text
+        .split_once(',')
+        .ok_or_else(|| ParseError::new("expected `key,value`: no comma"))?;
+    if key.is_empty() || key.len() > MAX_KEY {
+        return Err(ParseError::new(format!(
+            "the key must have 1 to {MAX_KEY} characters, it has {}",
+            key.len()
+        )));
+    }
+    if let Some(c) = key
+        .chars()
+        .find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '-'))
+    {
+        return Err(ParseError::new(format!(
+            "the key has the character {c:?}; allowed: A-Z a-z 0-9 _ -"
+        )));
+    }
+    let value: i64 = value
+        .parse()
+        .map_err(|_| ParseError::new(format!("the value {value:?} is not a signed 64-bit integer")))?;
+    Ok(Rec {
+        key: key.to_string(),
+        value,
+        emitted_ns: info.emitted_ns,
+    })
+}
+
+/// Lets a source emit at most `per_sec` records per second.
+struct Throttled<S> {
+    inner: S,
+    per_sec: u64,
+    start_ns: Option<u64>,
+    emitted: u64,
+}
+
+impl<T: Send + 'static, S: Source<T>> Source<T> for Throttled<S> {
+    fn poll(&mut self, out: &mut Vec<T>, max: usize, ctx: &mut SourceContext<'_>) -> Result<SourcePoll, BoxError> {
+        if self.per_sec == 0 {
+            return self.inner.poll(out, max, ctx);
+        }
+        let now = ctx.now_ns();
+        let start = *self.start_ns.get_or_insert(now);
+        let allowed = ((now - start) as u128 * self.per_sec as u128 / 1_000_000_000) as u64 + 1;
+        let n = allowed.saturating_sub(self.emitted).min(max as u64) as usize;
+        if n == 0 {
+            return Ok(SourcePoll::Idle);
+        }
+        let before = out.len();
+        let status = self.inner.poll(out, n, ctx)?;
+        self.emitted += (out.len() - before) as u64;
+        Ok(status)
+    }
+    fn offset(&self) -> Vec<u8> {
+        self.inner.offset()
+    }
+    fn seek(&mut self, offset: &[u8]) -> Result<(), BoxError> {
+        self.inner.seek(offset)
+    }
+    fn is_replayable(&self) -> bool {
+        self.inner.is_replayable()
+    }
+}
+
+fn encode(r: &Counted, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let _ = writeln!(out, "{},{},{}", r.key, r.count, r.sum);
+}
+
+/// Runs `weir run`.
+pub fn run(args: &RunArgs) -> Result<(), CliError> {
+    if args.parallelism == 0 {
+        return Err(CliError::Usage("--parallelism must be at least 1".into()));
+    }
+    if args.checkpoint_interval_ms == 0 {
+        return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
+    }
+    if !args.input.exists() {
+        return Err(CliError::Usage(format!(
+            "--input {}: no such file or folder",
+            args.input.display()
+        )));
+    }
+    let io = |path: &PathBuf| {
+        let p = path.display().to_string();
+        move |source| CliError::Io {
+            path: p.clone(),
+            source,
+        }
+    };
+    std::fs::create_dir_all(&args.output).map_err(io(&args.output))?;
+    std::fs::create_dir_all(&args.checkpoint_dir).map_err(io(&args.checkpoint_dir))?;
+    let p = args.parallelism;
+    let records = Arc::new(AtomicU64::new(0));
+    let bad = match args.bad_records {
+        BadRecordsArg::Fail => BadRecords::Fail,
+        BadRecordsArg::Skip => BadRecords::Skip {
+            rejected: args
+                .rejected
+                .clone()
+                .unwrap_or_else(|| args.checkpoint_dir.join("rejected-records.tsv")),
+        },
+    };
+    let pipeline = Pipeline::new("keyed-count");
+    let (input, throttle) = (args.input.clone(), args.throttle);
+    let counted = pipeline
+        .source("lines", p, move |i, n| Throttled {
+            inner: FileSource::new(input.clone(), i, n, parse).bad_records(bad.clone()),
+            per_sec: throttle,
+            start_ns: None,
+            emitted: 0,
+        })
+        .key_by(|r: &Rec| r.key.clone())
+        .parallelism(p)
+        .process(|key: &String, st: &mut [i64; 2], r: Rec, out: &mut Output<Counted>| {
+            st[0] += 1;
+            st[1] = st[1].wrapping_add(r.value);
+            out.emit(Counted {
+                key: key.clone(),
+                count: st[0] as u64,
+                sum: st[1],
+                emitted_ns: r.emitted_ns,
+            });
+        })
+        .name("count");
+    let output = args.output.clone();
+    let emitted = |r: &Counted| r.emitted_ns;
+    match args.sink {
+        RunSink::Wal => {
+            let config = WalSinkConfig::new(args.output.join(".weir-wal"), output);
+            counted.sink("wal", move |i| WalSink::new(config.clone(), i, encode, emitted));
+        }
+        RunSink::TwoPcFile => {
+            counted.sink("2pc-file", move |i| {
+                weir_io::two_phase_file_sink(output.clone(), i, encode, emitted)
+            });
+        }
+        RunSink::Direct => {
+            counted.sink("direct", move |i| {
+                DirectFileSink::new(output.clone(), i, encode, emitted)
+            });
+        }
+    }
+    let config = RuntimeConfig {
+        workers: weir_core::available_cores().min(2 * p),
+        checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
+            interval: Duration::from_millis(args.checkpoint_interval_ms),
+            restore: RestoreFrom::Latest,
+            ..CheckpointConfig::new(m, &args.checkpoint_dir)
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 3,
+            delay: Duration::from_millis(100),
+        },
+        ..RuntimeConfig::default()
+    };
+    let started = clock::now_ns();
+    let job = pipeline.run(config)?;
+    let result = job.join()?;
+    let m = &result.metrics;
+    let read: u64 = m
+        .tasks
+        .iter()
+        .filter(|t| t.input_capacity == 0)
+        .map(|t| t.records_in)
+        .sum();
+    records.store(read, Ordering::Relaxed);
+    let ck = &m.checkpoints;
+    println!(
+        "weir run: {} records read in this run ({:.2} s), {} checkpoints completed, {} failed, restored from {}, {} restarts",
+        read,
+        (clock::now_ns() - started) as f64 / 1e9,
+        ck.completed,
+        ck.failed,
+        ck.restored_from.map_or("nothing (fresh start)".to_string(), |id| format!("checkpoint {id}")),
+        ck.restarts.len()
+    );
+    if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
+        let dups = duplicates(&args.output).map_err(io(&args.output))?;
+        println!("weir run: {dups} duplicate output lines (at-least-once)");
+    }
+    Ok(())
+}
+
+/// Lines of the committed output that repeat an earlier `key,count`.
+fn duplicates(dir: &std::path::Path) -> std::io::Result<u64> {
+    let mut seen = HashSet::new();
+    let mut dups = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name.to_string_lossy().starts_with('.') || !entry.file_type()?.is_file() {
+            continue;
+        }
+        for line in std::fs::read_to_string(entry.path())?.lines() {
+            let mut parts = line.rsplitn(2, ',');
+            let _sum = parts.next();
+            if let Some(key_count) = parts.next() {
+                if !seen.insert(key_count.to_string()) {
+                    dups += 1;
+                }
+            }
+        }
+    }
+    Ok(dups)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info() -> LineInfo<'static> {
+        LineInfo {
+            file: "f",
+            line_number: 1,
+            emitted_ns: 7,
+        }
+    }
+
+    #[test]
+    fn parses_good_lines_and_explains_bad_ones() {
+        let r = parse(b"user_1-a,-42", &info()).unwrap();
+        assert_eq!((r.key.as_str(), r.value, r.emitted_ns), ("user_1-a", -42, 7));
+        for (line, why) in [
+            (&b"nocomma"[..], "no comma"),
+            (b",5", "1 to 64"),
+            (b"a b,5", "character ' '"),
+            (b"k,12x", "not a signed 64-bit integer"),
+            (b"k,99999999999999999999", "not a signed 64-bit integer"),
+        ] {
+            let e = parse(line, &info()).unwrap_err();
+            assert!(e.reason().contains(why), "{:?}: {}", std::str::from_utf8(line), e);
+        }
+        let long = format!("{},1", "k".repeat(65));
+        assert!(parse(long.as_bytes(), &info()).is_err());
+    }
+}

@@ -1,0 +1,223 @@
+//! The end-to-end guarantee, tested the hard way: `weir run` is killed with
+//! SIGKILL at random instants, restarted with the same arguments each
+//! time until it exits 0, and then its committed output is checked.
+//!
+//! At least 20 kills land over the scenarios (each asserts its share).
+//!
+//! Aligned and unaligned: for every key with `n` input records, the
+//! committed output holds exactly the lines with counts `1..=n`, once each,
+//! with sums consistent with the input. At-least-once: no count missing.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const FILES: usize = 3;
+const LINES_PER_FILE: usize = 4000;
+const KEYS: u64 = 40;
+
+/// A deterministic pseudo-random sequence (SplitMix64).
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+}
+
+/// Writes the input files; returns every key's values.
+fn write_input(dir: &Path, seed: u64) -> HashMap<String, Vec<i64>> {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut rng = Rng(seed);
+    let mut values: HashMap<String, Vec<i64>> = HashMap::new();
+    for f in 0..FILES {
+        let mut text = String::new();
+        for _ in 0..LINES_PER_FILE {
+            let key = format!("key-{}", rng.next() % KEYS);
+            let v = (rng.next() % 2001) as i64 - 1000;
+            text.push_str(&format!("{key},{v}\n"));
+            values.entry(key).or_default().push(v);
+        }
+        std::fs::write(dir.join(format!("in-{f}.txt")), text).unwrap();
+    }
+    values
+}
+
+/// Committed output lines: (key, count, sum), from the regular files
+/// whose names do not start with '.'.
+fn committed(dir: &Path) -> Vec<(String, u64, i64)> {
+    let mut rows = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') || !entry.file_type().unwrap().is_file() {
+            continue;
+        }
+        let text = std::fs::read_to_string(entry.path()).unwrap();
+        assert!(
+            text.is_empty() || text.ends_with('\n'),
+            "{name}: a committed file ends with a partial line"
+        );
+        for line in text.lines() {
+            let mut p = line.split(',');
+            let (k, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+            assert!(p.next().is_none(), "{name}: bad line {line:?}");
+            rows.push((k.to_string(), c.parse().unwrap(), s.parse().unwrap()));
+        }
+    }
+    rows
+}
+
+fn weir(args: &[String]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
+    c.args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .env("WEIR_LOG", "warn");
+    c
+}
+
+/// Runs `weir run` until it exits 0, killing it `kills` times at
+/// pseudo-random instants first; returns the number of kills that landed.
+fn run_with_kills(args: &[String], kills: usize, rng: &mut Rng) -> usize {
+    let mut landed = 0;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        assert!(Instant::now() < deadline, "weir run never finished");
+        let mut child = weir(args).spawn().unwrap();
+        if landed < kills {
+            let wait = Duration::from_millis(30 + rng.next() % 400);
+            let start = Instant::now();
+            let mut exited = None;
+            while start.elapsed() < wait {
+                if let Some(status) = child.try_wait().unwrap() {
+                    exited = Some(status);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            match exited {
+                Some(status) => {
+                    assert!(status.success(), "weir run failed: {status}");
+                    return landed;
+                }
+                None => {
+                    child.kill().unwrap(); // SIGKILL
+                    child.wait().unwrap();
+                    landed += 1;
+                    continue;
+                }
+            }
+        }
+        let status = child.wait().unwrap();
+        assert!(status.success(), "weir run failed after {landed} kills: {status}");
+        return landed;
+    }
+}
+
+fn check(values: &HashMap<String, Vec<i64>>, rows: &[(String, u64, i64)], exactly_once: bool) {
+    let mut by_key: HashMap<&str, Vec<(u64, i64)>> = HashMap::new();
+    for (k, c, s) in rows {
+        by_key.entry(k.as_str()).or_default().push((*c, *s));
+    }
+    for (k, vals) in values {
+        let mut got = by_key.remove(k.as_str()).unwrap_or_default();
+        got.sort();
+        let n = vals.len() as u64;
+        if exactly_once {
+            let counts: Vec<u64> = got.iter().map(|r| r.0).collect();
+            assert_eq!(
+                counts,
+                (1..=n).collect::<Vec<_>>(),
+                "key {k}: counts 1..={n} exactly once"
+            );
+            // Each step adds one of the key's values; the last is the total.
+            let mut pool = vals.clone();
+            let mut prev = 0i64;
+            for &(c, s) in &got {
+                let step = s - prev;
+                let i = pool
+                    .iter()
+                    .position(|v| *v == step)
+                    .unwrap_or_else(|| panic!("key {k} count {c}: sum {s} adds {step}, not an input value"));
+                pool.swap_remove(i);
+                prev = s;
+            }
+            assert_eq!(prev, vals.iter().sum::<i64>(), "key {k}: final sum");
+        } else {
+            let have: std::collections::HashSet<u64> = got.iter().map(|r| r.0).collect();
+            for c in 1..=n {
+                assert!(have.contains(&c), "key {k}: count {c} missing");
+            }
+        }
+    }
+    assert!(
+        by_key.is_empty(),
+        "output for keys not in the input: {:?}",
+        by_key.keys()
+    );
+}
+
+fn scenario(mode: &str, sink: &str, kills: usize, seed: u64) -> usize {
+    let root = tempfile::tempdir().unwrap();
+    let input = root.path().join("in");
+    let values = write_input(&input, seed);
+    let out: PathBuf = root.path().join("out");
+    let ck: PathBuf = root.path().join("ck");
+    let args: Vec<String> = [
+        "run",
+        "--job",
+        "keyed-count",
+        "--input",
+        input.to_str().unwrap(),
+        "--output",
+        out.to_str().unwrap(),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--mode",
+        mode,
+        "--sink",
+        sink,
+        "--checkpoint-interval-ms",
+        "20",
+        "--throttle",
+        "5000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rng = Rng(seed ^ 0x5eed);
+    let landed = run_with_kills(&args, kills, &mut rng);
+    check(&values, &committed(&out), mode != "at-least-once");
+    landed
+}
+
+#[test]
+fn aligned_wal_survives_kills() {
+    assert!(scenario("aligned", "wal", 5, 1) >= 4);
+}
+
+#[test]
+fn unaligned_wal_survives_kills() {
+    assert!(scenario("unaligned", "wal", 5, 2) >= 4);
+}
+
+#[test]
+fn aligned_two_phase_file_survives_kills() {
+    assert!(scenario("aligned", "2pc-file", 5, 3) >= 4);
+}
+
+#[test]
+fn unaligned_two_phase_file_survives_kills() {
+    assert!(scenario("unaligned", "2pc-file", 5, 4) >= 4);
+}
+
+#[test]
+fn at_least_once_loses_nothing_across_kills() {
+    assert!(scenario("at-least-once", "wal", 3, 5) >= 2);
+    assert!(scenario("at-least-once", "direct", 3, 6) >= 2);
+}
