@@ -147,7 +147,7 @@ fn drive<S: Sink<Rec>>(
         };
         let mut finished = false;
         let result: Result<(), BoxError> = if let Some((id, state)) = barrier.take() {
-            if id % script.abort_every == 0 {
+            if id.is_multiple_of(script.abort_every) {
                 sink.abort(id)
             } else {
                 completed = Some((id, state, pos));
@@ -461,12 +461,11 @@ fn direct_sink_cuts_a_partial_last_line() {
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n3\n");
 }
 
+type LineWal = WalSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>;
+
 /// Writes `epochs` epochs of 10 records into a fresh WAL sink, completing
 /// each checkpoint; returns the sink and the last state.
-fn wal_with_epochs(
-    cfg: &WalSinkConfig,
-    epochs: u64,
-) -> (WalSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>, Vec<u8>) {
+fn wal_with_epochs(cfg: &WalSinkConfig, epochs: u64) -> (LineWal, Vec<u8>) {
     let mut h = Harness::new(0, 1);
     let mut sink = WalSink::new(cfg.clone(), 0, line as fn(&Rec, &mut Vec<u8>), stamp as fn(&Rec) -> u64);
     let mut state = Vec::new();
@@ -766,7 +765,7 @@ struct Chaos {
 impl Chaos {
     fn tick(&self) {
         let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
-        if n % self.every == 0 && self.left.load(Ordering::Relaxed) > 0 {
+        if n.is_multiple_of(self.every) && self.left.load(Ordering::Relaxed) > 0 {
             self.left.fetch_sub(1, Ordering::Relaxed);
             panic!("injected failure after {n} records");
         }

@@ -24,9 +24,6 @@ use weir_core::state::{StateHandle, StoreOptions, ValueStore};
 type Value = [u64; 2];
 type Store = ValueStore<u64, Value>;
 
-/// Bytes per slot for a u64 key and a 16-byte value (8 header + 8 + 16).
-const SLOT_BYTES: u64 = 32;
-
 struct Row {
     what: String,
     measured: String,
@@ -189,10 +186,15 @@ fn large_state(dir: &Path, rows: &mut Vec<Row>) {
     let opts = StoreOptions::new(dir.join("large"));
     let mut store = Store::create(opts).unwrap();
 
-    // Fill the large state; take a full snapshot as the base.
-    let keys = ((gib * (1u64 << 30) as f64) / SLOT_BYTES as f64) as u64;
+    // Fill the large state (keys until the pages reach the size); take a
+    // full snapshot as the base.
+    let target = (gib * (1u64 << 30) as f64) as u64;
     let t = Instant::now();
-    fill(&mut store, 0, keys);
+    let mut keys = 0;
+    while store.state_bytes() < target {
+        fill(&mut store, keys, keys + 100_000);
+        keys += 100_000;
+    }
     let fill_d = t.elapsed();
     row(
         rows,

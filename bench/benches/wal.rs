@@ -61,6 +61,7 @@ fn thread_cpu() -> Option<Duration> {
     Some(Duration::from_nanos(s.split_whitespace().next()?.parse().ok()?))
 }
 
+/// What one sink subtask measured.
 struct Run {
     seconds: f64,
     /// CPU time of the thread over the same span: the sink's own cost,
@@ -71,11 +72,11 @@ struct Run {
     commit: Duration,
 }
 
-fn run(dir: &Path, records: u64, epoch: u64) -> Run {
-    let _ = std::fs::remove_dir_all(dir);
-    let cfg = WalSinkConfig::new(dir.join("wal"), dir.join("out"));
-    let mut sink = WalSink::new(cfg, 0, encode, |_: &u64| 0);
-    let mut h = Harness::new(0, 1);
+/// Drives subtask `subtask` of a WAL sink through `records` records with a
+/// checkpoint every `epoch` records.
+fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
+    let mut sink = WalSink::new(cfg.clone(), subtask, encode, |_: &u64| 0);
+    let mut h = Harness::new(subtask, 1);
     let mut batch: Vec<u64> = Vec::with_capacity(BATCH as usize);
     let (mut write, mut pre_commit, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut id = 0;
@@ -104,16 +105,6 @@ fn run(dir: &Path, records: u64, epoch: u64) -> Run {
     let seconds = start.elapsed().as_secs_f64();
     let cpu = thread_cpu().zip(cpu0).map(|(b, a)| b - a);
     h.finish_sink(&mut sink).unwrap();
-    drop(sink);
-    // Check the output before throwing it away: every record, in order.
-    let out = weir_io::committed_files(&dir.join("out")).unwrap();
-    let bytes: u64 = out.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
-    assert_eq!(bytes, records * RECORD_BYTES as u64, "committed output size");
-    let last = std::fs::read(out.last().unwrap()).unwrap();
-    let mut expected = Vec::new();
-    encode(&(records - 1), &mut expected);
-    assert!(last.ends_with(&expected), "the last record is the last line");
-    let _ = std::fs::remove_dir_all(dir);
     Run {
         seconds,
         cpu,
@@ -121,6 +112,37 @@ fn run(dir: &Path, records: u64, epoch: u64) -> Run {
         pre_commit,
         commit,
     }
+}
+
+/// `subtasks` sink subtasks on their own threads, `records` in all; the
+/// output is checked, then deleted.
+fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize) -> Vec<Run> {
+    let _ = std::fs::remove_dir_all(dir);
+    let cfg = WalSinkConfig::new(dir.join("wal"), dir.join("out"));
+    let each = records / subtasks as u64;
+    let runs: Vec<Run> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..subtasks)
+            .map(|i| {
+                let cfg = &cfg;
+                s.spawn(move || drive(cfg, i, each, epoch))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Check the output before throwing it away: every record, in order.
+    let out = weir_io::committed_files(&cfg.target_dir).unwrap();
+    let bytes: u64 = out.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
+    assert_eq!(
+        bytes,
+        each * subtasks as u64 * RECORD_BYTES as u64,
+        "committed output size"
+    );
+    let last = std::fs::read(out.last().unwrap()).unwrap();
+    let mut expected = Vec::new();
+    encode(&(each - 1), &mut expected);
+    assert!(last.ends_with(&expected), "the last record is the last line");
+    let _ = std::fs::remove_dir_all(dir);
+    runs
 }
 
 fn main() {
@@ -139,31 +161,35 @@ fn main() {
     if let Ok(d) = std::env::var("WEIR_WAL_BENCH_DIR") {
         places.push((d.clone(), PathBuf::from(d).join("weir-bench-wal")));
     }
-    eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}, one subtask");
+    eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}");
     eprintln!(
-        "{:<8} {:>10} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
-        "place", "epoch", "seconds", "records/s", "log+out MB/s", "write", "fsync", "commit", "records/CPU-s"
+        "{:<8} {:>9} {:>3} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
+        "place", "epoch", "par", "seconds", "records/s", "log+out MB/s", "write", "fsync", "commit", "records/CPU-s"
     );
     for (name, dir) in &places {
         // 200 K records is one 10 ms checkpoint at 20 M/s; 2 M is 100 ms.
-        for epoch in [200_000u64, 2_000_000] {
-            let r = run(dir, records, epoch);
-            let rate = records as f64 / r.seconds;
+        for (epoch, subtasks) in [(200_000u64, 1usize), (2_000_000, 1), (200_000, 2)] {
+            let runs = run(dir, records, epoch, subtasks);
+            let seconds = runs.iter().map(|r| r.seconds).fold(0.0, f64::max);
+            let total = (records / subtasks as u64 * subtasks as u64) as f64;
+            let rate = total / seconds;
             let mbs = rate * (RECORD_BYTES as f64 * 2.0 + 16.0) / 1e6;
-            let pct = |d: Duration| 100.0 * d.as_secs_f64() / r.seconds;
-            let per_cpu = r.cpu.map_or("-".to_string(), |c| {
-                format!("{:.2} M", records as f64 / c.as_secs_f64() / 1e6)
-            });
+            let sum = |f: fn(&Run) -> Duration| runs.iter().map(f).sum::<Duration>().as_secs_f64();
+            let busy = sum(|r| r.write) + sum(|r| r.pre_commit) + sum(|r| r.commit);
+            let pct = |d: f64| 100.0 * d / busy;
+            let cpu: Option<Duration> = runs.iter().map(|r| r.cpu).sum();
+            let per_cpu = cpu.map_or("-".to_string(), |c| format!("{:.2} M", total / c.as_secs_f64() / 1e6));
             eprintln!(
-                "{:<8} {:>10} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
+                "{:<8} {:>9} {:>3} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
                 name,
                 epoch,
-                r.seconds,
+                subtasks,
+                seconds,
                 rate / 1e6,
                 mbs,
-                pct(r.write),
-                pct(r.pre_commit),
-                pct(r.commit),
+                pct(sum(|r| r.write)),
+                pct(sum(|r| r.pre_commit)),
+                pct(sum(|r| r.commit)),
                 per_cpu
             );
         }

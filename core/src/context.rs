@@ -24,6 +24,7 @@ pub(crate) struct TaskContext {
     /// Clock reading of the current turn, taken lazily at most once per turn.
     pub(crate) turn_now_ns: Option<u64>,
     pub(crate) latency: LatencyRecorder,
+    pub(crate) visible: LatencyRecorder,
     pub(crate) counters: Arc<TaskCounters>,
     pub(crate) registry: Arc<MetricsRegistry>,
     /// Checkpointing, when on.
@@ -54,6 +55,7 @@ impl TaskContext {
             records_out: 0,
             turn_now_ns: None,
             latency: LatencyRecorder::new(),
+            visible: LatencyRecorder::new(),
             counters,
             registry,
             ckpt: None,
@@ -77,11 +79,13 @@ impl TaskContext {
         self.counters.records_out.store(self.records_out, Ordering::Relaxed);
         if let Some(now) = self.turn_now_ns.take() {
             self.latency.maybe_publish(now, &self.registry.latency);
+            self.visible.maybe_publish(now, &self.registry.visible);
         }
     }
 
     pub(crate) fn publish_latency(&mut self) {
         self.latency.publish(&self.registry.latency);
+        self.visible.publish(&self.registry.visible);
     }
 
     pub(crate) fn operator_name(&self) -> &str {
@@ -150,5 +154,22 @@ impl SinkContext<'_> {
     pub fn record_latency_n(&mut self, emitted_ns: u64, count: u64) {
         let now = self.task.now_ns();
         self.task.latency.record_n(now.saturating_sub(emitted_ns), count);
+    }
+
+    /// Records that a record emitted at `emitted_ns` became visible to
+    /// readers of the sink's target now (for a transactional sink: when its
+    /// transaction committed). This is the latency users of exactly-once
+    /// output experience.
+    #[inline]
+    pub fn record_visible_latency(&mut self, emitted_ns: u64) {
+        self.record_visible_latency_n(emitted_ns, 1);
+    }
+
+    /// [`SinkContext::record_visible_latency`] for `count` records with the
+    /// same emission time.
+    #[inline]
+    pub fn record_visible_latency_n(&mut self, emitted_ns: u64, count: u64) {
+        let now = self.task.now_ns();
+        self.task.visible.record_n(now.saturating_sub(emitted_ns), count);
     }
 }

@@ -72,4 +72,9 @@ impl Harness {
     pub fn latency_ns(&self) -> hdrhistogram::Histogram<u64> {
         self.task.registry.snapshot().latency_ns
     }
+
+    /// Visibility latencies recorded so far (published on finish).
+    pub fn visible_latency_ns(&self) -> hdrhistogram::Histogram<u64> {
+        self.task.registry.snapshot().visible_latency_ns
+    }
 }

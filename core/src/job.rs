@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 
 use crate::checkpoint::coordinator::{Coordinator, CoordinatorError, TaskInfo};
 use crate::checkpoint::recovery::{self, Restored};
@@ -37,7 +36,7 @@ use crate::context::TaskContext;
 use crate::error::{Error, Result};
 use crate::idle::{IdleStrategy, Idler, Parker};
 use crate::keyed::subtask_for_key_group;
-use crate::metrics::{new_latency_histogram, JobMetrics, MetricsRegistry, TaskCounters};
+use crate::metrics::{JobMetrics, LatencyPair, MetricsRegistry, TaskCounters};
 use crate::pipeline::{BuildCtx, Plan};
 use crate::task::{Task, TaskPoll};
 
@@ -223,7 +222,7 @@ fn prepare(
     plan: &mut Plan,
     config: &RuntimeConfig,
     restored: Option<&Restored>,
-    latency: &Arc<Mutex<Histogram<u64>>>,
+    latency: &LatencyPair,
     root: Option<&Path>,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
@@ -348,7 +347,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         }
         None => None,
     };
-    let latency = Arc::new(Mutex::new(new_latency_histogram()));
+    let latency = LatencyPair::default();
     let stats = Arc::new(Mutex::new(CheckpointStats {
         restored_from: restored.as_ref().map(|r| r.manifest.id),
         ..CheckpointStats::default()
@@ -400,7 +399,7 @@ struct JobRun {
     plan: Plan,
     config: RuntimeConfig,
     shared: Arc<JobShared>,
-    latency: Arc<Mutex<Histogram<u64>>>,
+    latency: LatencyPair,
     groups: Vec<ManifestGroup>,
     fingerprint: String,
     retained: VecDeque<u64>,

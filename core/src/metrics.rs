@@ -102,9 +102,14 @@ impl TaskMetrics {
 pub struct JobMetrics {
     /// One entry per task of the current attempt, in graph order.
     pub tasks: Vec<TaskMetrics>,
-    /// End-to-end latency in nanoseconds, from emission at the source to the
-    /// sink, as recorded by sinks through [`crate::SinkContext::record_latency`].
+    /// End-to-end (processing) latency in nanoseconds, from emission at the
+    /// source to the sink, as recorded by sinks through
+    /// [`crate::SinkContext::record_latency`].
     pub latency_ns: Histogram<u64>,
+    /// Visibility latency in nanoseconds, from emission to the moment a
+    /// reader of the sink's target can see the record (committed), as
+    /// recorded by sinks through [`crate::SinkContext::record_visible_latency`].
+    pub visible_latency_ns: Histogram<u64>,
     /// Checkpoints completed and failed, their history, and restarts.
     pub checkpoints: crate::checkpoint::CheckpointStats,
 }
@@ -115,23 +120,47 @@ pub(crate) struct MetricsRegistry {
     pub(crate) tasks: Vec<Arc<TaskCounters>>,
     /// Shared by every attempt of a job: restarts do not lose latency samples.
     pub(crate) latency: Arc<Mutex<Histogram<u64>>>,
+    /// Visibility latency, shared the same way.
+    pub(crate) visible: Arc<Mutex<Histogram<u64>>>,
 }
 
 impl MetricsRegistry {
     pub(crate) fn new(tasks: Vec<Arc<TaskCounters>>) -> Self {
-        Self::with_latency(tasks, Arc::new(Mutex::new(new_latency_histogram())))
+        Self::with_latency(tasks, LatencyPair::default())
     }
 
-    pub(crate) fn with_latency(tasks: Vec<Arc<TaskCounters>>, latency: Arc<Mutex<Histogram<u64>>>) -> Self {
-        MetricsRegistry { tasks, latency }
+    pub(crate) fn with_latency(tasks: Vec<Arc<TaskCounters>>, latency: LatencyPair) -> Self {
+        MetricsRegistry {
+            tasks,
+            latency: latency.processing,
+            visible: latency.visible,
+        }
     }
 
     pub(crate) fn snapshot(&self) -> JobMetrics {
         let latency_ns = self.latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let visible_latency_ns = self.visible.lock().unwrap_or_else(|p| p.into_inner()).clone();
         JobMetrics {
             tasks: self.tasks.iter().map(|t| t.snapshot()).collect(),
             latency_ns,
+            visible_latency_ns,
             checkpoints: Default::default(),
+        }
+    }
+}
+
+/// The job-wide latency histograms, shared by all attempts.
+#[derive(Debug, Clone)]
+pub(crate) struct LatencyPair {
+    pub(crate) processing: Arc<Mutex<Histogram<u64>>>,
+    pub(crate) visible: Arc<Mutex<Histogram<u64>>>,
+}
+
+impl Default for LatencyPair {
+    fn default() -> Self {
+        LatencyPair {
+            processing: Arc::new(Mutex::new(new_latency_histogram())),
+            visible: Arc::new(Mutex::new(new_latency_histogram())),
         }
     }
 }

@@ -31,7 +31,7 @@ pub struct GenContext {
 }
 
 /// Settings of a [`Generator`], shared by all its subtasks.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct GeneratorConfig {
     /// Seed of the pseudo-random words.
     pub seed: u64,
@@ -42,17 +42,6 @@ pub struct GeneratorConfig {
     /// Schedule origin on [`weir_core::clock`] for a rated generator; every
     /// subtask must use the same. `None`: the first poll of each subtask.
     pub start_ns: Option<u64>,
-}
-
-impl Default for GeneratorConfig {
-    fn default() -> Self {
-        GeneratorConfig {
-            seed: 0,
-            events: None,
-            rate: None,
-            start_ns: None,
-        }
-    }
 }
 
 impl GeneratorConfig {

@@ -110,12 +110,6 @@ impl Visible {
             ctx.record_latency_n(now.saturating_sub(latency), n);
         }
     }
-
-    /// Records waiting to be handed over.
-    #[cfg(test)]
-    pub(crate) fn count(&self) -> u64 {
-        self.pending.iter().map(|r| r.1).sum()
-    }
 }
 
 /// Records the latency of `batch`, visible now: one histogram update per

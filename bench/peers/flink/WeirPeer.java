@@ -351,7 +351,6 @@ public class WeirPeer {
                 }
                 alignments.add(align);
                 r.channelStateBytes += c.getPersistedData();
-                r.stateBytes = c.getStateSize(); // the history is newest first: ends with the oldest
             }
             if (stats.getHistory().getLatestCompletedCheckpoint() != null) {
                 r.stateBytes = stats.getHistory().getLatestCompletedCheckpoint().getStateSize();

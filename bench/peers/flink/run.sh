@@ -3,8 +3,9 @@
 # on weir, and prints both tables and the ratios weir/Flink. See README.md.
 #
 #   bench/peers/flink/run.sh [--events N] [--open-loop] [--rate R] [--open-seconds S]
-#                            [--pipelines stateless,keyed] [--modes none,aligned,unaligned,at-least-once]
-#                            [--json PATH] [--out DIR] [--no-weir] [--build-weir] [--weir PATH]
+#                            [--open-buffer-timeout-ms MS] [--pipelines stateless,keyed]
+#                            [--modes none,aligned,unaligned,at-least-once] [--json PATH] [--out DIR]
+#                            [--no-weir] [--build-weir] [--weir PATH] [--weir-events N]
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -15,6 +16,7 @@ events=20000000        # closed loop, per run
 open_loop=0            # also an open-loop (fixed-rate) run per mode for latency
 rate=200000            # events/s in total, open loop
 open_seconds=10        # length of each open-loop run
+open_buffer_ms=0       # Flink buffer timeout in the open loop (0: flush every record)
 pipelines=stateless,keyed
 modes=none,aligned,unaligned,at-least-once
 keys=10000
@@ -25,6 +27,7 @@ out=""
 run_weir=1
 build_weir=0
 weir_bin="$ROOT/target/release/weir"
+weir_events=""         # closed-loop events for weir [default: --events]
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 while [ $# -gt 0 ]; do
@@ -33,6 +36,8 @@ while [ $# -gt 0 ]; do
     --open-loop) open_loop=1; shift ;;
     --rate) rate=$2; open_loop=1; shift 2 ;;
     --open-seconds) open_seconds=$2; shift 2 ;;
+    --open-buffer-timeout-ms) open_buffer_ms=$2; shift 2 ;;
+    --weir-events) weir_events=$2; shift 2 ;;
     --pipelines) pipelines=$2; shift 2 ;;
     --modes) modes=$2; shift 2 ;;
     --json) json=$2; shift 2 ;;
@@ -44,6 +49,7 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument: $1" >&2; usage 2 ;;
   esac
 done
+weir_events=${weir_events:-$events}
 open_events=$(python3 -c "print(int($rate * $open_seconds))")
 out=${out:-$HERE/results/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$out"
@@ -81,8 +87,8 @@ echo "== Flink, closed loop: $events events per run"
 "${java_cmd[@]}" --events "$events" --json "$out/flink.jsonl" 2> >(grep -vE "^[[:space:]]+(at |\.\.\. [0-9]+ more)" >&2)
 if [ "$open_loop" = 1 ]; then
   echo
-  echo "== Flink, open loop: $rate events/s for $open_seconds s per run (buffer timeout 0: flush every record)"
-  "${java_cmd[@]}" --events "$open_events" --rate "$rate" --buffer-timeout-ms 0 --json "$out/flink.jsonl" 2> >(grep -vE "^[[:space:]]+(at |\.\.\. [0-9]+ more)" >&2)
+  echo "== Flink, open loop: $rate events/s for $open_seconds s per run (buffer timeout $open_buffer_ms ms)"
+  "${java_cmd[@]}" --events "$open_events" --rate "$rate" --buffer-timeout-ms "$open_buffer_ms" --json "$out/flink.jsonl" 2> >(grep -vE "^[[:space:]]+(at |\.\.\. [0-9]+ more)" >&2)
 fi
 [ -n "$json" ] && cat "$out/flink.jsonl" >> "$json"
 
@@ -104,7 +110,7 @@ if [ "$run_weir" = 1 ]; then
   loops=("closed")
   [ "$open_loop" = 1 ] && loops+=("open")
   for loop in "${loops[@]}"; do
-    if [ "$loop" = closed ]; then load=(--events "$events"); else load=(--events "$open_events" --rate "$rate"); fi
+    if [ "$loop" = closed ]; then load=(--events "$weir_events"); else load=(--events "$open_events" --rate "$rate"); fi
     for p in ${pipelines//,/ }; do
       for m in ${modes//,/ }; do
         "$weir_bin" bench --pipeline "$p" --mode "$m" --checkpoint-interval-ms "$interval_ms" "${load[@]}" \

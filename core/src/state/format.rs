@@ -226,6 +226,9 @@ pub(crate) fn write_file(
         records += c.records;
         size += c.bytes.len() as u64;
     }
+    if std::env::var_os("WEIR_STATE_TRACE").is_some() {
+        eprintln!("TRACE write loop done ({size} bytes)");
+    }
     let mut trailer = [0u8; TRAILER_LEN];
     trailer[0..8].copy_from_slice(TRAILER_MAGIC);
     trailer[8..16].copy_from_slice(&records.to_le_bytes());

@@ -129,7 +129,7 @@ where
     fn write_out(&mut self, txn: &FileTxn) -> Result<()> {
         let temp = self.temp_path(txn);
         fault(FAULT_WRITE, "write", &temp)?;
-        if self.file.as_ref().map_or(true, |(e, _)| *e != txn.epoch) {
+        if self.file.as_ref().is_none_or(|(e, _)| *e != txn.epoch) {
             let f = OpenOptions::new()
                 .write(true)
                 .create(true)

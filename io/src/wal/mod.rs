@@ -685,7 +685,7 @@ where
                     c.end = end;
                     c.records += 1;
                 }
-                last if tag > committed.epoch && tag <= n && last.as_ref().map_or(true, |c| c.tag < tag) => closed
+                last if tag > committed.epoch && tag <= n && last.as_ref().is_none_or(|c| c.tag < tag) => closed
                     .push_back(Closed {
                         tag,
                         end,
