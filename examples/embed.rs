@@ -88,8 +88,10 @@ impl Source<Reading> for Sensors {
     }
 }
 
-/// Per-sensor state of the keyed operator.
-#[derive(Default, serde::Serialize, serde::Deserialize)]
+/// Per-sensor state of the keyed operator: plain data, kept inline in the
+/// memory-mapped state backend.
+#[derive(Default, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
 struct Sum {
     readings: u64,
     millicelsius: i64,

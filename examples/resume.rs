@@ -153,7 +153,7 @@ fn start(table: &Table, dir: &Path, restore: RestoreFrom) -> Result<JobHandle, B
         })
         .key_by(|o: &Order| o.customer)
         .parallelism(PARALLELISM)
-        .process(
+        .process_heap(
             |customer: &u64, t: &mut Totals, o: Order, out: &mut Output<(u64, Totals)>| {
                 t.orders += 1;
                 t.cents += o.cents;

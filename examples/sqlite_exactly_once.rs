@@ -105,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     .name("chaos")
     .key_by(|r: &(u64, u64, u64)| r.0)
     .parallelism(2)
-    .process(
+    .process_heap(
         |sensor: &u64, st: &mut (u64, u64), (_, value, at): (u64, u64, u64), out| {
             st.0 += 1;
             st.1 += value;
@@ -169,7 +169,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .iter()
         .flat_map(|c| c.tasks.iter().filter(|t| t.task.contains("sqlite")).map(|t| t.sync_us))
         .collect();
-    let lat = &result.metrics.latency_ns;
+    let lat = &result.metrics.visible_latency_ns;
     let ms = |q: f64| lat.value_at_quantile(q) as f64 / 1e6;
     println!(
         "{READINGS} readings, {total} rows in {} — exactly once per sensor",

@@ -224,10 +224,10 @@ fn run_keyed_sums(input: &Arc<Vec<(u64, u64, u64)>>, sources: usize, keyed: usiz
         .key_by(|r: &(u64, u64, u64)| r.0)
         .parallelism(keyed)
         .process(
-            |key: &u64, state: &mut (u64, u64), (_, value, index): (u64, u64, u64), out| {
-                state.0 += value;
-                state.1 += 1;
-                out.emit((*key, state.0, state.1, index));
+            |key: &u64, state: &mut [u64; 2], (_, value, index): (u64, u64, u64), out| {
+                state[0] += value;
+                state[1] += 1;
+                out.emit((*key, state[0], state[1], index));
             },
         )
         .name("running-sum")

@@ -637,10 +637,29 @@ fn wal_without_checkpointing_commits_at_finish() {
     assert!(segments <= 1, "committed segments are deleted ({segments} left)");
 }
 
+/// Checks what `h` recorded for `n` records emitted at `emitted`, written
+/// at once and committed after a pause of `pause`.
+fn assert_latencies(h: &Harness, n: u64, pause: Duration) {
+    let visible = h.visible_latency_ns();
+    assert_eq!(visible.len(), n, "every visible record is counted once");
+    let arrival = h.latency_ns();
+    assert_eq!(arrival.len(), n, "every record is counted on arrival");
+    let pause_ns = pause.as_nanos() as u64;
+    if pause_ns > 0 {
+        assert!(
+            visible.min() >= pause_ns,
+            "measured to the commit: min {} ns",
+            visible.min()
+        );
+        assert!(arrival.max() < pause_ns, "arrival: max {} ns", arrival.max());
+    }
+}
+
 #[test]
 fn sinks_record_visibility_latency_at_commit() {
     let _g = serial();
     let dir = scratch();
+    let pause = Duration::from_millis(20);
     let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
     let mut h = Harness::new(0, 1);
     let mut sink = WalSink::new(cfg, 0, line, stamp);
@@ -648,16 +667,10 @@ fn sinks_record_visibility_latency_at_commit() {
     h.write_sink(&mut sink, &mut (0..50).map(|s| (s, emitted)).collect())
         .unwrap();
     let _ = sink.pre_commit(1).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    std::thread::sleep(pause);
     sink.commit(1).unwrap();
     h.finish_sink(&mut sink).unwrap();
-    let hist = h.latency_ns();
-    assert_eq!(hist.len(), 50, "every committed record is counted once");
-    assert!(
-        hist.min() >= 20_000_000,
-        "measured to the commit: min {} ns",
-        hist.min()
-    );
+    assert_latencies(&h, 50, pause);
 
     // The two-phase sink the same way.
     let mut h = Harness::new(0, 1);
@@ -666,12 +679,19 @@ fn sinks_record_visibility_latency_at_commit() {
     h.write_sink(&mut sink, &mut (0..30).map(|s| (s, emitted)).collect())
         .unwrap();
     let _ = sink.pre_commit(1).unwrap();
-    std::thread::sleep(Duration::from_millis(20));
+    std::thread::sleep(pause);
     sink.commit(1).unwrap();
     h.finish_sink(&mut sink).unwrap();
-    let hist = h.latency_ns();
-    assert_eq!(hist.len(), 30);
-    assert!(hist.min() >= 20_000_000, "min {} ns", hist.min());
+    assert_latencies(&h, 30, pause);
+
+    // The direct sink: visible at once; stamps of 0 are not recorded.
+    let mut h = Harness::new(0, 1);
+    let mut sink = DirectFileSink::new(dir.path().join("out3"), 0, line, stamp);
+    let emitted = weir_core::clock::now_ns();
+    let mut batch: Vec<Rec> = (0..20).map(|s| (s, if s < 10 { emitted } else { 0 })).collect();
+    h.write_sink(&mut sink, &mut batch).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_latencies(&h, 10, Duration::ZERO);
 }
 
 #[test]
@@ -803,7 +823,7 @@ fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stre
         .name("chaos")
         .key_by(|r: &(u64, u64, u64)| r.0)
         .parallelism(2)
-        .process(move |k: &u64, st: &mut (u64, u64), (_, v, at): (u64, u64, u64), out| {
+        .process_heap(move |k: &u64, st: &mut (u64, u64), (_, v, at): (u64, u64, u64), out| {
             st.0 += 1;
             st.1 = st.1.wrapping_add(v);
             out.emit((*k, st.0, st.1, at));

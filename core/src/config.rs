@@ -43,6 +43,10 @@ pub struct RuntimeConfig {
     pub checkpointing: Option<CheckpointConfig>,
     /// What happens when a task fails. Default: the job fails.
     pub restart: RestartStrategy,
+    /// Where keyed state's memory-mapped working files live (each attempt
+    /// uses a fresh subfolder, removed when it ends). Default: the system's
+    /// temporary folder.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 impl Default for RuntimeConfig {
@@ -55,6 +59,7 @@ impl Default for RuntimeConfig {
             idle: IdleStrategy::default(),
             checkpointing: None,
             restart: RestartStrategy::None,
+            state_dir: None,
         }
     }
 }

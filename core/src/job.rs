@@ -24,7 +24,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle, Thread};
 use std::time::{Duration, Instant};
 
-
 use crate::checkpoint::coordinator::{Coordinator, CoordinatorError, TaskInfo};
 use crate::checkpoint::recovery::{self, Restored};
 use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
@@ -35,7 +34,6 @@ use crate::config::{available_cores, RuntimeConfig};
 use crate::context::TaskContext;
 use crate::error::{Error, Result};
 use crate::idle::{IdleStrategy, Idler, Parker};
-use crate::keyed::subtask_for_key_group;
 use crate::metrics::{JobMetrics, LatencyPair, MetricsRegistry, TaskCounters};
 use crate::pipeline::{BuildCtx, Plan};
 use crate::task::{Task, TaskPoll};
@@ -173,6 +171,8 @@ struct Placed {
 
 /// Everything one attempt needs to run.
 struct Prepared {
+    /// State working files of this attempt, removed when it ends.
+    state_root: std::path::PathBuf,
     placed: Vec<Placed>,
     parkers: Vec<Arc<Parker>>,
     registry: Arc<MetricsRegistry>,
@@ -209,13 +209,7 @@ fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
 }
 
 fn key_groups(subtask: usize, parallelism: usize, maxp: usize) -> std::ops::Range<usize> {
-    let owned: Vec<usize> = (0..maxp)
-        .filter(|&kg| subtask_for_key_group(kg, maxp, parallelism) == subtask)
-        .collect();
-    match (owned.first(), owned.last()) {
-        (Some(&a), Some(&b)) => a..b + 1,
-        _ => 0..0,
-    }
+    crate::keyed::key_group_range(subtask, parallelism, maxp)
 }
 
 fn prepare(
@@ -230,6 +224,7 @@ fn prepare(
         .map(|_| Arc::new(Parker::default()))
         .collect();
     let mut ctx = BuildCtx::new(config.clone(), plan, parkers.clone());
+    let state_root = ctx.state_root().to_path_buf();
     let ckpt = config.checkpointing.as_ref();
     let checkpointing = ckpt.map(|c| {
         let completed = restored.map_or(0, |r| r.manifest.id);
@@ -314,6 +309,7 @@ fn prepare(
         out.push(Placed { task, ctx });
     }
     Ok(Prepared {
+        state_root,
         placed: out,
         parkers,
         registry,
@@ -520,6 +516,7 @@ impl JobRun {
             Some((_, rx, tx)) => (Some(rx), Some(tx)),
             None => (None, None),
         };
+        let state_root = prepared.state_root.clone();
         let threads = match spawn_workers(prepared.placed, &prepared.parkers, &self.config, &attempt) {
             Ok(t) => t,
             Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
@@ -568,6 +565,8 @@ impl JobRun {
             }
         }
         let finished_at = Instant::now();
+        // The workers dropped their tasks (and stores) before exiting.
+        let _ = std::fs::remove_dir_all(&state_root);
         let end = match end {
             AttemptEnd::Failed(_) => {
                 let e = attempt.failure.lock().unwrap_or_else(|p| p.into_inner()).take();

@@ -7,8 +7,11 @@
 //! per key group so that a checkpoint taken at one parallelism can be
 //! restored at another.
 //!
-//! The state store here is an in-memory hash map; the memory-mapped state
-//! backend takes its place behind the same operator.
+//! Two keyed operators: [`crate::KeyedStream::process`] keeps plain
+//! (`bytemuck::Pod`) per-key values in the memory-mapped state backend
+//! ([`crate::state::ValueStore`]: asynchronous, incremental snapshots);
+//! [`crate::KeyedStream::process_heap`] keeps any serde type in an
+//! in-memory hash map, snapshotted whole at each barrier.
 
 use std::hash::{Hash, Hasher};
 
@@ -112,6 +115,21 @@ pub fn stable_hash<K: Hash + ?Sized>(key: &K) -> u64 {
 pub fn key_group(hash: u64, max_parallelism: usize) -> usize {
     // Multiply-shift instead of modulo: uniform and division-free.
     ((u128::from(hash) * max_parallelism as u128) >> 64) as usize
+}
+
+/// The key groups owned by `subtask` of `parallelism`: a contiguous range.
+pub(crate) fn key_group_range(subtask: usize, parallelism: usize, max_parallelism: usize) -> std::ops::Range<usize> {
+    let owned = (0..max_parallelism).filter(|&kg| subtask_for_key_group(kg, max_parallelism, parallelism) == subtask);
+    let mut range = 0..0;
+    for (n, kg) in owned.enumerate() {
+        if n == 0 {
+            range = kg..kg + 1;
+        } else {
+            debug_assert_eq!(kg, range.end, "key groups of a subtask are contiguous");
+            range.end = kg + 1;
+        }
+    }
+    range
 }
 
 /// The subtask, in `0..parallelism`, that owns `key_group`: contiguous
@@ -267,5 +285,136 @@ mod tests {
             }
             for c in counts { prop_assert!(c > 700 && c < 1300, "{counts:?}"); }
         }
+    }
+}
+
+/// A keyed process operator whose per-key state lives in the memory-mapped
+/// state backend: a plain value inline in a mapped page, snapshotted
+/// asynchronously and incrementally.
+pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
+    pub(crate) store: Option<crate::state::ValueStore<K, S>>,
+    pub(crate) opts: crate::state::StoreOptions,
+    pub(crate) key_fn: KF,
+    pub(crate) f: F,
+    pub(crate) out: Output<O>,
+    pub(crate) next: Box<dyn Collector<O>>,
+    pub(crate) op: usize,
+    /// Snapshots taken whose outcome the store has not been told yet.
+    pub(crate) pending: std::collections::VecDeque<u64>,
+    pub(crate) _in: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T, K, S, O, KF, F> MappedKeyedProcess<T, K, S, O, KF, F>
+where
+    K: crate::state::StateKey,
+    S: crate::state::StateValue,
+{
+    fn store(&mut self) -> &mut crate::state::ValueStore<K, S> {
+        self.store.as_mut().expect("the store exists from construction to drop")
+    }
+}
+
+impl<T, K, S, O, KF, F> Collector<T> for MappedKeyedProcess<T, K, S, O, KF, F>
+where
+    K: crate::state::StateKey,
+    S: crate::state::StateValue,
+    O: Send,
+    KF: Fn(&T) -> K + Send,
+    F: FnMut(&K, &mut S, T, &mut Output<O>) + Send,
+{
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let store = self.store.as_mut().expect("the store exists from construction to drop");
+        for record in batch.drain(..) {
+            let key = (self.key_fn)(&record);
+            let state = store.get_or_default(&key);
+            (self.f)(&key, state, record, &mut self.out);
+        }
+        self.next.collect(&mut self.out.buf, ctx)
+    }
+    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        self.next.flush(ctx)
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.finish(ctx)
+    }
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        // Synchronous part: freeze the pages changed since the last
+        // completed snapshot. The rest runs on the snapshot pool.
+        let job = self.store().snapshot(barrier.id);
+        self.pending.push_back(barrier.id);
+        snap.put_async(
+            self.op,
+            Box::new(move |root| {
+                let handle = job.write(root)?;
+                let files = handle
+                    .files
+                    .iter()
+                    .map(|f| crate::checkpoint::storage::FileRef {
+                        path: f.path.clone(),
+                        size: f.size,
+                        crc32: f.crc32,
+                    })
+                    .collect();
+                Ok(crate::checkpoint::snapshot::AsyncOutput {
+                    state: postcard::to_stdvec(&handle)?,
+                    files,
+                    state_bytes: handle.state_bytes,
+                })
+            }),
+        );
+        self.next.barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        match notice {
+            Notice::Complete(c) => {
+                // Only `c` is known complete; earlier ones may have been
+                // skipped or aborted: never build on them.
+                while let Some(&id) = self.pending.front() {
+                    if id > c {
+                        break;
+                    }
+                    self.pending.pop_front();
+                    self.store().snapshot_done(id, id == c);
+                }
+            }
+            Notice::Abort(a) => {
+                if let Some(i) = self.pending.iter().position(|&id| id == a) {
+                    self.pending.remove(i);
+                    self.store().snapshot_done(a, false);
+                }
+            }
+        }
+        self.next.notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let root = ctx
+            .ckpt
+            .as_ref()
+            .map(|c| c.root.clone())
+            .ok_or("restoring keyed state needs checkpointing")?;
+        let mut handles = Vec::new();
+        for old in r.all {
+            if let Some(bytes) = old.operator(self.op) {
+                let h: crate::state::StateHandle = postcard::from_bytes(bytes).map_err(|e| {
+                    format!(
+                        "checkpoint {}: state handle of subtask {} does not decode: {e}",
+                        r.checkpoint, old.subtask
+                    )
+                })?;
+                handles.push(h);
+            }
+        }
+        // The empty store made at construction gives way to the restored one.
+        drop(self.store.take());
+        let opts = crate::state::StoreOptions {
+            key_groups: r.key_groups.clone(),
+            ..self.opts.clone()
+        };
+        self.store = Some(crate::state::ValueStore::restore(opts, &root, &handles)?);
+        self.next.restore(r, ctx)
     }
 }

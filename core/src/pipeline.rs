@@ -25,7 +25,7 @@ use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::idle::Parker;
 use crate::job::JobHandle;
-use crate::keyed::{KeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
+use crate::keyed::{KeyedProcess, MappedKeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
 use crate::message::Message;
 use crate::operators::{Filter, FlatMap, Map, SinkTail};
 use crate::output::{HashOutput, Outbox, RebalanceOutput};
@@ -101,6 +101,9 @@ pub(crate) struct BuildCtx {
     edge_groups: Vec<(usize, usize)>,
     group_offsets: Vec<usize>,
     parkers: Vec<Arc<Parker>>,
+    /// This attempt's folder for state backend working files.
+    state_root: std::path::PathBuf,
+    stores: usize,
     rings: HashMap<EdgeId, Box<dyn Any + Send>>,
     max_parallelism: usize,
 }
@@ -109,6 +112,11 @@ impl BuildCtx {
     /// A build context for `plan`, whose tasks will run on workers woken
     /// through `parkers` (task `k` on worker `k mod parkers.len()`).
     pub(crate) fn new(config: RuntimeConfig, plan: &Plan, parkers: Vec<Arc<Parker>>) -> Self {
+        let state_root = config
+            .state_dir
+            .clone()
+            .unwrap_or_else(std::env::temp_dir)
+            .join(format!("weir-state-{}-{}", std::process::id(), crate::clock::now_ns()));
         let mut offsets = Vec::with_capacity(plan.groups.len());
         let mut k = 0;
         for g in &plan.groups {
@@ -121,9 +129,27 @@ impl BuildCtx {
             edge_groups: plan.edge_groups.clone(),
             group_offsets: offsets,
             parkers,
+            state_root,
+            stores: 0,
             rings: HashMap::new(),
             max_parallelism: plan.max_parallelism,
         }
+    }
+
+    /// A fresh working folder for one state store of this attempt.
+    pub(crate) fn state_dir(&mut self) -> Result<std::path::PathBuf> {
+        self.stores += 1;
+        let dir = self.state_root.join(format!("store-{}", self.stores));
+        std::fs::create_dir_all(&dir).map_err(|e| Error::State {
+            context: format!("creating the state folder {}", dir.display()),
+            message: format!("{e}; set RuntimeConfig::state_dir to a writable folder"),
+        })?;
+        Ok(dir)
+    }
+
+    /// The folder holding this attempt's state working files.
+    pub(crate) fn state_root(&self) -> &std::path::Path {
+        &self.state_root
     }
 
     /// The parker of the worker that runs subtask `subtask` of chain `group`.
@@ -669,18 +695,11 @@ where
         self
     }
 
-    /// Processes records one at a time with per-key state: `f(key, state,
-    /// record, out)` runs with the state of the record's key (created by
-    /// `S::default()` on first use) and may emit any number of results.
-    pub fn process<S, O, F>(self, f: F) -> Stream<O>
-    where
-        S: Default + Data,
-        O: Send + 'static,
-        F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
-    {
+    /// Closes the upstream chain into the hash exchange; returns the edge.
+    fn exchange(self, name: &str) -> (Rc<RefCell<Graph>>, usize, usize, KF, EdgeId) {
         let q = self.parallelism;
         let graph = self.upstream.graph.clone();
-        check_parallelism(&graph, "process", q);
+        check_parallelism(&graph, name, q);
         let p = self.upstream.parallelism;
         let key_fn = self.key_fn;
         let up_key = key_fn.clone();
@@ -698,6 +717,62 @@ where
                 key_op,
             ))
         });
+        (graph, p, q, key_fn, edge)
+    }
+
+    /// Processes records one at a time with per-key state: `f(key, state,
+    /// record, out)` runs with the state of the record's key (created by
+    /// `S::default()` on first use) and may emit any number of results.
+    ///
+    /// The state is a plain value (`bytemuck::Pod`: numbers, arrays of
+    /// numbers, `#[repr(C)]` structs deriving `Pod`) kept inline in the
+    /// memory-mapped state backend ([`crate::state`]): it may exceed memory,
+    /// and checkpoints write only what changed, asynchronously. For any
+    /// other state type, use [`KeyedStream::process_heap`].
+    pub fn process<S, O, F>(self, f: F) -> Stream<O>
+    where
+        K: crate::state::StateKey,
+        S: crate::state::StateValue,
+        O: Send + 'static,
+        F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
+    {
+        let (graph, p, q, key_fn, edge) = self.exchange("process");
+        let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
+            let inputs = ctx.consumers::<T>(edge, j);
+            let opts = crate::state::StoreOptions {
+                max_parallelism: ctx.max_parallelism,
+                key_groups: crate::keyed::key_group_range(j, q, ctx.max_parallelism),
+                ..crate::state::StoreOptions::new(ctx.state_dir()?)
+            };
+            let store = crate::state::ValueStore::create(opts.clone())?;
+            let op = MappedKeyedProcess {
+                store: Some(store),
+                opts,
+                key_fn: key_fn.clone(),
+                f: f.clone(),
+                out: Output {
+                    buf: Vec::with_capacity(ctx.config.batch_size),
+                },
+                next: down,
+                op: 0,
+                pending: std::collections::VecDeque::new(),
+                _in: std::marker::PhantomData,
+            };
+            Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        Stream::new(graph, q, vec!["process".to_string()], p, vec![edge], chain)
+    }
+
+    /// Like [`KeyedStream::process`], for any state type that serde can
+    /// encode: the state lives in an in-memory hash map (bounded by memory)
+    /// and each checkpoint writes all of it, at the barrier.
+    pub fn process_heap<S, O, F>(self, f: F) -> Stream<O>
+    where
+        S: Default + Data,
+        O: Send + 'static,
+        F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
+    {
+        let (graph, p, q, key_fn, edge) = self.exchange("process");
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.consumers::<T>(edge, j);
             let op = KeyedProcess {

@@ -1,12 +1,16 @@
 //! Visibility latency: from a record's emission at the source to the moment
 //! a reader of the target can see it.
 //!
-//! A direct sink makes records visible as it writes them. A transactional
-//! sink makes them visible at commit, and [`weir_core::Sink::commit`] gets
-//! no [`SinkContext`] to record into. So transactional sinks keep the
-//! emission stamps of uncommitted records in [`StampRuns`], compressed, turn
-//! them into latencies at commit ([`Visible::add`]), and hand those to the
-//! runtime at the next `write` or `finish` ([`Visible::flush`]).
+//! Every sink records two latencies per record: the processing latency
+//! when the record arrives at the sink ([`SinkContext::record_latency`]),
+//! and the visibility latency when a reader of the target can see it
+//! ([`SinkContext::record_visible_latency`]). A direct sink makes records
+//! visible as it writes them. A transactional sink makes them visible at
+//! commit, and [`weir_core::Sink::commit`] gets no [`SinkContext`] to
+//! record into. So transactional sinks keep the emission stamps of
+//! uncommitted records in [`StampRuns`], compressed, turn them into
+//! latencies at commit ([`Visible::add`]), and hand those to the runtime
+//! at the next `write` or `finish` ([`Visible::flush`]).
 //!
 //! Bounded memory: sources stamp whole batches with one clock reading, so
 //! equal stamps come in runs and one run costs one entry. When an epoch holds
@@ -98,38 +102,56 @@ impl Visible {
         );
     }
 
-    /// Hands the pending latencies to the runtime.
+    /// Hands the pending latencies to the runtime, as visibility latency.
     pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
         if self.pending.is_empty() {
             return;
         }
         let now = ctx.now_ns();
         for (latency, n) in self.pending.drain(..) {
-            // `record_latency_n` measures `now - emitted`: shift the stamp so
-            // that the difference is the latency at visibility.
-            ctx.record_latency_n(now.saturating_sub(latency), n);
+            // `record_visible_latency_n` measures `now - emitted`: shift the
+            // stamp so that the difference is the latency at visibility.
+            ctx.record_visible_latency_n(now.saturating_sub(latency), n);
         }
     }
 }
 
-/// Records the latency of `batch`, visible now: one histogram update per
-/// run of equal stamps (sources stamp whole batches with one reading).
+/// Calls `each(stamp, count)` for every run of equal, known (non-zero)
+/// emission stamps in `batch`: one histogram update per run, since sources
+/// stamp whole batches with one clock reading.
 #[inline]
-pub(crate) fn record_visible<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
+fn runs<T>(batch: &[T], emitted_ns: impl Fn(&T) -> u64, mut each: impl FnMut(u64, u64)) {
     let mut run = (0u64, 0u64);
     for r in batch {
         let stamp = emitted_ns(r);
         if stamp != run.0 {
             if run.0 != 0 {
-                ctx.record_latency_n(run.0, run.1);
+                each(run.0, run.1);
             }
             run = (stamp, 0);
         }
         run.1 += 1;
     }
     if run.0 != 0 {
-        ctx.record_latency_n(run.0, run.1);
+        each(run.0, run.1);
     }
+}
+
+/// Records the processing latency of `batch`: emission to arrival at the
+/// sink, now.
+#[inline]
+pub(crate) fn record_arrival<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
+    runs(batch, emitted_ns, |stamp, n| ctx.record_latency_n(stamp, n));
+}
+
+/// Records the latency of `batch`, arrived and visible now (a direct or
+/// idempotent sink): both the processing and the visibility latency.
+#[inline]
+pub(crate) fn record_visible<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
+    runs(batch, emitted_ns, |stamp, n| {
+        ctx.record_latency_n(stamp, n);
+        ctx.record_visible_latency_n(stamp, n);
+    });
 }
 
 #[cfg(test)]

@@ -29,9 +29,12 @@
 //!
 //! Every sink records the **visibility latency**, from a record's emission
 //! to the moment a reader of the target can see it, through
+//! [`weir_core::SinkContext::record_visible_latency`], and the processing
+//! latency, to the record's arrival at the sink, through
 //! [`weir_core::SinkContext::record_latency`]; each takes a function giving
-//! a record's emission time (0 for unknown). Transactional sinks record at
-//! commit ([`latency`] explains how, without a context in `commit`).
+//! a record's emission time (0 for unknown). Transactional sinks record
+//! visibility at commit ([`latency`] explains how, without a context in
+//! `commit`).
 //!
 //! Sink constructors are infallible and touch nothing on disk; the first
 //! call of the sink (a restore, or a write, barrier or finish) creates

@@ -203,16 +203,16 @@ pub fn run_with(
         .name("chaos")
         .key_by(|r: &(u64, u64)| r.0)
         .parallelism(2)
-        .process(move |k: &u64, st: &mut (u64, u64), (_, v): (u64, u64), out| {
+        .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
             if slow_us > 0 {
                 let t0 = std::time::Instant::now();
                 while t0.elapsed() < Duration::from_micros(slow_us) {
                     std::hint::spin_loop();
                 }
             }
-            st.0 += 1;
-            st.1 = st.1.wrapping_add(v);
-            out.emit((*k, st.0, st.1));
+            st[0] += 1;
+            st[1] = st[1].wrapping_add(v);
+            out.emit((*k, st[0], st[1]));
         })
         .name("count")
         .sink("tx", move |i| TxSink {

@@ -160,7 +160,6 @@ impl TaskSnapshot {
     }
 
     /// Adds operator `op`'s asynchronous state job.
-    #[allow(dead_code)]
     pub(crate) fn put_async(&mut self, op: usize, job: AsyncStateJob) {
         self.async_jobs.push((op as u32, job));
     }

@@ -60,12 +60,10 @@ pub(crate) struct Chunk {
 }
 
 impl Chunk {
-    /// An empty chunk with room for `bytes`.
-    pub(crate) fn with_capacity(bytes: usize) -> Chunk {
-        Chunk {
-            bytes: Vec::with_capacity(bytes),
-            ..Chunk::default()
-        }
+    /// Empties the chunk, keeping its buffer for the next use.
+    pub(crate) fn reset(&mut self) {
+        self.bytes.clear();
+        self.records = 0;
     }
 
     /// Appends a record header (CRC still zero) and `payload`; returns the
@@ -189,75 +187,95 @@ fn injected(what: &str) -> Error {
     }
 }
 
-/// Writes `chunks` as the file `root/name`, durably; see the module docs.
-pub(crate) fn write_file(
-    root: &Path,
-    name: &str,
-    header: &FileHeader,
-    chunks: &[Chunk],
+/// Writes one snapshot file durably, chunk by chunk; see the module docs.
+pub(crate) struct FileWriter {
+    file: File,
+    tmp: std::path::PathBuf,
+    path: std::path::PathBuf,
+    name: String,
+    body: crc32fast::Hasher,
+    records: u64,
+    size: u64,
     fail: Option<FailPoint>,
-) -> Result<StateFile> {
-    let path = root.join(name);
-    let dir = path.parent().expect("files live in shared/");
-    if !dir.exists() {
-        std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
-        sync_dir(dir.parent().unwrap_or(root))?;
-    }
-    let tmp = path.with_extension("pages.tmp");
-    let err = || format!("writing state file {}", tmp.display());
-    let mut f = File::create(&tmp).map_err(io_error(err()))?;
+}
 
-    let head = header.encode();
-    let mut body = crc32fast::Hasher::new();
-    body.update(&head);
-    let mut records = 0u64;
-    let mut size = HEADER_LEN as u64;
-    f.write_all(&head).map_err(io_error(err()))?;
-    for c in chunks {
-        if let Some(FailPoint::AfterBytes(limit)) = fail {
-            let room = (limit + HEADER_LEN as u64).saturating_sub(size);
+impl FileWriter {
+    /// Creates `root/name` under a temp name and writes the header.
+    pub(crate) fn create(root: &Path, name: &str, header: &FileHeader, fail: Option<FailPoint>) -> Result<FileWriter> {
+        let path = root.join(name);
+        let dir = path.parent().expect("files live in shared/");
+        if !dir.exists() {
+            std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
+            sync_dir(dir.parent().unwrap_or(root))?;
+        }
+        let tmp = path.with_extension("pages.tmp");
+        let mut file = File::create(&tmp).map_err(io_error(format!("creating state file {}", tmp.display())))?;
+        let head = header.encode();
+        file.write_all(&head)
+            .map_err(io_error(format!("writing state file {}", tmp.display())))?;
+        let mut body = crc32fast::Hasher::new();
+        body.update(&head);
+        Ok(FileWriter {
+            file,
+            tmp,
+            path,
+            name: name.to_string(),
+            body,
+            records: 0,
+            size: HEADER_LEN as u64,
+            fail,
+        })
+    }
+
+    fn error(&self) -> impl FnOnce(std::io::Error) -> Error {
+        io_error(format!("writing state file {}", self.tmp.display()))
+    }
+
+    /// Appends a chunk of sealed page records.
+    pub(crate) fn append(&mut self, c: &Chunk) -> Result<()> {
+        if let Some(FailPoint::AfterBytes(limit)) = self.fail {
+            let room = (limit + HEADER_LEN as u64).saturating_sub(self.size);
             if room < c.bytes.len() as u64 {
-                f.write_all(&c.bytes[..room as usize]).map_err(io_error(err()))?;
+                self.file.write_all(&c.bytes[..room as usize]).map_err(self.error())?;
                 return Err(injected("write stopped midway"));
             }
         }
-        f.write_all(&c.bytes).map_err(io_error(err()))?;
-        body.combine(&c.crc);
-        records += c.records;
-        size += c.bytes.len() as u64;
+        self.file.write_all(&c.bytes).map_err(self.error())?;
+        self.body.combine(&c.crc);
+        self.records += c.records;
+        self.size += c.bytes.len() as u64;
+        Ok(())
     }
-    if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-        eprintln!("TRACE write loop done ({size} bytes)");
+
+    /// Writes the trailer, fsyncs, renames into place and fsyncs the
+    /// directory; returns the file as a handle lists it.
+    pub(crate) fn finish(mut self) -> Result<StateFile> {
+        let mut trailer = [0u8; TRAILER_LEN];
+        trailer[0..8].copy_from_slice(TRAILER_MAGIC);
+        trailer[8..16].copy_from_slice(&self.records.to_le_bytes());
+        trailer[16..20].copy_from_slice(&self.body.clone().finalize().to_le_bytes());
+        let tc = crc(&trailer[..20]);
+        trailer[20..24].copy_from_slice(&tc.to_le_bytes());
+        self.file.write_all(&trailer).map_err(self.error())?;
+        self.size += TRAILER_LEN as u64;
+        self.file.sync_all().map_err(self.error())?;
+        if self.fail == Some(FailPoint::BeforeRename) {
+            return Err(injected("crash before rename"));
+        }
+        std::fs::rename(&self.tmp, &self.path)
+            .map_err(io_error(format!("renaming {} into place", self.tmp.display())))?;
+        if self.fail == Some(FailPoint::BeforeDirSync) {
+            return Err(injected("crash before directory sync"));
+        }
+        sync_dir(self.path.parent().expect("files live in shared/"))?;
+        let mut whole = self.body;
+        whole.update(&trailer);
+        Ok(StateFile {
+            path: self.name,
+            size: self.size,
+            crc32: whole.finalize(),
+        })
     }
-    let mut trailer = [0u8; TRAILER_LEN];
-    trailer[0..8].copy_from_slice(TRAILER_MAGIC);
-    trailer[8..16].copy_from_slice(&records.to_le_bytes());
-    trailer[16..20].copy_from_slice(&body.clone().finalize().to_le_bytes());
-    let tc = crc(&trailer[..20]);
-    trailer[20..24].copy_from_slice(&tc.to_le_bytes());
-    f.write_all(&trailer).map_err(io_error(err()))?;
-    size += TRAILER_LEN as u64;
-    let t = std::time::Instant::now();
-    f.sync_all().map_err(io_error(err()))?;
-    if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-        eprintln!("TRACE fsync {:?} ({size} bytes)", t.elapsed());
-    }
-    drop(f);
-    if fail == Some(FailPoint::BeforeRename) {
-        return Err(injected("crash before rename"));
-    }
-    std::fs::rename(&tmp, &path).map_err(io_error(format!("renaming {} into place", tmp.display())))?;
-    if fail == Some(FailPoint::BeforeDirSync) {
-        return Err(injected("crash before directory sync"));
-    }
-    sync_dir(dir)?;
-    let mut whole = body;
-    whole.update(&trailer);
-    Ok(StateFile {
-        path: name.to_string(),
-        size,
-        crc32: whole.finalize(),
-    })
 }
 
 /// A parsed page record of a verified file.

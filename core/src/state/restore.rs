@@ -81,14 +81,9 @@ impl Arena {
         {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
             for file in &h.files {
-                let t = std::time::Instant::now();
                 let verified = format::read_verified(root, h.checkpoint_id, file, &layout)?;
-                let t1 = t.elapsed();
                 max_epoch = max_epoch.max(verified.epoch);
                 arena.apply_file(h, file, &verified, &mut page_map)?;
-                if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-                    eprintln!("TRACE verify {t1:?} apply {:?} ({} bytes)", t.elapsed() - t1, verified.bytes.len());
-                }
             }
         }
         arena.continue_epochs(max_epoch);

@@ -43,6 +43,23 @@ const DONE: usize = 2;
 /// balance across rayon's threads.
 const CHUNK_PAGES: usize = 64;
 
+/// Capture units (of CHUNK_PAGES pages) captured in parallel before being
+/// written: 64 units of 64 pages of 4 KiB bound a job's buffers to 16 MiB,
+/// reused wave after wave, so a full snapshot of state larger than memory
+/// needs no more.
+const WAVE_UNITS: usize = 64;
+
+/// A unit of capture work.
+enum Unit<'a> {
+    /// Pages `a..b` (full snapshot).
+    Range(usize, usize),
+    /// Pages with their changed slots: `(page, start, end)` into the
+    /// sorted slot offsets.
+    Slots(&'a [(usize, usize, usize)]),
+    /// Dirty pages whose slot stamps are scanned.
+    Pages(&'a [u32]),
+}
+
 /// Spins on a page being read before yielding the core.
 const SPINS_BEFORE_YIELD: u32 = 64;
 
@@ -251,11 +268,6 @@ impl SnapshotJob {
 
     pub(crate) fn write_with(self, checkpoint_root: &Path, fail: Option<FailPoint>) -> Result<StateHandle> {
         let start = Instant::now();
-        let chunks = self.capture();
-        self.shared.finished.store(true, Ordering::Release);
-        if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-            eprintln!("TRACE capture {:?}", start.elapsed());
-        }
         let header = format::FileHeader {
             full: self.shared.full,
             layout: self.layout,
@@ -263,7 +275,64 @@ impl SnapshotJob {
             epoch: self.shared.epoch,
             base_epoch: self.shared.base_epoch,
         };
-        let file = format::write_file(checkpoint_root, &self.name, &header, &chunks, fail)?;
+        let mut writer = format::FileWriter::create(checkpoint_root, &self.name, &header, fail)?;
+        // What to capture, in file order, in units of about CHUNK_PAGES pages.
+        let mut offsets: Vec<u64> = Vec::new();
+        let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+        let by_slots = !self.shared.full && self.lists.iter().all(|c| c.slots.is_some());
+        if by_slots {
+            offsets = self
+                .lists
+                .iter()
+                .flat_map(|c| c.slots.as_deref().unwrap_or_default())
+                .copied()
+                .collect();
+            offsets.par_sort_unstable();
+            offsets.dedup();
+            let shift = self.shared.page_size.trailing_zeros();
+            for (i, &off) in offsets.iter().enumerate() {
+                let page = (off >> shift) as usize;
+                match groups.last_mut() {
+                    Some(g) if g.0 == page => g.2 = i + 1,
+                    _ => groups.push((page, i, i + 1)),
+                }
+            }
+        }
+        let units: Vec<Unit<'_>> = if self.shared.full {
+            (0..self.n_pages)
+                .step_by(CHUNK_PAGES)
+                .map(|s| Unit::Range(s, (s + CHUNK_PAGES).min(self.n_pages)))
+                .collect()
+        } else if by_slots {
+            groups.chunks(CHUNK_PAGES).map(Unit::Slots).collect()
+        } else {
+            self.lists
+                .iter()
+                .flat_map(|c| c.pages.chunks(CHUNK_PAGES))
+                .map(Unit::Pages)
+                .collect()
+        };
+        // Capture a wave of units in parallel, write it, reuse its buffers:
+        // memory stays bounded by the wave, whatever the state's size.
+        let mut pool: Vec<Chunk> = (0..WAVE_UNITS.min(units.len())).map(|_| Chunk::default()).collect();
+        for wave in units.chunks(WAVE_UNITS) {
+            let chunks = &mut pool[..wave.len()];
+            chunks.par_iter_mut().zip(wave.par_iter()).for_each(|(chunk, unit)| {
+                chunk.reset();
+                match *unit {
+                    Unit::Range(a, b) => self.capture_pages((a..b).map(|p| (p, None)), chunk),
+                    Unit::Slots(gs) => self.capture_pages(gs.iter().map(|&(p, a, b)| (p, Some(&offsets[a..b]))), chunk),
+                    Unit::Pages(ps) => self.capture_pages(ps.iter().map(|&p| (p as usize, None)), chunk),
+                }
+                chunk.finish();
+            });
+            for c in chunks.iter() {
+                writer.append(c)?;
+            }
+        }
+        self.shared.finished.store(true, Ordering::Release);
+        drop(pool);
+        let file = writer.finish()?;
         *self.shared.output.lock().unwrap_or_else(|e| e.into_inner()) = Some(file.clone());
         let mut files = self.base_files.clone();
         files.push(file.clone());
@@ -281,53 +350,9 @@ impl SnapshotJob {
         })
     }
 
-    /// Encodes every needed page into record chunks, in parallel, in a
-    /// deterministic order: all pages for a full snapshot; for an
-    /// incremental one the logged slots grouped by page, or, if an epoch
-    /// overflowed its log, the dirty pages with their slot stamps scanned.
-    fn capture(&self) -> Vec<Chunk> {
-        if self.shared.full {
-            let starts: Vec<usize> = (0..self.n_pages).step_by(CHUNK_PAGES).collect();
-            return starts
-                .par_iter()
-                .map(|&s| self.capture_pages((s..(s + CHUNK_PAGES).min(self.n_pages)).map(|p| (p, None))))
-                .collect();
-        }
-        if self.lists.iter().all(|c| c.slots.is_some()) {
-            let mut offsets: Vec<u64> = self
-                .lists
-                .iter()
-                .flat_map(|c| c.slots.as_deref().unwrap_or_default())
-                .copied()
-                .collect();
-            offsets.par_sort_unstable();
-            offsets.dedup();
-            let shift = self.shared.page_size.trailing_zeros();
-            let mut groups: Vec<(usize, usize, usize)> = Vec::new();
-            for (i, &off) in offsets.iter().enumerate() {
-                let page = (off >> shift) as usize;
-                match groups.last_mut() {
-                    Some(g) if g.0 == page => g.2 = i + 1,
-                    _ => groups.push((page, i, i + 1)),
-                }
-            }
-            let offsets = &offsets;
-            groups
-                .par_chunks(CHUNK_PAGES)
-                .map(|gs| self.capture_pages(gs.iter().map(|&(p, a, b)| (p, Some(&offsets[a..b])))))
-                .collect()
-        } else {
-            let work: Vec<&[u32]> = self.lists.iter().flat_map(|c| c.pages.chunks(CHUNK_PAGES)).collect();
-            work.par_iter()
-                .map(|pages| self.capture_pages(pages.iter().map(|&p| (p as usize, None))))
-                .collect()
-        }
-    }
-
-    /// Captures `(page, changed slot offsets if known)` pairs into a chunk.
-    fn capture_pages<'a>(&self, pages: impl Iterator<Item = (usize, Option<&'a [u64]>)>) -> Chunk {
+    /// Captures `(page, changed slot offsets if known)` pairs into `chunk`.
+    fn capture_pages<'a>(&self, pages: impl Iterator<Item = (usize, Option<&'a [u64]>)>, chunk: &mut Chunk) {
         let ps = self.shared.page_size;
-        let mut chunk = Chunk::with_capacity(if self.shared.full { CHUNK_PAGES * (ps + 32) } else { 0 });
         let mut changed = Vec::new();
         for (page, slots) in pages {
             let claim = &self.shared.claims.as_slice()[page];
@@ -338,7 +363,7 @@ impl SnapshotJob {
                     // a mapping kept alive by `self.segments`; our READING
                     // claim keeps the task from writing it until DONE.
                     let bytes = unsafe { std::slice::from_raw_parts(src, ps) };
-                    let start = self.encode(page, bytes, slots, &mut chunk, &mut changed);
+                    let start = self.encode(page, bytes, slots, chunk, &mut changed);
                     claim.store(DONE, Ordering::Release);
                     start
                 }
@@ -354,15 +379,13 @@ impl SnapshotJob {
                     // SAFETY: `copy` is a page-size box published by the
                     // task; our successful exchange took it, exactly once.
                     let copy = unsafe { Box::from_raw(std::ptr::slice_from_raw_parts_mut(copy as *mut u8, ps)) };
-                    self.encode(page, &copy, slots, &mut chunk, &mut changed)
+                    self.encode(page, &copy, slots, chunk, &mut changed)
                 }
             };
             if let Some(start) = start {
                 chunk.seal_record(start);
             }
         }
-        chunk.finish();
-        chunk
     }
 
     fn page_ptr(&self, page: usize) -> *const u8 {

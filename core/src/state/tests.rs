@@ -428,7 +428,7 @@ fn every_flipped_byte_is_detected_and_named() {
         bytes[100] ^= 0xff;
         std::fs::write(&path, &bytes).unwrap();
         let o = opts(dir.path(), "msg").with_max_parallelism(2).with_key_groups(0..2);
-        Store::restore(o, &dir.path().join("chk"), &[h2.clone()])
+        Store::restore(o, &dir.path().join("chk"), std::slice::from_ref(&h2))
             .unwrap_err()
             .to_string()
     };
@@ -468,7 +468,8 @@ fn a_missing_file_or_foreign_layout_is_refused() {
             .with_max_parallelism(2)
             .with_key_groups(0..2)
     };
-    let other: crate::Result<ValueStore<u32, Value>> = ValueStore::restore(o(), &dir.path().join("chk"), &[h2.clone()]);
+    let other: crate::Result<ValueStore<u32, Value>> =
+        ValueStore::restore(o(), &dir.path().join("chk"), std::slice::from_ref(&h2));
     assert!(matches!(other, Err(Error::State { .. })), "{other:?}");
     let mut swapped = h2.clone();
     swapped.files[0].crc32 = h2.files[1].crc32; // the manifest records another file's CRC
@@ -659,7 +660,7 @@ fn a_crash_during_the_write_leaves_the_previous_checkpoint_intact() {
             assert_eq!(&std::fs::read(p).unwrap(), bytes, "{fail:?}");
         }
         assert_eq!(
-            contents(&restore_all(dir.path(), &unique("r"), &[h1.clone()]).unwrap()),
+            contents(&restore_all(dir.path(), &unique("r"), std::slice::from_ref(&h1)).unwrap()),
             at_1
         );
         let leftovers = files_in(&root.join("shared")).len() - before.len();

@@ -434,7 +434,6 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     pub fn restore(opts: StoreOptions, checkpoint_root: &Path, handles: &[StateHandle]) -> Result<Self> {
         let layout = Self::layout(opts.page_size)?;
         let arena = Arena::restore(opts, layout, checkpoint_root, handles)?;
-        let t = std::time::Instant::now();
         let mut store = Self::with_arena(arena);
         let bad = |message: String| Error::State {
             context: "restoring value state".into(),
@@ -504,9 +503,6 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         for (t, count) in store.tables.iter_mut().zip(counts) {
             t.count = count;
             store.len += count;
-        }
-        if std::env::var_os("WEIR_STATE_TRACE").is_some() {
-            eprintln!("TRACE tables {:?}", t.elapsed());
         }
         Ok(store)
     }

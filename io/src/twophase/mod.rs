@@ -268,6 +268,7 @@ where
         for r in batch.iter() {
             open.stamps.push(self.inner.emitted_ns(r));
         }
+        crate::latency::record_arrival(ctx, batch, |r| self.inner.emitted_ns(r));
         open.records += batch.len() as u64;
         self.inner.write(&mut open.txn, batch)?;
         batch.clear();

@@ -766,6 +766,7 @@ where
         let (encode, emitted_ns) = (&self.encode, &self.emitted_ns);
         let run = self.run.as_mut().expect("started above");
         run.visible.flush(ctx);
+        crate::latency::record_arrival(ctx, batch, emitted_ns);
         run.writer.maybe_roll()?;
         let tag = run.open_tag;
         let n = batch.len() as u64;
