@@ -320,6 +320,63 @@ fn wal_config(dir: &Path) -> WalSinkConfig {
     }
 }
 
+/// A WAL sink whose `commit` waits for its background committer, so that a
+/// fault in the committer fails the step it belongs to.
+struct Settled(LineWal);
+
+impl Sink<Rec> for Settled {
+    fn write(&mut self, batch: &mut Vec<Rec>, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), BoxError> {
+        self.0.write(batch, ctx)
+    }
+    fn finish(&mut self, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), BoxError> {
+        self.0.finish(ctx)
+    }
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.0.pre_commit(checkpoint)
+    }
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.0.commit(checkpoint)?;
+        Ok(self.0.wait_for_commits()?)
+    }
+    fn abort(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.0.abort(checkpoint)
+    }
+    fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
+        self.0.restore(checkpoint, state)
+    }
+}
+
+#[test]
+fn wal_sink_with_background_commits_survives_a_crash_at_every_durable_step() {
+    let _g = serial();
+    let restore_only = [(wal::FAULT_FSYNC, wal::FAULT_RESTORE_TRUNCATE)];
+    let crashes = crash_everywhere(
+        wal::FAULT_POINTS,
+        &restore_only,
+        SCRIPT,
+        Guarantee::ExactlyOnce,
+        &|dir| {
+            let cfg = WalSinkConfig {
+                background_commit: true,
+                ..wal_config(dir)
+            };
+            let out = dir.join("out");
+            (
+                Box::new(move || {
+                    Settled(WalSink::new(
+                        cfg.clone(),
+                        0,
+                        line as fn(&Rec, &mut Vec<u8>),
+                        stamp as fn(&Rec) -> u64,
+                    ))
+                }),
+                Box::new(move || committed_lines(&out)),
+            )
+        },
+    );
+    eprintln!("WAL sink (background commits) crashes per fault point: {crashes:?}");
+}
+
 #[test]
 fn wal_sink_survives_a_crash_at_every_durable_step() {
     let _g = serial();
@@ -672,6 +729,23 @@ fn sinks_record_visibility_latency_at_commit() {
     h.finish_sink(&mut sink).unwrap();
     assert_latencies(&h, 50, pause);
 
+    // With a background committer the same way.
+    let cfg = WalSinkConfig {
+        background_commit: true,
+        ..WalSinkConfig::new(dir.path().join("wal-bg"), dir.path().join("out-bg"))
+    };
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg, 0, line, stamp);
+    let emitted = weir_core::clock::now_ns();
+    h.write_sink(&mut sink, &mut (0..40).map(|s| (s, emitted)).collect())
+        .unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    std::thread::sleep(pause);
+    sink.commit(1).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_latencies(&h, 40, pause);
+    assert_eq!(committed_lines(&dir.path().join("out-bg")), (0..40).collect::<Vec<_>>());
+
     // The two-phase sink the same way.
     let mut h = Harness::new(0, 1);
     let mut sink = weir_io::two_phase_file_sink(dir.path().join("out2"), 0, line, stamp);
@@ -894,9 +968,12 @@ fn parse_count_lines(dir: &Path) -> Vec<(u64, u64, u64)> {
 #[test]
 fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
     let _g = serial();
-    // WAL sink, aligned checkpoints.
+    // WAL sink committing in the background, aligned checkpoints.
     let dir = scratch();
-    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
+    let cfg = WalSinkConfig {
+        background_commit: true,
+        ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
+    };
     let restarts = keyed_job(CheckpointMode::Aligned, dir.path(), |s| {
         s.sink("wal", move |i| WalSink::new(cfg.clone(), i, count_line, count_stamp))
     });
@@ -943,4 +1020,39 @@ fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
         .map(|r| r.unwrap())
         .collect();
     assert_exactly_once(&rows);
+}
+
+#[test]
+fn a_non_replayable_source_is_refused_in_exactly_once_modes() {
+    let _g = serial();
+    let dir = scratch();
+    let run = |mode: Option<CheckpointMode>| {
+        let p = Pipeline::new("stdin-like");
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let o = out.clone();
+        p.source("lines", 1, |_, _| {
+            let input = std::io::Cursor::new(b"1\n2\n3\n".to_vec());
+            weir_io::ReaderSource::new("pipe", input, |l: &[u8], _: &weir_io::LineInfo<'_>| {
+                Ok::<u64, weir_io::ParseError>(std::str::from_utf8(l).unwrap().parse().unwrap())
+            })
+        })
+        .sink("collect", move |_| weir_core::CollectSink::new(o.clone()));
+        let config = RuntimeConfig {
+            workers: 1,
+            checkpointing: mode.map(|m| CheckpointConfig::new(m, dir.path().join(format!("{m:?}")))),
+            ..RuntimeConfig::default()
+        };
+        let result = p.run(config).and_then(|h| h.join());
+        let got: Vec<u64> = out.lock().unwrap().clone();
+        (result.map(|_| ()), got)
+    };
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let e = run(Some(mode)).0.unwrap_err().to_string();
+        assert!(e.contains("not replayable"), "{mode:?}: {e}");
+    }
+    for mode in [None, Some(CheckpointMode::AtLeastOnce)] {
+        let (r, out) = run(mode);
+        r.unwrap();
+        assert_eq!(out, vec![1, 2, 3], "{mode:?}");
+    }
 }

@@ -2,17 +2,23 @@
 //! committed per second, 32-byte records, against the target of 20 M/s.
 //!
 //! Run: `nice -n -15 cargo bench -p weir-bench --bench wal`
-//! (about a minute; needs ~3 GiB of free disk).
+//! (one to two minutes; needs ~3 GiB of free disk).
 //!
-//! One sink subtask is driven by hand, the way the runtime drives it:
-//! batches of 1024 records are written, and every `epoch` records a barrier
-//! (`pre_commit`: the log is written and fsynced) is followed by the
-//! checkpoint's completion (`commit`: the epoch is read back, verified,
-//! written to its output file, fsynced, renamed, the folder fsynced, the
-//! marker written and fsynced, the log segments deleted). The clock runs
-//! from the first write to the last commit, so every record counted is
-//! durable and visible. Each record costs 48 bytes of log (16 of framing)
-//! and 32 bytes of output.
+//! Each sink subtask is driven by hand on a thread of its own, the way the
+//! runtime drives it: batches of 1024 records are written, and every
+//! `epoch` records a barrier (`pre_commit`: the log is written and fsynced)
+//! is followed by the checkpoint's completion (`commit`: the epoch's output
+//! is written to its file, fsynced, renamed, the folder fsynced, the marker
+//! written and fsynced, the committed log segments deleted; inline, or on
+//! the committer thread with `bg`). The clock runs from the first write to
+//! the last commit done, so every record counted is durable and visible.
+//! Each record costs 48 bytes of log (16 of framing) and 32 bytes of output.
+//!
+//! Columns: `par` sink subtasks (threads), `bg` background commits,
+//! `write`/`fsync`/`commit` the share of the subtasks' time in `write`,
+//! `pre_commit` and `commit` calls, `records/CPU-s` records per second of
+//! the process's CPU time (all threads): the sink's own cost, whatever
+//! else the machine runs.
 //!
 //! The runs go to two folders: `target/bench-wal` (the disk) and, where it
 //! exists, `/dev/shm` (memory: the sink's own cost, without the disk's).
@@ -54,19 +60,22 @@ fn encode(seq: &u64, out: &mut Vec<u8>) {
     out.extend_from_slice(&line);
 }
 
-/// CPU time of the calling thread (user and system), from
-/// `/proc/thread-self/schedstat`; `None` where that does not exist.
-fn thread_cpu() -> Option<Duration> {
-    let s = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
-    Some(Duration::from_nanos(s.split_whitespace().next()?.parse().ok()?))
+/// CPU time of the whole process (user and system, every thread, the
+/// committer threads included), from `/proc/self/stat` in clock ticks of
+/// 10 ms; `None` where that does not exist.
+fn process_cpu() -> Option<Duration> {
+    let s = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the command name (which is in parentheses): utime is the
+    // 12th, stime the 13th.
+    let rest = &s[s.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(Duration::from_millis(ticks * 10))
 }
 
 /// What one sink subtask measured.
 struct Run {
     seconds: f64,
-    /// CPU time of the thread over the same span: the sink's own cost,
-    /// whatever else the machine runs.
-    cpu: Option<Duration>,
     write: Duration,
     pre_commit: Duration,
     commit: Duration,
@@ -80,7 +89,6 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
     let mut batch: Vec<u64> = Vec::with_capacity(BATCH as usize);
     let (mut write, mut pre_commit, mut commit) = (Duration::ZERO, Duration::ZERO, Duration::ZERO);
     let mut id = 0;
-    let cpu0 = thread_cpu();
     let start = Instant::now();
     let mut seq = 0;
     while seq < records {
@@ -102,12 +110,14 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
         pre_commit += t2 - t1;
         commit += t3 - t2;
     }
+    // The last commits, if in the background, are part of the run.
+    let t = Instant::now();
+    sink.wait_for_commits().unwrap();
+    commit += t.elapsed();
     let seconds = start.elapsed().as_secs_f64();
-    let cpu = thread_cpu().zip(cpu0).map(|(b, a)| b - a);
     h.finish_sink(&mut sink).unwrap();
     Run {
         seconds,
-        cpu,
         write,
         pre_commit,
         commit,
@@ -116,10 +126,15 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
 
 /// `subtasks` sink subtasks on their own threads, `records` in all; the
 /// output is checked, then deleted.
-fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize) -> Vec<Run> {
+/// Returns each subtask's figures and the process's CPU time.
+fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize, background: bool) -> (Vec<Run>, Option<Duration>) {
     let _ = std::fs::remove_dir_all(dir);
-    let cfg = WalSinkConfig::new(dir.join("wal"), dir.join("out"));
+    let cfg = WalSinkConfig {
+        background_commit: background,
+        ..WalSinkConfig::new(dir.join("wal"), dir.join("out"))
+    };
     let each = records / subtasks as u64;
+    let cpu0 = process_cpu();
     let runs: Vec<Run> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..subtasks)
             .map(|i| {
@@ -129,6 +144,7 @@ fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize) -> Vec<Run> {
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
     });
+    let cpu = process_cpu().zip(cpu0).map(|(b, a)| b - a);
     // Check the output before throwing it away: every record, in order.
     let out = weir_io::committed_files(&cfg.target_dir).unwrap();
     let bytes: u64 = out.iter().map(|f| std::fs::metadata(f).unwrap().len()).sum();
@@ -142,7 +158,7 @@ fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize) -> Vec<Run> {
     encode(&(each - 1), &mut expected);
     assert!(last.ends_with(&expected), "the last record is the last line");
     let _ = std::fs::remove_dir_all(dir);
-    runs
+    (runs, cpu)
 }
 
 fn main() {
@@ -163,13 +179,29 @@ fn main() {
     }
     eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}");
     eprintln!(
-        "{:<8} {:>9} {:>3} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
-        "place", "epoch", "par", "seconds", "records/s", "log+out MB/s", "write", "fsync", "commit", "records/CPU-s"
+        "{:<8} {:>9} {:>3} {:>4} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
+        "place",
+        "epoch",
+        "par",
+        "bg",
+        "seconds",
+        "records/s",
+        "log+out MB/s",
+        "write",
+        "fsync",
+        "commit",
+        "records/CPU-s"
     );
     for (name, dir) in &places {
         // 200 K records is one 10 ms checkpoint at 20 M/s; 2 M is 100 ms.
-        for (epoch, subtasks) in [(200_000u64, 1usize), (2_000_000, 1), (200_000, 2)] {
-            let runs = run(dir, records, epoch, subtasks);
+        for (epoch, subtasks, background) in [
+            (200_000u64, 1usize, false),
+            (2_000_000, 1, false),
+            (200_000, 2, false),
+            (200_000, 1, true),
+            (200_000, 2, true),
+        ] {
+            let (runs, cpu) = run(dir, records, epoch, subtasks, background);
             let seconds = runs.iter().map(|r| r.seconds).fold(0.0, f64::max);
             let total = (records / subtasks as u64 * subtasks as u64) as f64;
             let rate = total / seconds;
@@ -177,13 +209,13 @@ fn main() {
             let sum = |f: fn(&Run) -> Duration| runs.iter().map(f).sum::<Duration>().as_secs_f64();
             let busy = sum(|r| r.write) + sum(|r| r.pre_commit) + sum(|r| r.commit);
             let pct = |d: f64| 100.0 * d / busy;
-            let cpu: Option<Duration> = runs.iter().map(|r| r.cpu).sum();
             let per_cpu = cpu.map_or("-".to_string(), |c| format!("{:.2} M", total / c.as_secs_f64() / 1e6));
             eprintln!(
-                "{:<8} {:>9} {:>3} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
+                "{:<8} {:>9} {:>3} {:>4} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
                 name,
                 epoch,
                 subtasks,
+                if background { "yes" } else { "no" },
                 seconds,
                 rate / 1e6,
                 mbs,

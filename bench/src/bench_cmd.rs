@@ -7,7 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
 
-use crate::pipelines::{build, Kind, Spec, Totals};
+use crate::pipelines::{build, Kind, Spec, StateBackend, Totals};
 use crate::report::{header, row, BenchResult, CheckpointSummary, Machine, Percentiles};
 
 /// Arguments of `weir bench`.
@@ -44,6 +44,9 @@ pub struct BenchArgs {
     /// Checkpoint mode.
     #[arg(long, value_enum, default_value = "none")]
     pub mode: Mode,
+    /// Keyed pipeline: where the per-key state lives.
+    #[arg(long, value_enum, default_value = "mapped")]
+    pub state: StateBackend,
     /// Time between checkpoints, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub checkpoint_interval_ms: u64,
@@ -146,6 +149,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             parallelism,
             seed: args.seed,
             slow_ns: 0,
+            state: args.state,
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
@@ -242,6 +246,7 @@ pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<Ru
     let row = BenchResult {
         pipeline: spec.kind.name(),
         mode: mode.name(),
+        state: spec.state,
         parallelism: spec.parallelism,
         workers,
         keys: spec.keys,

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::bench_cmd::{run_one_full, runtime_config, temp_checkpoint_dir, CliError, Mode, RunOutput};
-use crate::pipelines::{Kind, Spec};
+use crate::pipelines::{Kind, Spec, StateBackend};
 use crate::plot::{write_svg, Series};
 use crate::report::{si, BenchResult, Machine};
 
@@ -47,6 +47,9 @@ pub struct CompareArgs {
     /// Distinct keys.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
+    /// Keyed pipeline: where the per-key state lives.
+    #[arg(long, value_enum, default_value = "mapped")]
+    pub state: StateBackend,
     /// Parallelism of every operator [default: one per core].
     #[arg(long)]
     pub parallelism: Option<usize>,
@@ -125,6 +128,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                 parallelism,
                 seed: 1,
                 slow_ns,
+                state: args.state,
             };
             let dir = temp_checkpoint_dir();
             let config = runtime_config(

@@ -56,6 +56,18 @@ pub struct Spec {
     /// Keyed only: a slow operator after the keyed one, spinning this many
     /// nanoseconds per record (the backpressure scenario); 0 for none.
     pub slow_ns: u64,
+    /// Keyed only: where the running sums live.
+    pub state: StateBackend,
+}
+
+/// Where a keyed benchmark keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StateBackend {
+    /// Memory-mapped pages (`process`): asynchronous incremental snapshots.
+    Mapped,
+    /// In-memory hash map (`process_heap`): full snapshots at the barrier.
+    Heap,
 }
 
 /// Busy-waits `ns` nanoseconds (a slow operator's work).
@@ -163,14 +175,16 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             .sink("count", sink),
         Kind::Keyed => {
             let slow_ns = spec.slow_ns;
-            let summed = events
-                .key_by(|e: &Event| e.key)
-                .parallelism(p)
-                .process(|_key: &u64, sum: &mut u64, e: Event, out| {
-                    *sum = sum.wrapping_add(e.value);
-                    out.emit(Event { value: *sum, ..e });
-                })
-                .name("running-sum");
+            let keyed = events.key_by(|e: &Event| e.key).parallelism(p);
+            let running_sum = |_key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
+                *sum = sum.wrapping_add(e.value);
+                out.emit(Event { value: *sum, ..e });
+            };
+            let summed = match spec.state {
+                StateBackend::Mapped => keyed.process(running_sum),
+                StateBackend::Heap => keyed.process_heap(running_sum),
+            }
+            .name("running-sum");
             if slow_ns > 0 {
                 summed
                     .map(move |e: Event| {

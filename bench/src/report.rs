@@ -130,8 +130,10 @@ impl Machine {
 pub struct BenchResult {
     /// `stateless` or `keyed`.
     pub pipeline: &'static str,
-    /// Checkpoint mode; `none` until checkpointing exists.
+    /// Checkpoint mode: none, at-least-once, aligned, unaligned.
     pub mode: &'static str,
+    /// Keyed state backend (mapped or heap).
+    pub state: crate::pipelines::StateBackend,
     /// Parallelism of every operator.
     pub parallelism: usize,
     /// Worker threads.

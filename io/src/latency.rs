@@ -8,13 +8,13 @@
 //! visible as it writes them. A transactional sink makes them visible at
 //! commit, and [`weir_core::Sink::commit`] gets no [`SinkContext`] to
 //! record into. So transactional sinks keep the emission stamps of
-//! uncommitted records in [`StampRuns`], compressed, turn them into
-//! latencies at commit ([`Visible::add`]), and hand those to the runtime
-//! at the next `write` or `finish` ([`Visible::flush`]).
+//! uncommitted records in `StampRuns`, compressed, turn them into
+//! latencies at commit (`Visible::add`), and hand those to the runtime
+//! at the next `write` or `finish` (`Visible::flush`).
 //!
 //! Bounded memory: sources stamp whole batches with one clock reading, so
 //! equal stamps come in runs and one run costs one entry. When an epoch holds
-//! more than [`MAX_RUNS`] runs (a rated source stamps every record
+//! more than `MAX_RUNS` (64 Ki) runs (a rated source stamps every record
 //! differently), runs closer than a resolution are merged and the
 //! resolution doubles: the error of a latency is at most that resolution.
 //! A stamp of 0 means "unknown" and is not recorded.

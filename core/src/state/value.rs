@@ -15,7 +15,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use super::arena::{Arena, SLOT_HEADER};
+use super::arena::{Arena, SegPtr, SLOT_HEADER};
 use super::codec::{StateKey, StateValue};
 use super::handle::{SlotLayout, StateHandle, StateKind};
 use super::options::StoreOptions;
@@ -28,6 +28,8 @@ use crate::keyed::{key_group, stable_hash};
 struct Table {
     /// Page numbers by position; empty or a power of two long.
     pages: Vec<u32>,
+    /// The address of each page (`Arena::page_ptr`), for the hot path.
+    ptrs: Vec<SegPtr>,
     /// Occupied slots.
     count: usize,
     /// Generation, bumped by every growth (0: no table yet).
@@ -88,11 +90,21 @@ pub struct ValueStore<K, V> {
     tables: Vec<Table>,
     len: usize,
     slots_per_page: usize,
+    page_shift: u32,
     _types: PhantomData<fn() -> (K, V)>,
 }
 
 impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     const OCCUPIED: u32 = 1;
+    /// The layout's slot size and value offset as constants of the types,
+    /// so the hot path multiplies and adds by immediates.
+    const VALUE_OFFSET: usize = (SLOT_HEADER + K::SLOT_BYTES).next_multiple_of(std::mem::align_of::<V>());
+    const SLOT_SIZE: usize =
+        (Self::VALUE_OFFSET + std::mem::size_of::<V>()).next_multiple_of(if std::mem::align_of::<V>() > 8 {
+            std::mem::align_of::<V>()
+        } else {
+            8
+        });
 
     /// The slot layout of this key and value type in pages of `page_size`.
     pub fn layout(page_size: usize) -> Result<SlotLayout> {
@@ -112,10 +124,15 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     }
 
     fn with_arena(arena: Arena) -> Self {
+        assert_eq!(
+            (Self::SLOT_SIZE, Self::VALUE_OFFSET as u32),
+            (arena.layout.slot_size as usize, arena.layout.value_offset)
+        );
         ValueStore {
             tables: arena.opts.key_groups.clone().map(|_| Table::default()).collect(),
             len: 0,
             slots_per_page: arena.layout.slots_per_page(),
+            page_shift: arena.opts.page_size.trailing_zeros(),
             arena,
             _types: PhantomData,
         }
@@ -203,35 +220,37 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     fn fast_find(&self, h: u64, ti: usize, key: &K) -> Option<(usize, u64, *mut u8)> {
         // SAFETY: `table_of` returned `ti < tables.len()`.
         let t = unsafe { self.tables.get_unchecked(ti) };
-        let n = t.pages.len();
+        let n = t.ptrs.len();
         let spp = self.slots_per_page;
         let (pi, i) = home(h, n.max(1), spp);
         if n == 0 || i + 1 >= spp {
             return None;
         }
-        // SAFETY: `pi = h & (n - 1) < n`.
-        let page = unsafe { *t.pages.get_unchecked(pi) } as usize;
-        let slot = self.arena.layout.slot_size as usize;
-        let base = self.arena.page_ptr(page);
+        // SAFETY: `pi = h & (n - 1) < n`, and `ptrs` and `pages` have the
+        // same length.
+        let (base, page) = unsafe { (t.ptrs.get_unchecked(pi).0, *t.pages.get_unchecked(pi) as usize) };
         // SAFETY: slots i and i + 1 < slots_per_page lie inside the page,
         // a live mapping; reading them races with no writer (the task,
         // which holds `&self`, is the only one).
         let (hit0, hit1) = unsafe {
-            let s0 = base.add(i * slot);
-            let s1 = s0.add(slot);
+            let s0 = base.add(i * Self::SLOT_SIZE);
+            let s1 = s0.add(Self::SLOT_SIZE);
             let key_at = |s: *mut u8| std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES);
             (
                 (s0.add(4).cast::<u32>().read() != 0) & key.eq_slot(key_at(s0)),
                 (s1.add(4).cast::<u32>().read() != 0) & key.eq_slot(key_at(s1)),
             )
         };
-        if !(hit0 | hit1) {
+        // Conditional moves, not branches: which slot matched is not
+        // predictable, whether one did is.
+        let at = std::hint::select_unpredictable(hit0, i, std::hint::select_unpredictable(hit1, i + 1, usize::MAX));
+        if at == usize::MAX {
             return None;
         }
-        let at = i + usize::from(!hit0);
-        let off = self.arena.slot_offset(page, at);
+        let at = at * Self::SLOT_SIZE;
+        let off = ((page as u64) << self.page_shift) + at as u64;
         // SAFETY: slot `at` lies inside the page.
-        Some((page, off, unsafe { base.add(at * slot) }))
+        Some((page, off, unsafe { base.add(at) }))
     }
 
     /// The value of `key`, inserted as `V::default()` if absent, for
@@ -257,7 +276,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         // its value area is `size_of::<V>()` bytes aligned for `V` (see
         // `SlotLayout::compute`), `V: Pod` is valid for any bytes, and the
         // borrow of `self` keeps the slot from moving or being freed.
-        unsafe { &mut *p.add(self.arena.layout.value_offset as usize).cast::<V>() }
+        unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }
     }
 
     #[cold]
@@ -302,11 +321,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let old = std::mem::take(&mut self.tables[ti]);
         let n = (old.pages.len() * 2).max(1);
         let gen = old.gen + 1;
-        let pages = (0..n)
+        let pages: Vec<u32> = (0..n)
             .map(|pos| self.arena.new_page(kg, gen, pos as u32) as u32)
             .collect();
+        let ptrs = pages.iter().map(|&p| SegPtr(self.arena.page_ptr(p as usize))).collect();
         self.tables[ti] = Table {
             pages,
+            ptrs,
             count: old.count,
             gen,
         };
@@ -469,7 +490,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                     start + ti
                 )));
             }
-            store.tables[ti].pages = pages.into_iter().map(|(_, page)| page).collect();
+            let t = &mut store.tables[ti];
+            t.pages = pages.into_iter().map(|(_, page)| page).collect();
+            t.ptrs = t
+                .pages
+                .iter()
+                .map(|&p| SegPtr(store.arena.page_ptr(p as usize)))
+                .collect();
         }
         // Count and check every key, in parallel.
         let maxp = store.arena.opts.max_parallelism;

@@ -16,9 +16,11 @@
 //! 2. `pre_commit(n)` (barrier `n`): the log is written and fsynced, with
 //!    its folder if a segment was created (`wal.fsync`): one group commit
 //!    for the whole epoch. The checkpoint stores the log's end position.
-//! 3. `commit(n)` (checkpoint `n` complete): the records of every epoch up
-//!    to `n` not yet committed are read back (verified) and written, one
-//!    file per epoch, to hidden temporary files in the target folder
+//! 3. `commit(n)` (checkpoint `n` complete): the output of every epoch up
+//!    to `n` not yet committed (kept in memory up to
+//!    [`WalSinkConfig::memory_bytes`], otherwise read back from the log and
+//!    verified) is written, one file per epoch, to hidden temporary files
+//!    in the target folder
 //!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), renamed to
 //!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`), and the
 //!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
@@ -46,12 +48,12 @@
 //! and are not counted.
 
 pub mod codec;
+mod commit;
 mod log;
 mod marker;
 
 use std::collections::VecDeque;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::OpenOptions;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
@@ -62,9 +64,11 @@ use crate::fsutil::{self, create_dir_durable, fault, remove_if_exists, sync_dir}
 use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
+use commit::{Background, Closed, Committer, Committing, Done};
 use log::{list_segments, segment_path, LogReader, LogWriter};
 use marker::{Committed, Marker};
 
+pub use commit::QUEUED_COMMITS;
 pub use log::{FAULT_APPEND, FAULT_FSYNC, FAULT_ROLL};
 pub use marker::FAULT_MARKER;
 
@@ -95,9 +99,6 @@ pub const FAULT_POINTS: &[&str] = &[
     FAULT_RESTORE_TRUNCATE,
 ];
 
-/// Bytes of committed output written to a file at once: 1 MiB.
-const OUT_CHUNK: usize = 1 << 20;
-
 /// Where and how a [`WalSink`] writes. Shared by all subtasks of a sink.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WalSinkConfig {
@@ -116,6 +117,11 @@ pub struct WalSinkConfig {
     /// 64 MiB). An epoch that does not fit is read back from the log at
     /// commit (verified) instead; 0 always reads back.
     pub memory_bytes: usize,
+    /// Commit on a committer thread of the subtask's own (default false):
+    /// the fsyncs of a commit then overlap with the next epoch's writes
+    /// instead of stalling the sink's worker; `commit` returns once the
+    /// commit is queued, and a failed commit fails the sink's next call.
+    pub background_commit: bool,
 }
 
 impl WalSinkConfig {
@@ -128,6 +134,7 @@ impl WalSinkConfig {
             buffer_bytes: 1 << 20,
             suffix: ".csv".into(),
             memory_bytes: 64 << 20,
+            background_commit: false,
         }
     }
 
@@ -173,131 +180,20 @@ pub struct WalRecovery {
     pub torn_tail: Option<(PathBuf, u64)>,
 }
 
-/// An epoch closed by a barrier, not yet committed.
-#[derive(Debug)]
-struct Closed {
-    tag: u64,
-    /// Log position after its last record; the epoch starts where the
-    /// previous one ends (or at the commit marker's position).
-    end: WalPos,
-    records: u64,
-    /// Its output bytes, if they were kept in memory.
-    payload: Option<Vec<u8>>,
-    stamps: StampRuns,
-}
-
-/// The committed output of one commit being written.
-#[derive(Debug)]
-struct Parts {
-    target: PathBuf,
-    subtask: usize,
-    suffix: String,
-    out: Vec<u8>,
-    /// The epoch being written: its file and temporary path.
-    current: Option<(u64, File, PathBuf)>,
-    /// Epochs written and fsynced, waiting to be renamed: (epoch, temp).
-    written: Vec<(u64, PathBuf)>,
-    records: u64,
-}
-
-impl Parts {
-    fn temp_path(&self, epoch: u64) -> PathBuf {
-        self.target
-            .join(format!(".{}.tmp", fsutil::part_name(self.subtask, epoch, &self.suffix)))
-    }
-
-    fn final_path(&self, epoch: u64) -> PathBuf {
-        self.target.join(fsutil::part_name(self.subtask, epoch, &self.suffix))
-    }
-
-    fn reset(&mut self) {
-        self.out.clear();
-        self.current = None;
-        self.written.clear();
-        self.records = 0;
-    }
-
-    fn begin(&mut self, epoch: u64) -> Result<()> {
-        let temp = self.temp_path(epoch);
-        fault(FAULT_COMMIT_WRITE, "create", &temp)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)
-            .ctx("create", &temp)?;
-        self.current = Some((epoch, file, temp));
-        Ok(())
-    }
-
-    #[inline]
-    fn write(&mut self, payload: &[u8]) -> Result<()> {
-        self.out.extend_from_slice(payload);
-        self.records += 1;
-        if self.out.len() >= OUT_CHUNK {
-            self.write_out()?;
-        }
-        Ok(())
-    }
-
-    /// Writes a whole epoch's bytes, kept in memory, at once.
-    fn write_all(&mut self, bytes: &[u8], records: u64) -> Result<()> {
-        self.write_out()?;
-        let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
-        file.write_all(bytes).ctx("write", temp)?;
-        self.records += records;
-        Ok(())
-    }
-
-    fn write_out(&mut self) -> Result<()> {
-        let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
-        file.write_all(&self.out).ctx("write", temp)?;
-        self.out.clear();
-        Ok(())
-    }
-
-    /// Ends the current epoch's file: written out and fsynced.
-    fn end(&mut self) -> Result<()> {
-        if self.current.is_none() {
-            return Ok(());
-        }
-        self.write_out()?;
-        let (epoch, file, temp) = self.current.take().expect("checked above");
-        fault(FAULT_COMMIT_FSYNC, "fsync", &temp)?;
-        file.sync_data().ctx("fsync", &temp)?;
-        self.written.push((epoch, temp));
-        Ok(())
-    }
-
-    /// Renames every written epoch into place and fsyncs the folder;
-    /// returns the epochs.
-    fn publish(&mut self) -> Result<Vec<u64>> {
-        for (epoch, temp) in &self.written {
-            let target = self.final_path(*epoch);
-            fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
-            std::fs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
-        }
-        if !self.written.is_empty() {
-            sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
-        }
-        Ok(self.written.drain(..).map(|(e, _)| e).collect())
-    }
-}
-
 /// Spare output buffers kept for reuse: enough for the epochs of a few
 /// checkpoints in flight.
 const SPARE_BUFFERS: usize = 4;
 
-/// The log, marker and bookkeeping of a started sink subtask.
+/// The log and bookkeeping of a started sink subtask.
 #[derive(Debug)]
 struct Running {
-    dir: PathBuf,
-    subtask: usize,
     writer: LogWriter,
-    marker: Marker,
-    committed: Committed,
-    /// Segments before this one were deleted.
-    oldest_seg: u64,
+    committing: Committing,
+    /// The last epoch known committed (for a background committer: the
+    /// last one reported done).
+    committed_epoch: u64,
+    /// Why a background commit failed; every later call fails with it.
+    failed: Option<String>,
     /// Epoch of the records being written: the last barrier plus one.
     open_tag: u64,
     open_records: u64,
@@ -306,13 +202,11 @@ struct Running {
     open_payload: Vec<u8>,
     open_in_memory: bool,
     closed: VecDeque<Closed>,
-    /// Bytes of output kept in memory by closed epochs.
+    /// Bytes of output kept in memory by epochs not yet committed.
     memory_used: usize,
     memory_limit: usize,
     spare_stamps: Vec<StampRuns>,
     spare_payloads: Vec<Vec<u8>>,
-    reader: LogReader,
-    parts: Parts,
     visible: Visible,
 }
 
@@ -329,6 +223,7 @@ impl Running {
     /// Closes the open epoch at barrier `n` and makes the log durable;
     /// returns the log's end.
     fn pre_commit(&mut self, n: u64) -> Result<WalPos> {
+        self.collect(false)?;
         assert!(
             n >= self.open_tag,
             "barrier {n} after epoch {} was opened: barrier ids must increase",
@@ -348,7 +243,6 @@ impl Running {
             self.closed.push_back(Closed {
                 tag: self.open_tag,
                 end,
-                records: self.open_records,
                 payload,
                 stamps: std::mem::replace(&mut self.open_stamps, fresh),
             });
@@ -361,49 +255,64 @@ impl Running {
         Ok(end)
     }
 
-    /// Commits every closed epoch up to `n`; returns the epochs that got a
-    /// file and their records.
-    fn commit_through(&mut self, n: u64) -> Result<(Vec<u64>, u64)> {
+    /// Commits (or queues the commit of) every closed epoch up to `n`.
+    fn commit_through(&mut self, n: u64) -> Result<()> {
+        self.collect(false)?;
         let k = self.closed.iter().take_while(|c| c.tag <= n).count();
         if k == 0 {
-            return Ok((Vec::new(), 0));
+            return Ok(());
         }
-        let to = self.closed[k - 1].end;
-        self.parts.reset();
-        let mut start = self.committed.pos;
-        for c in self.closed.range(..k) {
-            self.parts.begin(c.tag)?;
-            match &c.payload {
-                Some(bytes) => self.parts.write_all(bytes, c.records)?,
-                None => {
-                    // Not in memory: read the epoch back from the log, verified.
-                    let (dir, parts, tag) = (&self.dir, &mut self.parts, c.tag);
-                    self.reader
-                        .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
-                            if t != tag {
-                                let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
-                                return Err(Error::corrupt(
-                                    "WAL record",
-                                    &segment_path(dir, end.seg),
-                                    at,
-                                    format!("a record of epoch {t} among those of epoch {tag}"),
-                                ));
-                            }
-                            parts.write(payload)
-                        })?;
-                }
+        let epochs: Vec<Closed> = self.closed.drain(..k).collect();
+        match &mut self.committing {
+            Committing::Inline(c) => {
+                c.commit(n, &epochs)?;
+                self.committed_epoch = n;
+                self.recycle(epochs, clock::now_ns());
             }
-            self.parts.end()?;
-            start = c.end;
+            Committing::Background(b) => b.send(n, epochs)?,
         }
-        let epochs = self.parts.publish()?;
-        let value = Committed { epoch: n, pos: to };
-        self.marker.write(value)?;
-        self.committed = value;
-        self.delete_segments_before(to.seg)?;
-        let now = clock::now_ns();
-        for mut c in self.closed.drain(..k) {
-            self.visible.add(&c.stamps, now);
+        Ok(())
+    }
+
+    /// Takes the results of background commits (all of them, waiting, if
+    /// `wait`); fails if one failed.
+    fn collect(&mut self, wait: bool) -> Result<()> {
+        if let Some(f) = &self.failed {
+            return Err(Error::io(
+                "commit",
+                std::path::Path::new("the committer thread"),
+                std::io::Error::other(f.clone()),
+            ));
+        }
+        let Committing::Background(b) = &mut self.committing else {
+            return Ok(());
+        };
+        let mut finished = Vec::new();
+        while let Some(done) = b.next(wait) {
+            finished.push(done);
+        }
+        for Done {
+            n,
+            result,
+            epochs,
+            visible_ns,
+        } in finished
+        {
+            if let Err(e) = result {
+                self.failed = Some(format!("background commit of checkpoint {n} failed: {e}"));
+                return Err(e);
+            }
+            self.committed_epoch = self.committed_epoch.max(n);
+            self.recycle(epochs, visible_ns);
+        }
+        Ok(())
+    }
+
+    /// Committed epochs became visible at `visible_ns`: their latencies are
+    /// due, their buffers free.
+    fn recycle(&mut self, epochs: Vec<Closed>, visible_ns: u64) {
+        for mut c in epochs {
+            self.visible.add(&c.stamps, visible_ns);
             c.stamps.clear();
             self.spare_stamps.push(c.stamps);
             if let Some(mut p) = c.payload {
@@ -414,23 +323,6 @@ impl Running {
                 }
             }
         }
-        Ok((epochs, self.parts.records))
-    }
-
-    /// Deletes the segments before `seg`: all their records are committed.
-    fn delete_segments_before(&mut self, seg: u64) -> Result<()> {
-        if self.oldest_seg >= seg {
-            return Ok(());
-        }
-        fault(FAULT_COMMIT_DELETE, "delete committed WAL segments in", &self.dir)?;
-        for s in self.oldest_seg..seg {
-            remove_if_exists(&segment_path(&self.dir, s))?;
-        }
-        // Not fsynced: a deleted segment that reappears after a crash lies
-        // before the marker's position and is never read; the next delete
-        // or restore removes it again.
-        self.oldest_seg = seg;
-        Ok(())
     }
 }
 
@@ -501,7 +393,16 @@ where
     /// The last epoch committed, as the commit marker records it (0 before
     /// the sink started or if nothing was committed).
     pub fn committed_epoch(&self) -> u64 {
-        self.run.as_ref().map_or(0, |r| r.committed.epoch)
+        self.run.as_ref().map_or(0, |r| r.committed_epoch)
+    }
+
+    /// Waits until every commit queued to the background committer is
+    /// done (immediately true without one); fails if one failed.
+    pub fn wait_for_commits(&mut self) -> Result<()> {
+        match self.run.as_mut() {
+            Some(run) => run.collect(true),
+            None => Ok(()),
+        }
     }
 
     /// This subtask's log folder.
@@ -516,23 +417,39 @@ where
         Ok(self.run.as_mut().expect("started above"))
     }
 
-    /// The bookkeeping of a started subtask: `committed` as the marker
-    /// records it, writing on in a new segment `next_seg`, epoch `open_tag`.
-    fn open(&self, marker: Marker, committed: Committed, next_seg: u64, open_tag: u64) -> Result<Running> {
-        let dir = self.log_dir();
+    /// A committer for this subtask whose marker records `committed`.
+    fn committer(&self, marker: Marker, committed: Committed) -> Committer {
+        Committer::new(
+            self.log_dir(),
+            self.subtask,
+            self.config.target_dir.clone(),
+            self.config.suffix.clone(),
+            marker,
+            committed,
+        )
+    }
+
+    /// The bookkeeping of a started subtask: commits through `committer`,
+    /// writing on in a new segment `next_seg`, epoch `open_tag`.
+    fn open(&self, committer: Committer, next_seg: u64, open_tag: u64) -> Result<Running> {
         let writer = LogWriter::create(
-            &dir,
+            &self.log_dir(),
             self.subtask as u32,
             next_seg,
             self.config.buffer_bytes,
             self.config.segment_bytes,
         )?;
+        let committed_epoch = committer.committed.epoch;
+        let committing = if self.config.background_commit {
+            Committing::Background(Background::start(committer)?)
+        } else {
+            Committing::Inline(committer)
+        };
         Ok(Running {
-            subtask: self.subtask,
             writer,
-            marker,
-            committed,
-            oldest_seg: committed.pos.seg,
+            committing,
+            committed_epoch,
+            failed: None,
             open_tag,
             open_records: 0,
             open_stamps: StampRuns::default(),
@@ -543,18 +460,7 @@ where
             memory_limit: self.config.memory_bytes,
             spare_stamps: Vec::new(),
             spare_payloads: Vec::new(),
-            reader: LogReader::default(),
-            parts: Parts {
-                target: self.config.target_dir.clone(),
-                subtask: self.subtask,
-                suffix: self.config.suffix.clone(),
-                out: Vec::with_capacity(OUT_CHUNK + (OUT_CHUNK >> 2)),
-                current: None,
-                written: Vec::new(),
-                records: 0,
-            },
             visible: Visible::default(),
-            dir,
         })
     }
 
@@ -610,7 +516,7 @@ where
                 off: SEGMENT_HEADER_BYTES as u64,
             },
         };
-        self.open(marker, start, 1, 1)
+        self.open(self.committer(marker, start), 1, 1)
     }
 
     fn restore_from(&mut self, n: u64, state: &[u8]) -> Result<()> {
@@ -681,15 +587,11 @@ where
         reader.read_range(&dir, self.subtask as u32, committed.pos, st.end, |tag, payload, end| {
             records += 1;
             match closed.back_mut() {
-                Some(c) if c.tag == tag => {
-                    c.end = end;
-                    c.records += 1;
-                }
+                Some(c) if c.tag == tag => c.end = end,
                 last if tag > committed.epoch && tag <= n && last.as_ref().is_none_or(|c| c.tag < tag) => closed
                     .push_back(Closed {
                         tag,
                         end,
-                        records: 1,
                         payload: None,
                         stamps: StampRuns::default(),
                     }),
@@ -744,11 +646,12 @@ where
         }
 
         // 3. Commit again what the checkpoint pre-committed; write on in a new segment.
-        let mut run = self.open(marker, committed, st.end.seg + 1, n + 1)?;
-        run.closed = closed;
-        let (epochs, _) = run.commit_through(n)?;
-        report.recommitted_epochs = epochs;
+        let mut committer = self.committer(marker, committed);
+        let closed: Vec<Closed> = closed.into();
+        report.recommitted_epochs = committer.commit(n, &closed)?;
         report.recommitted_records = records;
+        let mut run = self.open(committer, st.end.seg + 1, n + 1)?;
+        run.committed_epoch = run.committed_epoch.max(committed.epoch);
         self.run = Some(run);
         self.recovery = Some(report);
         Ok(())
@@ -765,6 +668,7 @@ where
         self.running()?;
         let (encode, emitted_ns) = (&self.encode, &self.emitted_ns);
         let run = self.run.as_mut().expect("started above");
+        run.collect(false)?;
         run.visible.flush(ctx);
         crate::latency::record_arrival(ctx, batch, emitted_ns);
         run.writer.maybe_roll()?;
@@ -804,6 +708,7 @@ where
         if let Some(last) = run.closed.back().map(|c| c.tag) {
             run.commit_through(last)?;
         }
+        run.collect(true)?;
         run.writer.sync()?;
         run.visible.flush(ctx);
         Ok(())
