@@ -292,7 +292,7 @@ fn large_state(dir: &Path, rows: &mut Vec<Row>) {
         let r = Store::restore(
             StoreOptions::new(dir.join(format!("restored-{}", t.elapsed().as_nanos()))),
             &root,
-            &[h9.clone()],
+            std::slice::from_ref(&h9),
         )
         .unwrap();
         (t.elapsed(), r)

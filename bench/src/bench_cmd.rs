@@ -7,7 +7,7 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
 
-use crate::pipelines::{build, Kind, Spec, StateBackend, Totals};
+use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::report::{header, row, BenchResult, CheckpointSummary, Machine, Percentiles};
 
 /// Arguments of `weir bench`.
@@ -47,6 +47,10 @@ pub struct BenchArgs {
     /// Keyed pipeline: where the per-key state lives.
     #[arg(long, value_enum, default_value = "mapped")]
     pub state: StateBackend,
+    /// Also write every record through this sink and measure when output
+    /// becomes visible (exactly-once sinks: at checkpoint completion).
+    #[arg(long, value_enum, default_value = "count")]
+    pub sink: SinkKind,
     /// Time between checkpoints, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub checkpoint_interval_ms: u64,
@@ -150,6 +154,8 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             seed: args.seed,
             slow_ns: 0,
             state: args.state,
+            sink: args.sink,
+            sink_dir: std::path::PathBuf::new(),
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
@@ -172,6 +178,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         }
         let result = result?;
         println!("{}", row(&result));
+        if let Some(v) = &result.visible_latency_us {
+            println!(
+                "    visible in the {:?} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
+                result.sink, v.p50, v.p99, v.p999, v.max
+            );
+        }
         if let Some(path) = &args.json {
             append_json(path, &result)?;
         }
@@ -222,8 +234,26 @@ fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult
     run_one_full(spec, config, mode).map(|o| o.result)
 }
 
+/// A fresh temporary folder for a run's sink output, removed afterwards.
+pub fn temp_sink_dir() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("weir-sink-{}-{}", std::process::id(), clock::now_ns()))
+}
+
 /// Runs one benchmark job and checks its output count.
 pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOutput, CliError> {
+    let mut spec = spec.clone();
+    let cleanup = spec.sink != SinkKind::Count && spec.sink_dir.as_os_str().is_empty();
+    if cleanup {
+        spec.sink_dir = temp_sink_dir();
+    }
+    let out = run_one_inner(&spec, config, mode);
+    if cleanup {
+        let _ = std::fs::remove_dir_all(&spec.sink_dir);
+    }
+    out
+}
+
+fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOutput, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
     // Every generator subtask shares one schedule origin, slightly in the
@@ -256,6 +286,9 @@ pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<Ru
         seconds,
         events_per_sec: spec.events as f64 / seconds,
         latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+        sink: spec.sink,
+        visible_latency_us: (spec.sink != SinkKind::Count && !result.metrics.visible_latency_ns.is_empty())
+            .then(|| Percentiles::from_ns(&result.metrics.visible_latency_ns)),
         checkpoints: mode
             .checkpoint_mode()
             .map(|_| CheckpointSummary::from_stats(&result.metrics.checkpoints)),

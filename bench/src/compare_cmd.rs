@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use crate::bench_cmd::{run_one_full, runtime_config, temp_checkpoint_dir, CliError, Mode, RunOutput};
-use crate::pipelines::{Kind, Spec, StateBackend};
+use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::plot::{write_svg, Series};
 use crate::report::{si, BenchResult, Machine};
 
@@ -50,6 +50,9 @@ pub struct CompareArgs {
     /// Keyed pipeline: where the per-key state lives.
     #[arg(long, value_enum, default_value = "mapped")]
     pub state: StateBackend,
+    /// The sink whose visibility latency is compared [default: wal].
+    #[arg(long, value_enum, default_value = "wal")]
+    pub sink: SinkKind,
     /// Parallelism of every operator [default: one per core].
     #[arg(long)]
     pub parallelism: Option<usize>,
@@ -129,6 +132,8 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                 seed: 1,
                 slow_ns,
                 state: args.state,
+                sink: args.sink,
+                sink_dir: std::path::PathBuf::new(),
             };
             let dir = temp_checkpoint_dir();
             let config = runtime_config(
@@ -209,8 +214,8 @@ fn print_table(closed: &[RunOutput], open: &[RunOutput]) {
             l.p99,
             l.p999,
             l.max,
-            "-",
-            "-",
+            fmt_opt(o.result.visible_latency_us.map(|v| v.p50 / 1e3)),
+            fmt_opt(o.result.visible_latency_us.map(|v| v.p99 / 1e3)),
             ck.map_or("-".into(), |k| k.completed.to_string()),
             ck.map_or("-".into(), |k| k.failed.to_string()),
             fmt_opt(ck.map(|k| k.duration_ms.p50)),
@@ -234,7 +239,7 @@ fn print_table(closed: &[RunOutput], open: &[RunOutput]) {
             ratio(o.result.latency_us.p99, base_o.latency_us.p99)
         );
     }
-    println!("(visibility latency columns need a committing sink: `-` until then)");
+    println!("(visibility: from emission until a reader of the sink's target can see the record)");
 }
 
 fn write_json(

@@ -39,7 +39,7 @@ impl Kind {
 }
 
 /// Parameters of one benchmark run.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Spec {
     /// The job.
     pub kind: Kind,
@@ -58,6 +58,28 @@ pub struct Spec {
     pub slow_ns: u64,
     /// Keyed only: where the running sums live.
     pub state: StateBackend,
+    /// The sink records go through after being counted.
+    pub sink: SinkKind,
+    /// Folder for the sink's output (files, WAL, database).
+    pub sink_dir: std::path::PathBuf,
+}
+
+/// Which real sink the benchmark writes through, after counting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SinkKind {
+    /// Count only: nothing leaves the process.
+    Count,
+    /// Lines appended to files at once (at-least-once; visible at once).
+    Direct,
+    /// Write-ahead log, committed to files at checkpoints (exactly-once).
+    Wal,
+    /// Two-phase commit into files (exactly-once).
+    #[value(name = "2pc-file")]
+    #[serde(rename = "2pc-file")]
+    TwoPcFile,
+    /// Two-phase commit into SQLite (exactly-once).
+    Sqlite,
 }
 
 /// Where a keyed benchmark keeps its state.
@@ -78,13 +100,15 @@ fn spin_for(ns: u64) {
     }
 }
 
-/// Counts records and records their latency, one histogram update per run
-/// of records with the same emission stamp.
+/// Counts records and records their processing latency (one histogram
+/// update per run of records with the same emission stamp), then hands
+/// them to an inner sink, if any, which records visibility latency.
 pub struct CountSink {
     count: u64,
     checksum: u64,
     total: Arc<AtomicU64>,
     total_checksum: Arc<AtomicU64>,
+    inner: Option<Box<dyn Sink<Event>>>,
 }
 
 impl CountSink {
@@ -95,8 +119,50 @@ impl CountSink {
             checksum: 0,
             total,
             total_checksum,
+            inner: None,
         }
     }
+
+    /// Also writes every record through `inner`.
+    pub fn with_inner(mut self, inner: Box<dyn Sink<Event>>) -> Self {
+        self.inner = Some(inner);
+        self
+    }
+}
+
+/// One output line per event: `key,value,seq` (about 32 bytes).
+fn encode_line(e: &Event, out: &mut Vec<u8>) {
+    use std::io::Write;
+    let _ = writeln!(out, "{},{},{}", e.key, e.value, e.seq);
+}
+
+fn emitted(e: &Event) -> u64 {
+    e.emitted_ns
+}
+
+/// The real sink of `kind` for subtask `i`, writing under `dir`.
+pub fn real_sink(kind: SinkKind, dir: &std::path::Path, i: usize) -> Option<Box<dyn Sink<Event>>> {
+    Some(match kind {
+        SinkKind::Count => return None,
+        SinkKind::Direct => Box::new(weir_io::DirectFileSink::new(dir.join("out"), i, encode_line, emitted)),
+        SinkKind::Wal => {
+            let config = weir_io::WalSinkConfig::new(dir.join("wal"), dir.join("out"));
+            Box::new(weir_io::WalSink::new(config, i, encode_line, emitted))
+        }
+        SinkKind::TwoPcFile => Box::new(weir_io::two_phase_file_sink(dir.join("out"), i, encode_line, emitted)),
+        SinkKind::Sqlite => {
+            let table = weir_io::SqliteTable::new(dir.join("out.db"), "events", &["key", "value", "seq"])
+                .create("CREATE TABLE IF NOT EXISTS events (key INTEGER, value INTEGER, seq INTEGER)");
+            Box::new(weir_io::two_phase_sqlite_sink(
+                table,
+                i,
+                |e: &Event, row: &mut weir_io::SqlRow<'_, '_>| {
+                    row.push(e.key as i64).push(e.value as i64).push(e.seq as i64);
+                },
+                emitted,
+            ))
+        }
+    })
 }
 
 impl Sink<Event> for CountSink {
@@ -121,14 +187,36 @@ impl Sink<Event> for CountSink {
         ctx.record_latency_n(stamp, run);
         self.checksum = checksum;
         self.count += batch.len() as u64;
-        batch.clear();
+        match &mut self.inner {
+            Some(inner) => inner.write(batch, ctx)?,
+            None => batch.clear(),
+        }
         Ok(())
     }
 
-    fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+    fn finish(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        if let Some(inner) = &mut self.inner {
+            inner.finish(ctx)?;
+        }
         self.total.fetch_add(self.count, Ordering::Relaxed);
         self.total_checksum.fetch_add(self.checksum, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.inner.as_mut().map_or(Ok(Vec::new()), |s| s.pre_commit(checkpoint))
+    }
+
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.commit(checkpoint))
+    }
+
+    fn abort(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.abort(checkpoint))
+    }
+
+    fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.restore(checkpoint, state))
     }
 }
 
@@ -164,7 +252,14 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
         .expect("generator settings are validated before the job is built")
     });
     let (count, checksum) = (totals.count.clone(), totals.checksum.clone());
-    let sink = move |_| CountSink::new(count.clone(), checksum.clone());
+    let (sink_kind, sink_dir) = (spec.sink, spec.sink_dir.clone());
+    let sink = move |i| {
+        let s = CountSink::new(count.clone(), checksum.clone());
+        match real_sink(sink_kind, &sink_dir, i) {
+            Some(inner) => s.with_inner(inner),
+            None => s,
+        }
+    };
     match spec.kind {
         Kind::Stateless => events
             .map(|e: Event| Event {

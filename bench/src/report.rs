@@ -152,6 +152,11 @@ pub struct BenchResult {
     pub events_per_sec: f64,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
+    /// The sink records went through.
+    pub sink: crate::pipelines::SinkKind,
+    /// From emission to visible in the sink's target (absent for `count`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub visible_latency_us: Option<Percentiles>,
     /// Checkpoint figures (absent when checkpointing is off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointSummary>,

@@ -17,13 +17,14 @@
 //! # Change tracking (epochs)
 //!
 //! The arena counts epochs: epoch `e` is the time between the barriers of
-//! the `e-1`-th and `e`-th snapshot. Every write stamps the slot with the
-//! current epoch (a store to the slot's first four bytes), and the first
-//! write to a page in an epoch records the page in that epoch's dirty list.
-//! A snapshot at the end of epoch `j` on a base completed at epoch `b` needs
-//! exactly the pages first written in an epoch of `(b, j]` (the union of
-//! those dirty lists) and, inside them, the slots stamped in `(b, j]`. The
-//! barrier only closes the dirty list and bumps the epoch: O(1).
+//! the `e-1`-th and `e`-th snapshot. The first write to a slot in an epoch
+//! stamps it with the epoch (its first four bytes) and logs its offset in
+//! the epoch's slot log (bounded, see `LOG_FRACTION`); the first write to a
+//! page in an epoch records the page in that epoch's dirty list. A snapshot
+//! at the end of epoch `j` on a base completed at epoch `b` needs exactly
+//! the slots logged in the epochs `(b, j]` (equivalently, those stamped in
+//! `(b, j]` in the pages of those epochs' dirty lists). The barrier only
+//! closes the lists and bumps the epoch: O(1).
 //!
 //! # Copy-on-write
 //!
@@ -81,6 +82,9 @@ const MAX_HISTORY: usize = 64;
 /// Snapshots awaiting `snapshot_done`; older ones are forgotten (a
 /// coordinator never has this many in flight).
 const MAX_PENDING: usize = 64;
+/// Finished jobs kept for freeing outside the barrier; a coordinator that
+/// never reports outcomes must not make them pile up.
+const MAX_RETIRED: usize = 16;
 /// The change log of an epoch holds at most 1/LOG_FRACTION of all slots;
 /// past that the epoch is marked unlogged and an incremental snapshot scans
 /// its dirty pages' slot stamps instead. Bounds the log's memory (8 bytes
@@ -423,8 +427,12 @@ impl Arena {
         }
     }
 
-    /// Moves jobs that need no page any more from `in_flight` to `retired`.
+    /// Moves jobs that need no page any more from `in_flight` to `retired`
+    /// (freed in `snapshot_done`, or here once more than `MAX_RETIRED` wait).
     fn retire_finished(&mut self) {
+        if self.retired.len() > MAX_RETIRED {
+            self.retired.clear();
+        }
         let mut i = 0;
         while i < self.in_flight.len() {
             if self.in_flight[i].is_finished() {

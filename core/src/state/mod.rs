@@ -6,12 +6,15 @@
 //! - **State lives in mapped files.** Every store keeps its keys and values
 //!   in fixed-size slots of fixed-size pages of files in its private working
 //!   directory, mapped with `memmap2`; the operating system pages them, so
-//!   state may exceed memory. An in-memory hash index maps key to slot.
+//!   state may exceed memory. Value state keeps one open-addressing hash
+//!   table per key group in the pages themselves (nothing to rebuild on
+//!   restore); map and list state keep an in-memory index from key to slot.
 //! - **Hot path without allocation, lock or system call.** Updating an
-//!   existing key is a hash lookup, a branch, and a store into the page.
+//!   existing key is a hash, a probe of its home slots in the mapped page,
+//!   two compares, and a store into the page.
 //! - **Cheap barrier.** [`ValueStore::snapshot`] (and the map and list
-//!   equivalents) costs O(1): it closes the list of pages changed since the
-//!   last snapshot and bumps an epoch. The returned [`SnapshotJob`] does the
+//!   equivalents) costs O(1): it closes the lists of pages and slots
+//!   changed since the last snapshot and bumps an epoch. The returned [`SnapshotJob`] does the
 //!   rest on any thread while the task keeps writing; copy-on-write of a
 //!   page the job has not captured yet keeps the snapshot exactly at the
 //!   barrier.

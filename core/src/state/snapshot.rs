@@ -433,7 +433,9 @@ impl SnapshotJob {
         if changed.is_empty() {
             return None;
         }
-        if changed.len() * (4 + slot) >= ps {
+        // Every slot changed means the page was (re)initialised in the
+        // window, trailer included: only a full image carries the trailer.
+        if changed.len() == self.layout.slots_per_page() || changed.len() * (4 + slot) >= ps {
             return Some(chunk.push_record(page as u32, kg, RecordKind::Full, &[src]));
         }
         let start = chunk.push_record(page as u32, kg, RecordKind::Delta(changed.len() as u32), &[]);

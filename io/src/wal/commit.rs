@@ -17,7 +17,7 @@
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, SyncSender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::thread::JoinHandle;
 
 use weir_core::clock;
@@ -250,7 +250,7 @@ pub(super) struct Done {
 /// Where commits run.
 pub(super) enum Committing {
     /// On the sink's thread, inside `commit`.
-    Inline(Committer),
+    Inline(Box<Committer>),
     /// On a committer thread.
     Background(Background),
 }
@@ -331,10 +331,7 @@ impl Background {
         let done = if wait {
             self.done.recv().ok()
         } else {
-            match self.done.try_recv() {
-                Ok(d) => Some(d),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => None,
-            }
+            self.done.try_recv().ok()
         };
         if done.is_some() {
             self.in_flight -= 1;

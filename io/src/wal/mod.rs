@@ -443,7 +443,7 @@ where
         let committing = if self.config.background_commit {
             Committing::Background(Background::start(committer)?)
         } else {
-            Committing::Inline(committer)
+            Committing::Inline(Box::new(committer))
         };
         Ok(Running {
             writer,
