@@ -301,8 +301,14 @@ pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
     pub(crate) op: usize,
     /// Snapshots taken whose outcome the store has not been told yet.
     pub(crate) pending: std::collections::VecDeque<u64>,
+    /// Keys of the records between the one updated and the one prefetched.
+    pub(crate) window: std::collections::VecDeque<K>,
     pub(crate) _in: std::marker::PhantomData<fn(T)>,
 }
+
+/// How many records ahead a keyed update prefetches its slot: enough to
+/// cover a cache miss with the work of the records in between.
+const PREFETCH_AHEAD: usize = 8;
 
 impl<T, K, S, O, KF, F> MappedKeyedProcess<T, K, S, O, KF, F>
 where
@@ -326,11 +332,28 @@ where
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let store = self.store.as_mut().expect("the store exists from construction to drop");
-        for record in batch.drain(..) {
-            let key = (self.key_fn)(&record);
+        // Keys are computed once, PREFETCH_AHEAD records ahead of their
+        // update, and their slots prefetched: the cache misses of several
+        // updates overlap. `window` keeps its capacity: no allocation.
+        let window = &mut self.window;
+        window.clear();
+        for r in batch.iter().take(PREFETCH_AHEAD) {
+            let k = (self.key_fn)(r);
+            store.prefetch(&k);
+            window.push_back(k);
+        }
+        let mut records = batch.drain(..);
+        while let Some(record) = records.next() {
+            if let Some(ahead) = records.as_slice().get(PREFETCH_AHEAD - 1) {
+                let k = (self.key_fn)(ahead);
+                store.prefetch(&k);
+                window.push_back(k);
+            }
+            let key = window.pop_front().expect("one key per record in the window");
             let state = store.get_or_default(&key);
             (self.f)(&key, state, record, &mut self.out);
         }
+        drop(records);
         self.next.collect(&mut self.out.buf, ctx)
     }
     fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {

@@ -756,6 +756,7 @@ where
                 next: down,
                 op: 0,
                 pending: std::collections::VecDeque::new(),
+                window: std::collections::VecDeque::with_capacity(16),
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
