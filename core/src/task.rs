@@ -552,6 +552,12 @@ impl<T: Data> InputTask<T> {
             inbox.ahead = None;
             return Ok(());
         }
+        if barrier.id <= ctx.last_barrier {
+            // An older barrier still queued behind the one look-ahead went
+            // on to find (a newer unaligned checkpoint started before this
+            // input was read up to it): its checkpoint is taken already.
+            return Ok(());
+        }
         inbox.delivered = inbox.delivered.max(barrier.id);
         match &mut self.gate {
             Gate::Recording { snap, .. } => {
