@@ -84,7 +84,8 @@ fn fmt_opt(v: Option<f64>) -> String {
 
 /// Runs `weir compare`.
 pub fn run(args: &CompareArgs) -> Result<(), CliError> {
-    if !(args.rate.is_finite() && args.rate > 0.0) || !(args.open_seconds > 0.0) {
+    let positive = |x: f64| x.is_finite() && x > 0.0;
+    if !positive(args.rate) || !positive(args.open_seconds) {
         return Err(CliError::Usage("--rate and --open-seconds must be positive".into()));
     }
     if args.checkpoint_interval_ms == 0 {

@@ -243,51 +243,6 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    #[test]
-    fn hash_is_stable_across_releases() {
-        // Pinned values: if these change, checkpoints taken by an older
-        // build would restore keys into the wrong key groups.
-        assert_eq!(stable_hash(&1u64), 0x37e8_d294_6949_7cd2);
-        assert_eq!(stable_hash(&123_456_789u64), 0x1a27_0db6_5611_5438);
-        assert_eq!(stable_hash("weir"), 0x27ea_4ef6_9a8c_1de1);
-        assert_eq!(stable_hash("weir"), stable_hash(&String::from("weir")));
-    }
-
-    #[test]
-    fn key_groups_cover_all_subtasks_evenly() {
-        let maxp = DEFAULT_MAX_PARALLELISM;
-        for p in 1..=8 {
-            let mut counts = vec![0usize; p];
-            for kg in 0..maxp {
-                counts[subtask_for_key_group(kg, maxp, p)] += 1;
-            }
-            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
-            assert!(max - min <= 1, "p={p}: {counts:?}");
-        }
-    }
-
-    proptest! {
-        #[test]
-        fn key_group_in_range(hash: u64, maxp in 1usize..4096) {
-            prop_assert!(key_group(hash, maxp) < maxp);
-        }
-
-        #[test]
-        fn sequential_keys_spread(start in 0u64..1_000_000) {
-            let mut counts = [0usize; 8];
-            for k in start..start + 8000 {
-                counts[key_group(stable_hash(&k), 8)] += 1;
-            }
-            for c in counts { prop_assert!(c > 700 && c < 1300, "{counts:?}"); }
-        }
-    }
-}
-
 /// A keyed process operator whose per-key state lives in the memory-mapped
 /// state backend: a plain value inline in a mapped page, snapshotted
 /// asynchronously and incrementally.
@@ -439,5 +394,50 @@ where
         };
         self.store = Some(crate::state::ValueStore::restore(opts, &root, &handles)?);
         self.next.restore(r, ctx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn hash_is_stable_across_releases() {
+        // Pinned values: if these change, checkpoints taken by an older
+        // build would restore keys into the wrong key groups.
+        assert_eq!(stable_hash(&1u64), 0x37e8_d294_6949_7cd2);
+        assert_eq!(stable_hash(&123_456_789u64), 0x1a27_0db6_5611_5438);
+        assert_eq!(stable_hash("weir"), 0x27ea_4ef6_9a8c_1de1);
+        assert_eq!(stable_hash("weir"), stable_hash(&String::from("weir")));
+    }
+
+    #[test]
+    fn key_groups_cover_all_subtasks_evenly() {
+        let maxp = DEFAULT_MAX_PARALLELISM;
+        for p in 1..=8 {
+            let mut counts = vec![0usize; p];
+            for kg in 0..maxp {
+                counts[subtask_for_key_group(kg, maxp, p)] += 1;
+            }
+            let (min, max) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(max - min <= 1, "p={p}: {counts:?}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn key_group_in_range(hash: u64, maxp in 1usize..4096) {
+            prop_assert!(key_group(hash, maxp) < maxp);
+        }
+
+        #[test]
+        fn sequential_keys_spread(start in 0u64..1_000_000) {
+            let mut counts = [0usize; 8];
+            for k in start..start + 8000 {
+                counts[key_group(stable_hash(&k), 8)] += 1;
+            }
+            for c in counts { prop_assert!(c > 700 && c < 1300, "{counts:?}"); }
+        }
     }
 }
