@@ -5,8 +5,11 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
 use common::*;
-use weir_core::CheckpointMode;
+use weir_core::{CheckpointMode, Error, RestartStrategy};
 
 #[test]
 fn aligned_survives_failures_exactly_once() {
@@ -108,4 +111,102 @@ fn failure_free_runs_agree_in_every_mode() {
         assert_eq!(out.restarts, 0);
         assert_exactly_once(job, &out.rows);
     }
+}
+
+#[test]
+fn single_input_tasks_in_every_mode() {
+    // One source subtask: every keyed task has exactly one input ring.
+    for mode in [
+        CheckpointMode::Aligned,
+        CheckpointMode::Unaligned,
+        CheckpointMode::AtLeastOnce,
+    ] {
+        let job = Job {
+            mode,
+            sources: 1,
+            failures: 2,
+            ..BASE
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let out = run(job, dir.path());
+        assert_eq!(out.restarts, 2, "{mode:?}");
+        if mode.is_exactly_once() {
+            assert_exactly_once(job, &out.rows);
+        } else {
+            assert_no_loss(job, &out.rows);
+        }
+    }
+}
+
+#[test]
+fn aligned_past_its_alignment_timeout_goes_unaligned_and_stays_exactly_once() {
+    let job = Job {
+        mode: CheckpointMode::Aligned,
+        events: 20_000,
+        slow_us: 20,
+        ring: 64,
+        failures: 1,
+        ..BASE
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let target = Arc::new(Mutex::new(Target::default()));
+    let result = run_with(job, dir.path(), &target, |c| {
+        if let Some(ck) = c.checkpointing.as_mut() {
+            ck.alignment_timeout = Some(Duration::from_micros(1));
+        }
+    })
+    .unwrap();
+    let stats = &result.metrics.checkpoints;
+    assert!(
+        stats.history.iter().any(|r| r.channel_state_bytes > 0),
+        "some aligned checkpoint switched to unaligned and stored in-flight records"
+    );
+    let rows = std::mem::take(&mut target.lock().unwrap().rows);
+    assert_exactly_once(job, &rows);
+}
+
+#[test]
+fn a_checkpoint_of_another_job_graph_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Arc::new(Mutex::new(Target::default()));
+    let job = Job { failures: 0, ..BASE };
+    run_with(job, dir.path(), &target, |_| {}).unwrap();
+    let other = Job { extra_map: true, ..job };
+    let err = run_with(other, dir.path(), &target, |_| {}).err().expect("refused");
+    match err {
+        Error::Restore(msg) => {
+            assert!(
+                msg.contains("another job graph") && msg.contains("fingerprint"),
+                "{msg}"
+            );
+        }
+        e => panic!("expected a restore error, got {e}"),
+    }
+}
+
+#[test]
+fn a_corrupt_checkpoint_is_never_restored_silently() {
+    let dir = tempfile::tempdir().unwrap();
+    let target = Arc::new(Mutex::new(Target::default()));
+    let job = Job { failures: 0, ..BASE };
+    run_with(job, dir.path(), &target, |_| {}).unwrap();
+    // Flip one byte of a task file of the latest checkpoint.
+    let ids = weir_core::checkpoint::storage::list_ids(dir.path()).unwrap();
+    let latest = weir_core::checkpoint::storage::checkpoint_dir(dir.path(), *ids.last().unwrap());
+    let file = std::fs::read_dir(&latest)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|e| e == "state"))
+        .unwrap();
+    let mut bytes = std::fs::read(&file).unwrap();
+    let last = bytes.len() - 6;
+    bytes[last] ^= 0x10;
+    std::fs::write(&file, bytes).unwrap();
+    let err = run_with(job, dir.path(), &target, |c| c.restart = RestartStrategy::None)
+        .err()
+        .expect("refused");
+    let msg = err.to_string();
+    let name = file.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(matches!(err, Error::Restore(_)), "{msg}");
+    assert!(msg.contains(&name) && msg.contains("CRC mismatch"), "{msg}");
 }

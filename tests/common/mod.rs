@@ -131,6 +131,10 @@ pub struct Job {
     pub ring: usize,
     /// Records per second of the main source.
     pub rate: f64,
+    /// Parallelism of the main source (1: every keyed task has one input).
+    pub sources: usize,
+    /// An extra operator before the exchange: another job graph.
+    pub extra_map: bool,
 }
 
 pub const BASE: Job = Job {
@@ -142,6 +146,8 @@ pub const BASE: Job = Job {
     slow_us: 0,
     ring: 256,
     rate: 400_000.0,
+    sources: 2,
+    extra_map: false,
 };
 
 fn key_of(c: &GenContext, keys: u64) -> u64 {
@@ -179,7 +185,7 @@ pub fn run_with(
         start_ns: None,
     };
     let fast = gen(job.rate, job.events, 1);
-    let mut stream = p.source("fast", 2, move |i, n| {
+    let mut stream = p.source("fast", job.sources, move |i, n| {
         Generator::new(fast, i, n, move |c: GenContext| (key_of(&c, keys), c.seq)).unwrap()
     });
     if job.union_slow {
@@ -195,6 +201,9 @@ pub fn run_with(
     let ch = chaos.clone();
     let slow_us = job.slow_us;
     let t = target.clone();
+    if job.extra_map {
+        stream = stream.map(|r: (u64, u64)| r).name("extra");
+    }
     stream
         .map(move |r: (u64, u64)| {
             ch.tick();
