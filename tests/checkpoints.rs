@@ -172,7 +172,7 @@ fn a_checkpoint_of_another_job_graph_is_refused() {
     let job = Job { failures: 0, ..BASE };
     run_with(job, dir.path(), &target, |_| {}).unwrap();
     let other = Job { extra_map: true, ..job };
-    let err = run_with(other, dir.path(), &target, |_| {}).err().expect("refused");
+    let err = run_with(other, dir.path(), &target, |_| {}).expect_err("refused");
     match err {
         Error::Restore(msg) => {
             assert!(
@@ -202,9 +202,7 @@ fn a_corrupt_checkpoint_is_never_restored_silently() {
     let last = bytes.len() - 6;
     bytes[last] ^= 0x10;
     std::fs::write(&file, bytes).unwrap();
-    let err = run_with(job, dir.path(), &target, |c| c.restart = RestartStrategy::None)
-        .err()
-        .expect("refused");
+    let err = run_with(job, dir.path(), &target, |c| c.restart = RestartStrategy::None).expect_err("refused");
     let msg = err.to_string();
     let name = file.file_name().unwrap().to_string_lossy().into_owned();
     assert!(matches!(err, Error::Restore(_)), "{msg}");
