@@ -54,6 +54,9 @@ pub struct BenchArgs {
     /// Time between checkpoints, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub checkpoint_interval_ms: u64,
+    /// Checkpoints in flight at once.
+    #[arg(long, default_value_t = 1)]
+    pub max_concurrent_checkpoints: usize,
     /// Where checkpoints go [default: a temporary folder, removed afterwards].
     #[arg(long)]
     pub checkpoint_dir: Option<std::path::PathBuf>,
@@ -164,7 +167,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             Some(d) => (d.clone(), false),
             None => (temp_checkpoint_dir(), true),
         };
-        let config = runtime_config(
+        let mut config = runtime_config(
             args.workers.unwrap_or(cores),
             args.ring_capacity,
             args.batch_size,
@@ -172,6 +175,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             args.checkpoint_interval_ms,
             &dir,
         );
+        if let Some(c) = config.checkpointing.as_mut() {
+            c.max_concurrent = args.max_concurrent_checkpoints;
+        }
         let result = run_one(&spec, config, args.mode);
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
