@@ -208,3 +208,31 @@ fn a_corrupt_checkpoint_is_never_restored_silently() {
     assert!(matches!(err, Error::Restore(_)), "{msg}");
     assert!(msg.contains(&name) && msg.contains("CRC mismatch"), "{msg}");
 }
+
+#[test]
+fn keyed_state_rescales_from_parallelism_2_to_1_and_4() {
+    for q in [1, 4] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        // First run: 20,000 records at keyed parallelism 2, ends with its
+        // final checkpoint.
+        let first = Job {
+            failures: 0,
+            events: 20_000,
+            rebalance_sink: true,
+            ..BASE
+        };
+        run_with(first, dir.path(), &target, |_| {}).unwrap();
+        // Second run: the sources continue to 40,000 from their offsets; the
+        // keyed state, taken at parallelism 2, is restored at `q` by key group.
+        let second = Job {
+            events: 40_000,
+            keyed: q,
+            ..first
+        };
+        let result = run_with(second, dir.path(), &target, |_| {}).unwrap();
+        assert!(result.metrics.checkpoints.restored_from.is_some(), "q={q}: resumed");
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
+        assert_exactly_once(second, &rows);
+    }
+}

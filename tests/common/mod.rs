@@ -135,6 +135,11 @@ pub struct Job {
     pub sources: usize,
     /// An extra operator before the exchange: another job graph.
     pub extra_map: bool,
+    /// Parallelism of the keyed operator.
+    pub keyed: usize,
+    /// A `rebalance(2)` between the keyed operator and the sink, so that
+    /// the keyed parallelism can change without the sink's.
+    pub rebalance_sink: bool,
 }
 
 pub const BASE: Job = Job {
@@ -148,6 +153,8 @@ pub const BASE: Job = Job {
     rate: 400_000.0,
     sources: 2,
     extra_map: false,
+    keyed: 2,
+    rebalance_sink: false,
 };
 
 fn key_of(c: &GenContext, keys: u64) -> u64 {
@@ -204,14 +211,14 @@ pub fn run_with(
     if job.extra_map {
         stream = stream.map(|r: (u64, u64)| r).name("extra");
     }
-    stream
+    let counted = stream
         .map(move |r: (u64, u64)| {
             ch.tick();
             r
         })
         .name("chaos")
         .key_by(|r: &(u64, u64)| r.0)
-        .parallelism(2)
+        .parallelism(job.keyed)
         .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
             if slow_us > 0 {
                 let t0 = std::time::Instant::now();
@@ -223,13 +230,18 @@ pub fn run_with(
             st[1] = st[1].wrapping_add(v);
             out.emit((*k, st[0], st[1]));
         })
-        .name("count")
-        .sink("tx", move |i| TxSink {
-            subtask: i,
-            open: Vec::new(),
-            pending: BTreeMap::new(),
-            target: t.clone(),
-        });
+        .name("count");
+    let counted = if job.rebalance_sink {
+        counted.rebalance(2)
+    } else {
+        counted
+    };
+    counted.sink("tx", move |i| TxSink {
+        subtask: i,
+        open: Vec::new(),
+        pending: BTreeMap::new(),
+        target: t.clone(),
+    });
     let config = RuntimeConfig {
         workers: 2,
         ring_capacity: job.ring,
