@@ -225,6 +225,36 @@ fn restore_outboxes<T: Data>(outboxes: &mut [Outbox<T>], r: &RestoreCtx<'_>) -> 
     Ok(())
 }
 
+/// The control methods shared by the exchanges (types with an `outboxes`
+/// field): flush every outbox, end-of-stream and barriers on every outbox,
+/// nothing to commit, output channel state to restore.
+macro_rules! exchange_control {
+    () => {
+        fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
+            Ok(flush_all(&mut self.outboxes))
+        }
+        fn finish(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
+            flush_all(&mut self.outboxes);
+            Ok(())
+        }
+        fn barrier(
+            &mut self,
+            barrier: Barrier,
+            snap: &mut TaskSnapshot,
+            _ctx: &mut TaskContext,
+        ) -> Result<(), BoxError> {
+            forward_barrier(&mut self.outboxes, barrier, snap)
+        }
+        fn notify(&mut self, _notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            Ok(())
+        }
+        fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            restore_outboxes(&mut self.outboxes, r)
+        }
+    };
+}
+
 /// Hash-partitioned exchange (`key_by`).
 pub(crate) struct HashOutput<T, K, KF> {
     outboxes: Vec<Outbox<T>>,
@@ -271,23 +301,7 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         flush_all(&mut self.outboxes);
         Ok(())
     }
-    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        Ok(flush_all(&mut self.outboxes))
-    }
-    fn finish(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
-        flush_all(&mut self.outboxes);
-        Ok(())
-    }
-    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        forward_barrier(&mut self.outboxes, barrier, snap)
-    }
-    fn notify(&mut self, _notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        Ok(())
-    }
-    fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        restore_outboxes(&mut self.outboxes, r)
-    }
+    exchange_control!();
 }
 
 /// Round-robin exchange (`rebalance`, `union`): record `i` of this subtask
@@ -313,23 +327,7 @@ impl<T: Data> Collector<T> for RebalanceOutput<T> {
         flush_all(&mut self.outboxes);
         Ok(())
     }
-    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        Ok(flush_all(&mut self.outboxes))
-    }
-    fn finish(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
-        flush_all(&mut self.outboxes);
-        Ok(())
-    }
-    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        forward_barrier(&mut self.outboxes, barrier, snap)
-    }
-    fn notify(&mut self, _notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        Ok(())
-    }
-    fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        restore_outboxes(&mut self.outboxes, r)
-    }
+    exchange_control!();
 }
 
 #[cfg(test)]
