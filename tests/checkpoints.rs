@@ -28,7 +28,7 @@ fn unaligned_survives_failures_exactly_once() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = run(job, dir.path());
-    assert_eq!(out.restarts, 3);
+    assert_eq!(out.restarts, 3, "{:?}", out.restart_errors);
     assert_exactly_once(job, &out.rows);
 }
 
@@ -40,7 +40,7 @@ fn at_least_once_loses_nothing() {
     };
     let dir = tempfile::tempdir().unwrap();
     let out = run(job, dir.path());
-    assert_eq!(out.restarts, 3);
+    assert_eq!(out.restarts, 3, "{:?}", out.restart_errors);
     let duplicates = assert_no_loss(job, &out.rows);
     eprintln!("at-least-once: {duplicates} duplicate counts");
 }
@@ -60,7 +60,7 @@ fn union_of_uneven_inputs_in_every_mode() {
         };
         let dir = tempfile::tempdir().unwrap();
         let out = run(job, dir.path());
-        assert_eq!(out.restarts, 2, "{mode:?}");
+        assert_eq!(out.restarts, 2, "{mode:?}: {:?}", out.restart_errors);
         if mode.is_exactly_once() {
             assert_exactly_once(job, &out.rows);
         } else {
@@ -129,7 +129,7 @@ fn single_input_tasks_in_every_mode() {
         };
         let dir = tempfile::tempdir().unwrap();
         let out = run(job, dir.path());
-        assert_eq!(out.restarts, 2, "{mode:?}");
+        assert_eq!(out.restarts, 2, "{mode:?}: {:?}", out.restart_errors);
         if mode.is_exactly_once() {
             assert_exactly_once(job, &out.rows);
         } else {

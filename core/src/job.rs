@@ -218,6 +218,7 @@ fn prepare(
     restored: Option<&Restored>,
     latency: &LatencyPair,
     root: Option<&Path>,
+    next_id: u64,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
     let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total))
@@ -235,7 +236,10 @@ fn prepare(
             .unwrap_or(0);
         let timeout_ns = c.alignment_timeout.map_or(0, |d| d.as_nanos() as u64);
         let (tx, rx) = mpsc::channel();
-        let first_id = completed.max(highest) + 1;
+        // Never reuse an id, not even one an earlier attempt of this run
+        // triggered and that left no folder: its late writes could land in
+        // a new checkpoint of the same id.
+        let first_id = (completed.max(highest) + 1).max(next_id);
         (Arc::new(Signals::new(c.mode, timeout_ns, completed, first_id)), rx, tx)
     });
     let mut built = Vec::new();
@@ -351,7 +355,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     if let Some(r) = &restored {
         tracing::info!(job = %plan.name, checkpoint = r.manifest.id, "restoring from checkpoint");
     }
-    let prepared = prepare(&mut plan, &config, restored.as_ref(), &latency, root.as_deref())?;
+    let prepared = prepare(&mut plan, &config, restored.as_ref(), &latency, root.as_deref(), 1)?;
     let shared = Arc::new(JobShared {
         cancel: AtomicBool::new(false),
         finished: AtomicBool::new(false),
@@ -376,6 +380,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
                 groups,
                 fingerprint,
                 retained,
+                next_id: 1,
             };
             let r = job.run(prepared);
             sh.finished.store(true, Ordering::Release);
@@ -399,6 +404,8 @@ struct JobRun {
     groups: Vec<ManifestGroup>,
     fingerprint: String,
     retained: VecDeque<u64>,
+    /// The lowest checkpoint id the next attempt may use.
+    next_id: u64,
 }
 
 enum AttemptEnd {
@@ -462,6 +469,7 @@ impl JobRun {
                 restored.as_ref(),
                 &self.latency,
                 root.as_deref(),
+                self.next_id,
             )?;
             *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
         }
@@ -589,6 +597,7 @@ impl JobRun {
             }
             c.shutdown(matches!(end, AttemptEnd::Cancelled));
             self.retained = c.retained();
+            self.next_id = c.next_id();
         }
         (end, finished_at)
     }

@@ -530,17 +530,56 @@ impl<T: Data> InputTask<T> {
             Gate::Recording { snap, buffers } => {
                 let id = snap.id();
                 let mut records = 0;
+                let mut newer = None;
                 for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
                     if !inbox.has(id) {
-                        Self::scan(inbox, Some(buffer), &mut records)?;
+                        if let Some(bar) = Self::scan(inbox, Some(buffer), &mut records)? {
+                            if bar.id > id {
+                                newer = Some(bar);
+                            }
+                        }
                     }
                 }
                 snap.state.channel_records += records;
+                if let Some(bar) = newer {
+                    return self.subsume(bar, ctx);
+                }
                 self.finish_recording_if_done(ctx);
                 Ok(())
             }
             Gate::Collecting { .. } => Ok(()),
         }
+    }
+
+    /// A newer barrier reached this task while it was still recording an
+    /// older checkpoint's channel state (that checkpoint was aborted, or is
+    /// being overtaken): give the older one up, declining it, and take the
+    /// newer one, as a newer checkpoint subsumes an older one.
+    fn subsume(&mut self, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if let Gate::Recording { snap, .. } = std::mem::replace(&mut self.gate, Gate::Idle) {
+            if let Some(ck) = &ctx.ckpt {
+                ck.send(Event::Decline {
+                    id: snap.id(),
+                    task: ck.task,
+                    reason: format!(
+                        "subsumed by checkpoint {} before its channel state was complete",
+                        barrier.id
+                    ),
+                });
+            }
+        }
+        for inbox in &mut self.inputs {
+            if inbox.ahead.is_some_and(|a| a < barrier.id) {
+                inbox.ahead = None;
+            }
+        }
+        self.start_unaligned(barrier, clock::now_ns(), ctx)
+    }
+
+    /// Handles `barrier` from input `i` once more, after the gate was reset.
+    fn on_barrier_again(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.inputs[i].delivered = barrier.id - 1;
+        self.on_barrier(i, barrier, ctx)
     }
 
     /// A barrier read from input `i`, in order with its data.
@@ -560,17 +599,8 @@ impl<T: Data> InputTask<T> {
         }
         inbox.delivered = inbox.delivered.max(barrier.id);
         match &mut self.gate {
-            Gate::Recording { snap, .. } => {
-                // Recording inputs are scanned before they are read, so
-                // their barrier is always found ahead; anything else is a
-                // broken invariant.
-                Err(format!(
-                    "barrier {} read on input {i} while recording checkpoint {} without look-ahead",
-                    barrier.id,
-                    snap.id()
-                )
-                .into())
-            }
+            Gate::Recording { snap, .. } if barrier.id > snap.id() => self.subsume(barrier, ctx),
+            Gate::Recording { .. } => Ok(()),
             Gate::Idle if !barrier.is_final && (barrier.unaligned || mode == CheckpointMode::Unaligned) => {
                 self.start_unaligned(barrier, clock::now_ns(), ctx)
             }
@@ -584,13 +614,28 @@ impl<T: Data> InputTask<T> {
                 };
                 self.complete_collecting(ctx)
             }
+            Gate::Collecting { barrier: b, .. } if barrier.id > b.id => {
+                // The older checkpoint was given up elsewhere (aborted) before
+                // its barrier reached every input here: decline it and
+                // collect the newer one, starting with this input.
+                let old = b.id;
+                if let Some(ck) = &ctx.ckpt {
+                    ck.send(Event::Decline {
+                        id: old,
+                        task: ck.task,
+                        reason: format!("subsumed by checkpoint {} before alignment completed", barrier.id),
+                    });
+                }
+                for inbox in &mut self.inputs {
+                    inbox.blocked = false;
+                }
+                self.gate = Gate::Idle;
+                self.on_barrier_again(i, barrier, ctx)
+            }
             Gate::Collecting { barrier: b, first_ns } => {
                 if barrier.id != b.id {
-                    return Err(format!(
-                        "barrier {} arrived on input {i} while aligning checkpoint {}: barriers out of order",
-                        barrier.id, b.id
-                    )
-                    .into());
+                    // An older barrier behind a newer checkpoint: already given up.
+                    return Ok(());
                 }
                 if barrier.unaligned {
                     // An upstream task went unaligned: so does this one.

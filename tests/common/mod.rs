@@ -113,6 +113,8 @@ impl Chaos {
 pub struct Outcome {
     pub rows: Vec<Row>,
     pub restarts: usize,
+    /// Why each restart happened.
+    pub restart_errors: Vec<String>,
     pub completed: u64,
     pub failed: u64,
     pub channel_state_bytes: u64,
@@ -169,6 +171,7 @@ pub fn run(job: Job, dir: &std::path::Path) -> Outcome {
     Outcome {
         rows,
         restarts: stats.restarts.len(),
+        restart_errors: stats.restarts.iter().map(|r| r.error.clone()).collect(),
         completed: stats.completed,
         failed: stats.failed,
         channel_state_bytes: stats.history.iter().map(|r| r.channel_state_bytes).sum(),

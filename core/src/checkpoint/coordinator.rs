@@ -404,6 +404,11 @@ impl Coordinator {
         }
     }
 
+    /// The id the next checkpoint would get.
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id
+    }
+
     /// Completed checkpoints on disk, oldest first.
     pub(crate) fn retained(&self) -> VecDeque<u64> {
         self.retained.clone()
