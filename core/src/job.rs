@@ -208,10 +208,6 @@ fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
     (groups, format!("{fp:016x}"))
 }
 
-fn key_groups(subtask: usize, parallelism: usize, maxp: usize) -> std::ops::Range<usize> {
-    crate::keyed::key_group_range(subtask, parallelism, maxp)
-}
-
 fn prepare(
     plan: &mut Plan,
     config: &RuntimeConfig,
@@ -299,7 +295,7 @@ fn prepare(
                 own,
                 all,
                 checkpoint: r.manifest.id,
-                key_groups: key_groups(i, group.parallelism, plan.max_parallelism),
+                key_groups: crate::keyed::key_group_range(i, group.parallelism, plan.max_parallelism),
             };
             task.restore(&rc, &mut ctx).map_err(|e| {
                 Error::Restore(format!(
@@ -760,7 +756,7 @@ mod tests {
         for p in 1..=8 {
             let mut next = 0;
             for i in 0..p {
-                let r = super::key_groups(i, p, 128);
+                let r = crate::keyed::key_group_range(i, p, 128);
                 assert_eq!(r.start, next);
                 next = r.end;
             }

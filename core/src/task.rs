@@ -170,10 +170,6 @@ fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> 
 fn send_snapshot(snap: TaskSnapshot, ctx: &TaskContext) {
     if let Some(ck) = &ctx.ckpt {
         complete_async(snap, ck.clone());
-        // Workers keep every core busy; give the snapshot writer (and the
-        // coordinator after it) the core now rather than at the next
-        // scheduler tick. Once per checkpoint per task.
-        std::thread::yield_now();
     }
 }
 
