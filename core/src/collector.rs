@@ -16,7 +16,15 @@
 //!   barrier on (the chain's end forwards it on every output);
 //! - `notify` tells the operator a checkpoint completed (commit) or was
 //!   aborted, then passes the notice on;
-//! - `restore` loads the operator's state before the first record.
+//! - `restore` loads the operator's state before the first record;
+//! - `watermark` tells the operator event time advanced to `wm` (or, for
+//!   [`crate::time::IDLE`], that its input went idle); operators with
+//!   event-time timers fire them, then pass the watermark on, in order with
+//!   the data (the chain's end forwards it on every output);
+//! - `tick` is called by a task on a turn in which it got no input (its
+//!   source emitted nothing, or its rings were empty), so that a
+//!   watermark generator can declare idleness and processing-time timers
+//!   fire without input; everything else passes it on.
 
 use std::ops::Range;
 
@@ -54,6 +62,8 @@ pub(crate) trait Collector<T>: Send {
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError>;
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError>;
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError>;
 }
 
 impl<T> Collector<T> for Box<dyn Collector<T>> {
@@ -77,18 +87,19 @@ impl<T> Collector<T> for Box<dyn Collector<T>> {
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         (**self).restore(r, ctx)
     }
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).watermark(wm, ctx)
+    }
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).tick(ctx)
+    }
 }
 
 /// Implements the control methods of a stateless operator whose next
 /// collector is the field `next`: everything is passed on unchanged.
 macro_rules! forward_control {
     () => {
-        fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
-            self.next.flush(ctx)
-        }
-        fn finish(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
-            self.next.finish(ctx)
-        }
+        crate::collector::forward_flow!();
         fn barrier(
             &mut self,
             barrier: crate::message::Barrier,
@@ -111,6 +122,35 @@ macro_rules! forward_control {
         ) -> Result<(), crate::error::BoxError> {
             self.next.restore(r, ctx)
         }
+        crate::collector::forward_time!();
     };
 }
 pub(crate) use forward_control;
+
+/// Implements `flush` and `finish` of an operator whose next collector is
+/// the field `next`: both are passed on.
+macro_rules! forward_flow {
+    () => {
+        fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
+            self.next.flush(ctx)
+        }
+        fn finish(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.finish(ctx)
+        }
+    };
+}
+pub(crate) use forward_flow;
+
+/// Implements `watermark` and `tick` of an operator without event-time
+/// logic whose next collector is the field `next`: both are passed on.
+macro_rules! forward_time {
+    () => {
+        fn watermark(&mut self, wm: i64, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.watermark(wm, ctx)
+        }
+        fn tick(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.tick(ctx)
+        }
+    };
+}
+pub(crate) use forward_time;

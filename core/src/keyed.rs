@@ -21,7 +21,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use crate::checkpoint::snapshot::TaskSnapshot;
-use crate::collector::{Collector, Notice, RestoreCtx};
+use crate::collector::{forward_time, Collector, Notice, RestoreCtx};
 use crate::context::TaskContext;
 use crate::error::BoxError;
 use crate::message::Barrier;
@@ -200,12 +200,7 @@ where
         }
         self.next.collect(&mut self.out.buf, ctx)
     }
-    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        self.next.flush(ctx)
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.finish(ctx)
-    }
+    crate::collector::forward_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         // Entries tagged with their key group, so that a restore at another
@@ -241,6 +236,7 @@ where
         }
         self.next.restore(r, ctx)
     }
+    forward_time!();
 }
 
 /// A keyed process operator whose per-key state lives in the memory-mapped
@@ -255,7 +251,7 @@ pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
     pub(crate) next: Box<dyn Collector<O>>,
     pub(crate) op: usize,
     /// Snapshots taken whose outcome the store has not been told yet.
-    pub(crate) pending: std::collections::VecDeque<u64>,
+    pub(crate) lifecycle: crate::stores::StoreLifecycle,
     /// Keys of the records between the one updated and the one prefetched.
     pub(crate) window: std::collections::VecDeque<K>,
     pub(crate) _in: std::marker::PhantomData<fn(T)>,
@@ -264,16 +260,6 @@ pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
 /// How many records ahead a keyed update prefetches its slot: enough to
 /// cover a cache miss with the work of the records in between.
 const PREFETCH_AHEAD: usize = 8;
-
-impl<T, K, S, O, KF, F> MappedKeyedProcess<T, K, S, O, KF, F>
-where
-    K: crate::state::StateKey,
-    S: crate::state::StateValue,
-{
-    fn store(&mut self) -> &mut crate::state::ValueStore<K, S> {
-        self.store.as_mut().expect("the store exists from construction to drop")
-    }
-}
 
 impl<T, K, S, O, KF, F> Collector<T> for MappedKeyedProcess<T, K, S, O, KF, F>
 where
@@ -311,81 +297,24 @@ where
         drop(records);
         self.next.collect(&mut self.out.buf, ctx)
     }
-    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        self.next.flush(ctx)
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.finish(ctx)
-    }
+    crate::collector::forward_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         // Synchronous part: freeze the pages changed since the last
         // completed snapshot. The rest runs on the snapshot pool.
-        let job = self.store().snapshot(barrier.id);
-        self.pending.push_back(barrier.id);
-        snap.put_async(
-            self.op,
-            Box::new(move |root| {
-                let handle = job.write(root)?;
-                let files = handle
-                    .files
-                    .iter()
-                    .map(|f| crate::checkpoint::storage::FileRef {
-                        path: f.path.clone(),
-                        size: f.size,
-                        crc32: f.crc32,
-                    })
-                    .collect();
-                Ok(crate::checkpoint::snapshot::AsyncOutput {
-                    state: postcard::to_stdvec(&handle)?,
-                    files,
-                    state_bytes: handle.state_bytes,
-                })
-            }),
-        );
+        let store = self.store.as_mut().expect("the store exists from construction to drop");
+        self.lifecycle.barrier(&mut [store], barrier.id, self.op, snap);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        match notice {
-            Notice::Complete(c) => {
-                // Only `c` is known complete; earlier ones may have been
-                // skipped or aborted: never build on them.
-                while let Some(&id) = self.pending.front() {
-                    if id > c {
-                        break;
-                    }
-                    self.pending.pop_front();
-                    self.store().snapshot_done(id, id == c);
-                }
-            }
-            Notice::Abort(a) => {
-                if let Some(i) = self.pending.iter().position(|&id| id == a) {
-                    self.pending.remove(i);
-                    self.store().snapshot_done(a, false);
-                }
-            }
-        }
+        let store = self.store.as_mut().expect("the store exists from construction to drop");
+        self.lifecycle.notify(&mut [store], notice);
         self.next.notify(notice, ctx)
     }
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
-        let root = ctx
-            .ckpt
-            .as_ref()
-            .map(|c| c.root.clone())
-            .ok_or("restoring keyed state needs checkpointing")?;
-        let mut handles = Vec::new();
-        for old in r.all {
-            if let Some(bytes) = old.operator(self.op) {
-                let h: crate::state::StateHandle = postcard::from_bytes(bytes).map_err(|e| {
-                    format!(
-                        "checkpoint {}: state handle of subtask {} does not decode: {e}",
-                        r.checkpoint, old.subtask
-                    )
-                })?;
-                handles.push(h);
-            }
-        }
+        let root = crate::stores::checkpoint_root(ctx, "keyed state")?;
+        let handles = crate::stores::StoreLifecycle::handles(r, self.op, 1)?.remove(0);
         // The empty store made at construction gives way to the restored one.
         drop(self.store.take());
         let opts = crate::state::StoreOptions {
@@ -395,6 +324,7 @@ where
         self.store = Some(crate::state::ValueStore::restore(opts, &root, &handles)?);
         self.next.restore(r, ctx)
     }
+    forward_time!();
 }
 
 #[cfg(test)]

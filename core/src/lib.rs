@@ -40,16 +40,22 @@ pub mod fault;
 pub mod harness;
 mod idle;
 mod job;
+pub mod join;
 pub mod keyed;
 mod message;
 mod metrics;
 mod operators;
 mod output;
 mod pipeline;
+pub mod process;
 mod sink;
 mod source;
 pub mod state;
+mod stores;
 mod task;
+pub mod time;
+pub mod timers;
+pub mod window;
 
 #[cfg(test)]
 mod ring_tests;

@@ -13,8 +13,9 @@ pub(crate) enum Message<T> {
     Data(T),
     /// A checkpoint barrier.
     Barrier(Barrier),
-    /// An event-time watermark in milliseconds (reserved for event time).
-    #[allow(dead_code)]
+    /// An event-time watermark in milliseconds: no record with a smaller or
+    /// equal timestamp follows on this channel (late records aside).
+    /// [`crate::time::IDLE`] marks the channel idle until its next watermark.
     Watermark(i64),
     /// The producer will send nothing more.
     End,

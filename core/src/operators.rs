@@ -124,4 +124,10 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
             None => Ok(()),
         }
     }
+    fn watermark(&mut self, _wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+    fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
 }

@@ -60,10 +60,19 @@ impl<T> Outbox<T> {
 
     #[inline]
     pub(crate) fn stage(&mut self, m: Message<T>) {
-        if !matches!(m, Message::Data(_)) {
+        if !is_data_like(&m) {
             self.controls += 1;
         }
         self.staged.push(m);
+    }
+
+    /// Stages a watermark; one right behind another replaces it, so
+    /// watermarks never pile up behind a backpressured ring.
+    pub(crate) fn stage_watermark(&mut self, wm: i64) {
+        match self.staged.last_mut() {
+            Some(Message::Watermark(last)) => *last = wm,
+            _ => self.staged.push(Message::Watermark(wm)),
+        }
     }
 
     /// Puts a control message ahead of everything staged (an unaligned
@@ -103,7 +112,7 @@ impl<T> Outbox<T> {
             if n == free {
                 break;
             }
-            if matches!(m, Message::Data(_)) {
+            if is_data_like(m) {
                 if data == data_room {
                     break;
                 }
@@ -125,10 +134,7 @@ impl<T> Outbox<T> {
             return false;
         }
         if self.controls > 0 {
-            self.controls -= self.staged[..n]
-                .iter()
-                .filter(|m| !matches!(m, Message::Data(_)))
-                .count();
+            self.controls -= self.staged[..n].iter().filter(|m| !is_data_like(m)).count();
         }
         let mut chunk = self
             .ring
@@ -162,6 +168,13 @@ impl<T> Outbox<T> {
         }
         rest == 0
     }
+}
+
+/// Records and watermarks: they flow with the data and never take the
+/// ring slots reserved for barriers and end-of-stream.
+#[inline]
+fn is_data_like<T>(m: &Message<T>) -> bool {
+    matches!(m, Message::Data(_) | Message::Watermark(_))
 }
 
 /// Flushes every outbox; true if nothing remains staged.
@@ -251,6 +264,14 @@ macro_rules! exchange_control {
         }
         fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
             restore_outboxes(&mut self.outboxes, r)
+        }
+        fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            self.outboxes.iter_mut().for_each(|o| o.stage_watermark(wm));
+            flush_all(&mut self.outboxes);
+            Ok(())
+        }
+        fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            Ok(())
         }
     };
 }

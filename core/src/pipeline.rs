@@ -36,11 +36,12 @@ use crate::task::{Inbox, InputTask, SourceTask, Task};
 /// Most parallel instances of one operator.
 pub const MAX_PARALLELISM: usize = 4096;
 
-type EdgeId = usize;
+pub(crate) type EdgeId = usize;
 
 /// Builds one task instance: given the subtask index and the collector the
 /// chain ends in, returns the runnable task.
-type ChainFn<T> = Box<dyn FnMut(&mut BuildCtx, usize, Box<dyn Collector<T>>) -> Result<Box<dyn Task>> + Send>;
+pub(crate) type ChainFn<T> =
+    Box<dyn FnMut(&mut BuildCtx, usize, Box<dyn Collector<T>>) -> Result<Box<dyn Task>> + Send>;
 
 /// Builds every task of a chain; called once per attempt of the job.
 type GroupBuild = Box<dyn FnMut(&mut BuildCtx) -> Result<Vec<Box<dyn Task>>> + Send>;
@@ -74,7 +75,7 @@ pub(crate) struct Plan {
 }
 
 #[derive(Default)]
-struct Graph {
+pub(crate) struct Graph {
     name: String,
     max_parallelism: usize,
     groups: Vec<ChainGroup>,
@@ -105,7 +106,7 @@ pub(crate) struct BuildCtx {
     state_root: std::path::PathBuf,
     stores: usize,
     rings: HashMap<EdgeId, Box<dyn Any + Send>>,
-    max_parallelism: usize,
+    pub(crate) max_parallelism: usize,
 }
 
 impl BuildCtx {
@@ -193,7 +194,12 @@ impl BuildCtx {
             .collect()
     }
 
-    fn consumers<T: Send + 'static>(&mut self, edge: EdgeId, to: usize) -> Vec<Inbox<T>> {
+    /// The input channels of consumer subtask `to` over several edges.
+    pub(crate) fn inputs_from<T: Send + 'static>(&mut self, edges: &[EdgeId], to: usize) -> Vec<Inbox<T>> {
+        edges.iter().flat_map(|&e| self.consumers::<T>(e, to)).collect()
+    }
+
+    pub(crate) fn consumers<T: Send + 'static>(&mut self, edge: EdgeId, to: usize) -> Vec<Inbox<T>> {
         let from_group = self.edge_groups[edge].0;
         let wakes: Vec<_> = (0..self.edges[edge].0).map(|i| self.parker(from_group, i)).collect();
         self.ring_set::<T>(edge)
@@ -425,7 +431,7 @@ pub struct Stream<T> {
 }
 
 impl<T: Send + 'static> Stream<T> {
-    fn new(
+    pub(crate) fn new(
         graph: Rc<RefCell<Graph>>,
         parallelism: usize,
         ops: Vec<String>,
@@ -472,7 +478,7 @@ impl<T: Send + 'static> Stream<T> {
 
     /// Adds a chained operator; `wrap(op_index, batch_size, downstream)`
     /// builds it in front of the downstream collector.
-    fn chained<U: Send + 'static>(
+    pub(crate) fn chained<U: Send + 'static>(
         mut self,
         default_name: &str,
         mut wrap: impl FnMut(usize, usize, Box<dyn Collector<U>>) -> Box<dyn Collector<T>> + Send + 'static,
@@ -537,6 +543,34 @@ impl<T: Send + 'static> Stream<T> {
                 op,
                 _in: std::marker::PhantomData,
             })
+        })
+    }
+
+    /// Gives the stream event time: timestamps by the strategy's function
+    /// and watermarks bounded by its out-of-orderness, generated here (see
+    /// [`crate::time`]). Put it right after the source, so that idleness
+    /// of a source subtask is noticed; watermarks arriving from upstream
+    /// are replaced by this operator's own (end-of-input excepted).
+    ///
+    /// ```
+    /// use weir_core::time::WatermarkStrategy;
+    /// # use std::sync::Arc;
+    /// # let p = weir_core::Pipeline::new("doc");
+    /// # let items = Arc::new(vec![(1_000i64, 1u64)]);
+    /// let events = p
+    ///     .source("events", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
+    ///     .assign_watermarks(WatermarkStrategy::bounded(100, |e: &(i64, u64)| e.0));
+    /// # drop(events);
+    /// ```
+    pub fn assign_watermarks<F>(self, strategy: crate::time::WatermarkStrategy<F>) -> Stream<T>
+    where
+        F: Fn(&T) -> i64 + Clone + Send + 'static,
+    {
+        if let Err(e) = strategy.validate() {
+            self.graph.borrow_mut().errors.push(e);
+        }
+        self.chained("watermarks", move |op, _, next| {
+            Box::new(crate::time::WatermarkAssigner::new(strategy.clone(), next, op))
         })
     }
 
@@ -615,6 +649,7 @@ impl<T: Send + 'static> Stream<T> {
         let parallelism = self.parallelism;
         KeyedStream {
             upstream: self,
+            others: Vec::new(),
             key_fn,
             parallelism,
             _k: std::marker::PhantomData,
@@ -678,6 +713,9 @@ impl<T: Send + 'static> Stream<T> {
 /// [`KeyedStream::process`].
 pub struct KeyedStream<T, K, KF> {
     upstream: Stream<T>,
+    /// More streams partitioned by the same key into the same operator
+    /// (the second input of a connected pair).
+    others: Vec<Stream<T>>,
     key_fn: KF,
     parallelism: usize,
     _k: std::marker::PhantomData<fn() -> K>,
@@ -695,29 +733,55 @@ where
         self
     }
 
+    /// A keyed stream over `upstream` and `others` together.
+    pub(crate) fn with_inputs(upstream: Stream<T>, others: Vec<Stream<T>>, key_fn: KF) -> Self {
+        for s in others.iter().filter(|s| !Rc::ptr_eq(&s.graph, &upstream.graph)) {
+            let name = s.ops.last().cloned().unwrap_or_default();
+            upstream.graph.borrow_mut().errors.push(format!(
+                "connect: the stream after '{name}' belongs to another pipeline; build both in the same one"
+            ));
+        }
+        let parallelism = upstream.parallelism;
+        KeyedStream {
+            upstream,
+            others,
+            key_fn,
+            parallelism,
+            _k: std::marker::PhantomData,
+        }
+    }
+
+    /// Records a build-time error, reported by [`Pipeline::run`].
+    pub(crate) fn record_error(&self, message: String) {
+        self.upstream.graph.borrow_mut().errors.push(message);
+    }
+
     /// Closes the upstream chain into the hash exchange; returns the edge.
-    fn exchange(self, name: &str) -> (Rc<RefCell<Graph>>, usize, usize, KF, EdgeId) {
+    pub(crate) fn exchange(self, name: &str) -> (Rc<RefCell<Graph>>, usize, usize, KF, Vec<EdgeId>) {
         let q = self.parallelism;
         let graph = self.upstream.graph.clone();
         check_parallelism(&graph, name, q);
-        let p = self.upstream.parallelism;
         let key_fn = self.key_fn;
-        let up_key = key_fn.clone();
-        let mut upstream = self.upstream;
-        // The key function runs at the end of the upstream chain: name it,
-        // so that a panic in it is blamed on `key_by`.
-        let key_op = upstream.ops.len();
-        upstream.ops.push("key_by".to_string());
-        let edge = upstream.close_into_edge(q, move |ctx, edge, i| {
-            let maxp = ctx.max_parallelism;
-            Box::new(HashOutput::new(
-                ctx.producers::<T>(edge, i),
-                up_key.clone(),
-                maxp,
-                key_op,
-            ))
-        });
-        (graph, p, q, key_fn, edge)
+        let mut p = 0;
+        let mut edges = Vec::new();
+        for mut upstream in std::iter::once(self.upstream).chain(self.others) {
+            p += upstream.parallelism;
+            let up_key = key_fn.clone();
+            // The key function runs at the end of the upstream chain: name
+            // it, so that a panic in it is blamed on `key_by`.
+            let key_op = upstream.ops.len();
+            upstream.ops.push("key_by".to_string());
+            edges.push(upstream.close_into_edge(q, move |ctx, edge, i| {
+                let maxp = ctx.max_parallelism;
+                Box::new(HashOutput::new(
+                    ctx.producers::<T>(edge, i),
+                    up_key.clone(),
+                    maxp,
+                    key_op,
+                ))
+            }));
+        }
+        (graph, p, q, key_fn, edges)
     }
 
     /// Processes records one at a time with per-key state: `f(key, state,
@@ -736,9 +800,10 @@ where
         O: Send + 'static,
         F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
     {
-        let (graph, p, q, key_fn, edge) = self.exchange("process");
+        let (graph, p, q, key_fn, edges) = self.exchange("process");
+        let edges_in = edges.clone();
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
-            let inputs = ctx.consumers::<T>(edge, j);
+            let inputs = ctx.inputs_from::<T>(&edges, j);
             let opts = crate::state::StoreOptions {
                 max_parallelism: ctx.max_parallelism,
                 key_groups: crate::keyed::key_group_range(j, q, ctx.max_parallelism),
@@ -755,13 +820,13 @@ where
                 },
                 next: down,
                 op: 0,
-                pending: std::collections::VecDeque::new(),
+                lifecycle: crate::stores::StoreLifecycle::default(),
                 window: std::collections::VecDeque::with_capacity(16),
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
         });
-        Stream::new(graph, q, vec!["process".to_string()], p, vec![edge], chain)
+        Stream::new(graph, q, vec!["process".to_string()], p, edges_in, chain)
     }
 
     /// Like [`KeyedStream::process`], for any state type that serde can
@@ -773,9 +838,10 @@ where
         O: Send + 'static,
         F: FnMut(&K, &mut S, T, &mut Output<O>) + Clone + Send + 'static,
     {
-        let (graph, p, q, key_fn, edge) = self.exchange("process");
+        let (graph, p, q, key_fn, edges) = self.exchange("process");
+        let edges_in = edges.clone();
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
-            let inputs = ctx.consumers::<T>(edge, j);
+            let inputs = ctx.inputs_from::<T>(&edges, j);
             let op = KeyedProcess {
                 max_parallelism: ctx.max_parallelism,
                 key_fn: key_fn.clone(),
@@ -790,6 +856,6 @@ where
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
         });
-        Stream::new(graph, q, vec!["process".to_string()], p, vec![edge], chain)
+        Stream::new(graph, q, vec!["process".to_string()], p, edges_in, chain)
     }
 }

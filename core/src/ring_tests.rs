@@ -337,6 +337,14 @@ impl Collector<(usize, u64)> for Checker {
         Ok(())
     }
 
+    fn watermark(&mut self, _wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+
+    fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
+
     fn collect(&mut self, batch: &mut Vec<(usize, u64)>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
         if self.pending_flushes > 0 {
             self.while_pending += batch.len();

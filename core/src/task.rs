@@ -28,6 +28,7 @@ use crate::data::{decode_all, encode_into, Data};
 use crate::error::BoxError;
 use crate::message::{Barrier, Message};
 use crate::source::{Source, SourcePoll};
+use crate::time::{InputWatermarks, WatermarkUpdate, IDLE, MAX_WATERMARK};
 
 /// Records an unaligned task handles per turn while it waits for a
 /// triggered checkpoint's barrier: bounds how long a slow chain delays
@@ -268,8 +269,15 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             self.chain.collect(&mut self.batch, ctx)?;
             self.batch.clear();
         }
+        if emitted == 0 && status != SourcePoll::Done {
+            // Nothing to emit: a watermark generator may declare idleness.
+            self.chain.tick(ctx)?;
+        }
         match status {
             SourcePoll::Done => {
+                // End of input: event time is complete, so every window and
+                // timer downstream fires before the final checkpoint.
+                self.chain.watermark(MAX_WATERMARK, ctx)?;
                 if let Some(ck) = &ctx.ckpt {
                     // Stay to take part in checkpoints until the final one.
                     ck.send(Event::SourceExhausted { task: ck.task });
@@ -371,6 +379,8 @@ pub(crate) struct InputTask<T> {
     gate: Gate,
     /// Restored channel state, fed to the chain before any live input.
     replay: Vec<T>,
+    /// Event time of each input; the minimum goes to the chain.
+    watermarks: InputWatermarks,
 }
 
 impl<T> InputTask<T> {
@@ -387,6 +397,7 @@ impl<T> InputTask<T> {
             phase: Phase::Running,
             gate: Gate::Idle,
             replay: Vec::new(),
+            watermarks: InputWatermarks::new(open_inputs),
         }
     }
 }
@@ -681,6 +692,15 @@ impl<T: Data> InputTask<T> {
         self.start_unaligned(barrier, first_ns, ctx)
     }
 
+    /// Passes a change of the combined input watermark to the chain.
+    fn forward_watermark(&mut self, update: WatermarkUpdate, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        match update {
+            WatermarkUpdate::None => Ok(()),
+            WatermarkUpdate::Advance(wm) | WatermarkUpdate::Active(wm) => self.chain.watermark(wm, ctx),
+            WatermarkUpdate::Idle => self.chain.watermark(IDLE, ctx),
+        }
+    }
+
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         let n = self.replay.len().min(self.batch_size);
         self.batch.extend(self.replay.drain(..n));
@@ -808,15 +828,26 @@ impl<T: Data> Task for InputTask<T> {
                 Some(Message::End) => {
                     self.inputs[i].ended = true;
                     self.open_inputs -= 1;
+                    let update = self.watermarks.on_end(i);
+                    self.forward_watermark(update, ctx)?;
                     self.complete_collecting(ctx)?;
                     self.finish_recording_if_done(ctx);
                 }
                 Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
-                Some(Message::Watermark(_)) | Some(Message::Data(_)) | None => {}
+                Some(Message::Watermark(wm)) => {
+                    let update = self.watermarks.on_watermark(i, wm);
+                    self.forward_watermark(update, ctx)?;
+                }
+                Some(Message::Data(_)) | None => {}
             }
             if budget == 0 {
                 break;
             }
+        }
+        if !progressed && self.phase == Phase::Running {
+            // No input this turn: processing-time timers and idleness
+            // detection still need to run.
+            self.chain.tick(ctx)?;
         }
         self.next_input = (self.next_input + 1) % n_inputs;
         ctx.counters

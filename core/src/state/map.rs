@@ -181,7 +181,16 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         map.len()
     }
 
-    /// Calls `f` for every entry of `key`'s map, in no particular order.
+    /// Calls `f` with every user key of `key`'s map (values not decoded),
+    /// in no particular order.
+    pub fn user_keys_in(&self, key: &K, mut f: impl FnMut(&UK)) {
+        if let Some(map) = self.index.get(key) {
+            map.keys().for_each(&mut f);
+        }
+    }
+
+    /// Calls `f` with every user key and value of `key`'s map, in no
+    /// particular order.
     pub fn for_each_in(&self, key: &K, mut f: impl FnMut(&UK, V)) {
         if let Some(map) = self.index.get(key) {
             for (uk, &off) in map {

@@ -1,0 +1,373 @@
+//! Keyed process functions with timers: the general event-time operator.
+//!
+//! A [`KeyedProcessFunction`] sees one record at a time with the state of
+//! its key (any serde type, kept in the memory-mapped backend and
+//! checkpointed incrementally) and may register event-time and
+//! processing-time timers for that key; when a timer fires it is called
+//! back with the key's state again. Timers are state too
+//! ([`crate::timers`]): a checkpoint holds them and recovery restores them.
+//!
+//! Order guarantees: results of timers fired by a watermark are handed on
+//! before that watermark; event-time timers fire in time order; a timer
+//! registered for a time the watermark already passed fires at the next
+//! watermark.
+
+use std::hash::Hash;
+
+use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::collector::{Collector, Notice, RestoreCtx};
+use crate::context::TaskContext;
+use crate::data::Data;
+use crate::error::BoxError;
+use crate::message::Barrier;
+use crate::pipeline::{ChainFn, KeyedStream, Stream};
+use crate::state::{MapStore, SerdeCodec, StateKey, StoreOptions};
+use crate::stores::{restore_options, Snapshottable, StoreLifecycle};
+use crate::task::{InputTask, Task};
+use crate::time::{IDLE, MIN_WATERMARK};
+use crate::timers::{processing_time_ms, TimeDomain, TimerService};
+
+/// A timer change requested by user code, applied after the call.
+#[derive(Debug, Clone, Copy)]
+enum TimerOp {
+    Register(TimeDomain, i64),
+    Delete(TimeDomain, i64),
+}
+
+/// What a [`KeyedProcessFunction`] can do while it handles one record or
+/// one timer of `key`.
+pub struct TimerContext<'a, K, O> {
+    key: &'a K,
+    watermark: i64,
+    out: &'a mut Vec<O>,
+    ops: &'a mut Vec<TimerOp>,
+    clear: bool,
+}
+
+impl<K, O> TimerContext<'_, K, O> {
+    /// The key of the record or timer being handled.
+    pub fn key(&self) -> &K {
+        self.key
+    }
+
+    /// The operator's current watermark ([`crate::time::MIN_WATERMARK`]
+    /// before the first one). A record with a timestamp at or below it is
+    /// late.
+    pub fn watermark(&self) -> i64 {
+        self.watermark
+    }
+
+    /// The wall clock in epoch milliseconds, the processing-time domain.
+    pub fn processing_time(&self) -> i64 {
+        processing_time_ms()
+    }
+
+    /// Sends one result downstream.
+    #[inline]
+    pub fn emit(&mut self, record: O) {
+        self.out.push(record);
+    }
+
+    /// Calls [`KeyedProcessFunction::on_timer`] for this key once the
+    /// watermark reaches `time` (at once, at the next watermark, if it
+    /// already has). Registering the same time twice gives one timer.
+    pub fn register_event_timer(&mut self, time: i64) {
+        self.ops.push(TimerOp::Register(TimeDomain::EventTime, time));
+    }
+
+    /// Calls [`KeyedProcessFunction::on_timer`] for this key once the wall
+    /// clock reaches `time` (epoch milliseconds).
+    pub fn register_processing_timer(&mut self, time: i64) {
+        self.ops.push(TimerOp::Register(TimeDomain::ProcessingTime, time));
+    }
+
+    /// Removes this key's event-time timer at `time`, if any.
+    pub fn delete_event_timer(&mut self, time: i64) {
+        self.ops.push(TimerOp::Delete(TimeDomain::EventTime, time));
+    }
+
+    /// Removes this key's processing-time timer at `time`, if any.
+    pub fn delete_processing_timer(&mut self, time: i64) {
+        self.ops.push(TimerOp::Delete(TimeDomain::ProcessingTime, time));
+    }
+
+    /// Drops this key's state after the call (instead of storing it).
+    pub fn clear_state(&mut self) {
+        self.clear = true;
+    }
+}
+
+/// A keyed function with per-key state and timers.
+///
+/// ```
+/// use weir_core::process::{KeyedProcessFunction, TimerContext};
+/// use weir_core::timers::TimeDomain;
+///
+/// /// Per key, the sum of the values of each 10 s of event time, emitted
+/// /// when the watermark passes the end of the 10 s.
+/// #[derive(Clone)]
+/// struct TenSecondSums;
+///
+/// impl KeyedProcessFunction<u64, (u64, i64, i64), (u64, i64, i64)> for TenSecondSums {
+///     type State = Vec<(i64, i64)>; // (bucket end, sum)
+///     fn process(&mut self, (_, ts, v): (u64, i64, i64), st: &mut Self::State,
+///                ctx: &mut TimerContext<'_, u64, (u64, i64, i64)>) {
+///         let end = ts - ts.rem_euclid(10_000) + 10_000;
+///         match st.iter_mut().find(|(e, _)| *e == end) {
+///             Some((_, sum)) => *sum += v,
+///             None => st.push((end, v)),
+///         }
+///         ctx.register_event_timer(end - 1);
+///     }
+///     fn on_timer(&mut self, time: i64, _: TimeDomain, st: &mut Self::State,
+///                 ctx: &mut TimerContext<'_, u64, (u64, i64, i64)>) {
+///         let key = *ctx.key();
+///         st.retain(|&(end, sum)| {
+///             if end - 1 == time { ctx.emit((key, end, sum)); false } else { true }
+///         });
+///     }
+/// }
+/// ```
+pub trait KeyedProcessFunction<K, T, O>: Clone + Send + 'static {
+    /// The state of one key: created by `Default` on first use, encoded
+    /// with serde into the memory-mapped backend after every call.
+    type State: Data + Default;
+
+    /// Most bytes one key's encoded state may take (a slot of the backend
+    /// holds that much); a larger state fails the job with a clear error.
+    const MAX_STATE_BYTES: usize = 256;
+
+    /// Handles one record of key `ctx.key()`.
+    fn process(&mut self, record: T, state: &mut Self::State, ctx: &mut TimerContext<'_, K, O>);
+
+    /// A timer of `ctx.key()` registered for `time` fired.
+    fn on_timer(
+        &mut self,
+        _time: i64,
+        _domain: TimeDomain,
+        _state: &mut Self::State,
+        _ctx: &mut TimerContext<'_, K, O>,
+    ) {
+    }
+}
+
+/// The operator running a [`KeyedProcessFunction`].
+pub(crate) struct ProcessOperator<T, K, O, KF, F: KeyedProcessFunction<K, T, O>> {
+    key_fn: KF,
+    f: F,
+    state: Option<MapStore<K, u8, F::State, SerdeCodec>>,
+    timers: Option<TimerService<K>>,
+    state_opts: StoreOptions,
+    timer_opts: StoreOptions,
+    lifecycle: StoreLifecycle,
+    watermark: i64,
+    out: Vec<O>,
+    ops: Vec<TimerOp>,
+    next: Box<dyn Collector<O>>,
+    op: usize,
+    _in: std::marker::PhantomData<fn(T)>,
+}
+
+impl<T, K, O, KF, F> ProcessOperator<T, K, O, KF, F>
+where
+    K: StateKey,
+    F: KeyedProcessFunction<K, T, O>,
+{
+    /// Runs user code for `key` (a record or a timer), then stores the
+    /// state and applies the timer changes it asked for.
+    fn with_key(
+        &mut self,
+        key: &K,
+        call: impl FnOnce(&mut F, &mut F::State, &mut TimerContext<'_, K, O>),
+    ) -> Result<(), BoxError> {
+        let store = self.state.as_mut().expect("the store exists from construction to drop");
+        let mut st = store.get(key, &0).unwrap_or_default();
+        let mut ctx = TimerContext {
+            key,
+            watermark: self.watermark,
+            out: &mut self.out,
+            ops: &mut self.ops,
+            clear: false,
+        };
+        call(&mut self.f, &mut st, &mut ctx);
+        if ctx.clear {
+            store.remove(key, &0);
+        } else {
+            store.put(key, &0, &st).map_err(|e| {
+                format!(
+                    "{e} (a key's state may take at most {} bytes: raise KeyedProcessFunction::MAX_STATE_BYTES)",
+                    F::MAX_STATE_BYTES
+                )
+            })?;
+        }
+        let timers = self.timers.as_mut().expect("timers exist from construction to drop");
+        for op in self.ops.drain(..) {
+            match op {
+                TimerOp::Register(d, t) => timers.register(key, d, t)?,
+                TimerOp::Delete(d, t) => timers.delete(key, d, t),
+            }
+        }
+        Ok(())
+    }
+
+    /// Fires every timer of `domain` due at `now`, earliest first.
+    fn fire(&mut self, domain: TimeDomain, now: i64) -> Result<(), BoxError> {
+        loop {
+            let timers = self.timers.as_mut().expect("timers exist");
+            if timers.next_time(domain).is_none_or(|t| t > now) {
+                return Ok(());
+            }
+            let Some((time, key)) = timers.pop_due(domain, now) else {
+                return Ok(());
+            };
+            self.with_key(&key, |f, st, ctx| f.on_timer(time, domain, st, ctx))?;
+        }
+    }
+
+    fn fire_processing(&mut self) -> Result<(), BoxError> {
+        let timers = self.timers.as_ref().expect("timers exist");
+        if timers.next_time(TimeDomain::ProcessingTime).is_some() {
+            self.fire(TimeDomain::ProcessingTime, processing_time_ms())?;
+        }
+        Ok(())
+    }
+
+    fn stores(&mut self) -> [&mut dyn Snapshottable; 2] {
+        [
+            self.state.as_mut().expect("state exists"),
+            &mut self.timers.as_mut().expect("timers exist").store,
+        ]
+    }
+}
+
+impl<T, K, O, KF, F> Collector<T> for ProcessOperator<T, K, O, KF, F>
+where
+    T: Send,
+    K: StateKey,
+    O: Send,
+    KF: Fn(&T) -> K + Send,
+    F: KeyedProcessFunction<K, T, O>,
+{
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        for record in batch.drain(..) {
+            let key = (self.key_fn)(&record);
+            self.with_key(&key, |f, st, c| f.process(record, st, c))?;
+        }
+        self.fire_processing()?;
+        self.next.collect(&mut self.out, ctx)
+    }
+    crate::collector::forward_flow!();
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let op = self.op;
+        let mut lifecycle = std::mem::take(&mut self.lifecycle);
+        lifecycle.barrier(&mut self.stores(), barrier.id, op, snap);
+        self.lifecycle = lifecycle;
+        self.next.barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let mut lifecycle = std::mem::take(&mut self.lifecycle);
+        lifecycle.notify(&mut self.stores(), notice);
+        self.lifecycle = lifecycle;
+        self.next.notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let root = crate::stores::checkpoint_root(ctx, "keyed state")?;
+        let handles = StoreLifecycle::handles(r, self.op, 2)?;
+        drop(self.state.take());
+        drop(self.timers.take());
+        self.state = Some(MapStore::restore(
+            restore_options(&self.state_opts, r),
+            &root,
+            &handles[0],
+        )?);
+        self.timers = Some(TimerService::restore(
+            restore_options(&self.timer_opts, r),
+            &root,
+            &handles[1],
+        )?);
+        self.next.restore(r, ctx)
+    }
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if wm != IDLE && wm > self.watermark {
+            ctx.current_op = self.op;
+            self.watermark = wm;
+            self.fire(TimeDomain::EventTime, wm)?;
+            self.next.collect(&mut self.out, ctx)?;
+        }
+        self.next.watermark(wm, ctx)
+    }
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.fire_processing()?;
+        if !self.out.is_empty() {
+            self.next.collect(&mut self.out, ctx)?;
+        }
+        self.next.tick(ctx)
+    }
+}
+
+/// The options of one store of a keyed operator's subtask `j` of `q`.
+pub(crate) fn store_options(
+    ctx: &mut crate::pipeline::BuildCtx,
+    j: usize,
+    q: usize,
+    max_value_len: usize,
+) -> crate::error::Result<StoreOptions> {
+    let max_value_len = max_value_len.max(crate::state::DEFAULT_MAX_VALUE_LEN);
+    // Room for a few slots of the largest value and key per page.
+    let page_size = ((max_value_len + 2 * crate::state::MAX_KEY_BYTES) * 4)
+        .next_power_of_two()
+        .clamp(crate::state::DEFAULT_PAGE_SIZE, crate::state::MAX_PAGE_SIZE);
+    Ok(StoreOptions {
+        max_parallelism: ctx.max_parallelism,
+        key_groups: crate::keyed::key_group_range(j, q, ctx.max_parallelism),
+        max_value_len,
+        page_size,
+        ..StoreOptions::new(ctx.state_dir()?)
+    })
+}
+
+impl<T, K, KF> KeyedStream<T, K, KF>
+where
+    T: Data,
+    K: Hash + Eq + Data,
+    KF: Fn(&T) -> K + Clone + Send + 'static,
+{
+    /// Processes records with a [`KeyedProcessFunction`]: per-key state of
+    /// any serde type in the memory-mapped backend, and event-time and
+    /// processing-time timers, all checkpointed.
+    pub fn process_function<O, F>(self, f: F) -> Stream<O>
+    where
+        K: StateKey,
+        O: Send + 'static,
+        F: KeyedProcessFunction<K, T, O>,
+    {
+        let (graph, p, q, key_fn, edges) = self.exchange("process");
+        let edges_in = edges.clone();
+        let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
+            let inputs = ctx.inputs_from::<T>(&edges, j);
+            let state_opts = store_options(ctx, j, q, F::MAX_STATE_BYTES)?;
+            let timer_opts = store_options(ctx, j, q, 0)?;
+            let op = ProcessOperator {
+                key_fn: key_fn.clone(),
+                f: f.clone(),
+                state: Some(MapStore::create(state_opts.clone())?),
+                timers: Some(TimerService::create(timer_opts.clone())?),
+                state_opts,
+                timer_opts,
+                lifecycle: StoreLifecycle::default(),
+                watermark: MIN_WATERMARK,
+                out: Vec::with_capacity(ctx.config.batch_size),
+                ops: Vec::new(),
+                next: down,
+                op: 0,
+                _in: std::marker::PhantomData,
+            };
+            Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        Stream::new(graph, q, vec!["process".to_string()], p, edges_in, chain)
+    }
+}

@@ -1,0 +1,370 @@
+//! Event time: timestamps carried by the records themselves, and
+//! watermarks, the runtime's statement that no record with a smaller or
+//! equal timestamp will follow.
+//!
+//! Watermarks travel on the rings in order with data and barriers
+//! ([`crate::message`]). A [`WatermarkStrategy`] placed after a source
+//! ([`crate::Stream::assign_watermarks`]) generates them from the records'
+//! timestamps with a bound on out-of-orderness. A task with several input
+//! channels forwards the minimum over its channels, skipping the channels
+//! marked idle and the ones that ended; end of a bounded input sends
+//! [`MAX_WATERMARK`], so every window and timer fires before the final
+//! checkpoint. `docs/event-time.md` tells the whole story.
+//!
+//! Watermarks are not part of checkpoints: after a restore event time
+//! starts again from [`MIN_WATERMARK`] and advances with the replayed
+//! input, so timers restored from state fire as soon as it passes them.
+
+use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::collector::{Collector, Notice, RestoreCtx};
+use crate::context::TaskContext;
+use crate::error::BoxError;
+use crate::message::Barrier;
+
+/// Event time before any watermark: every timestamp is still to come.
+pub const MIN_WATERMARK: i64 = i64::MIN + 1;
+
+/// The watermark of an input that ended: everything is complete.
+pub const MAX_WATERMARK: i64 = i64::MAX;
+
+/// On the wire only: "this channel is idle", sent in place of a watermark.
+/// A channel is active again at its next watermark.
+pub(crate) const IDLE: i64 = i64::MIN;
+
+/// Upper bound on [`WatermarkStrategy::out_of_orderness_ms`]: one day.
+pub const MAX_OUT_OF_ORDERNESS_MS: i64 = 86_400_000;
+
+/// How a stream's timestamps and watermarks are made.
+///
+/// The watermark after records with largest timestamp `t` is
+/// `t - out_of_orderness - 1`: records up to `out_of_orderness` ms older
+/// than the newest one are still on time, and so are further records with
+/// timestamp `t` itself.
+///
+/// ```
+/// use weir_core::time::WatermarkStrategy;
+/// // Records are (timestamp_ms, value); up to 50 ms out of order; a source
+/// // that emits nothing for 2 s stops holding event time back.
+/// let s = WatermarkStrategy::bounded(50, |r: &(i64, u64)| r.0).idle_after_ms(2_000);
+/// assert_eq!(s.out_of_orderness_ms(), 50);
+/// ```
+#[derive(Clone)]
+pub struct WatermarkStrategy<F> {
+    timestamp: F,
+    out_of_orderness_ms: i64,
+    idle_after_ns: Option<u64>,
+    period_ns: Option<u64>,
+}
+
+impl<F> WatermarkStrategy<F> {
+    /// Timestamps by `timestamp` (epoch milliseconds), at most
+    /// `out_of_orderness_ms` out of order; a watermark after every batch.
+    pub fn bounded(out_of_orderness_ms: i64, timestamp: F) -> Self {
+        WatermarkStrategy {
+            timestamp,
+            out_of_orderness_ms,
+            idle_after_ns: None,
+            period_ns: None,
+        }
+    }
+
+    /// Timestamps that never decrease: [`WatermarkStrategy::bounded`] with 0.
+    pub fn ascending(timestamp: F) -> Self {
+        Self::bounded(0, timestamp)
+    }
+
+    /// Marks the source subtask idle once it emitted nothing for `ms`
+    /// milliseconds: downstream tasks then compute their watermark without
+    /// it, until it emits again.
+    pub fn idle_after_ms(mut self, ms: u64) -> Self {
+        self.idle_after_ns = Some(ms.saturating_mul(1_000_000));
+        self
+    }
+
+    /// Emits watermarks at most every `ms` milliseconds instead of after
+    /// every batch (fewer control messages at very high rates).
+    pub fn periodic_ms(mut self, ms: u64) -> Self {
+        self.period_ns = Some(ms.saturating_mul(1_000_000));
+        self
+    }
+
+    /// The bound on out-of-orderness.
+    pub fn out_of_orderness_ms(&self) -> i64 {
+        self.out_of_orderness_ms
+    }
+
+    /// Checks the settings; the error says which one is wrong.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if !(0..=MAX_OUT_OF_ORDERNESS_MS).contains(&self.out_of_orderness_ms) {
+            return Err(format!(
+                "watermark strategy: out_of_orderness_ms = {} must be between 0 and {MAX_OUT_OF_ORDERNESS_MS}",
+                self.out_of_orderness_ms
+            ));
+        }
+        if self.idle_after_ns == Some(0) {
+            return Err("watermark strategy: idle_after_ms must be at least 1".into());
+        }
+        if self.period_ns == Some(0) {
+            return Err("watermark strategy: periodic_ms must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// The chained operator that generates watermarks.
+pub(crate) struct WatermarkAssigner<F, T> {
+    pub(crate) strategy: WatermarkStrategy<F>,
+    pub(crate) max_ts: i64,
+    pub(crate) emitted: i64,
+    pub(crate) idle: bool,
+    pub(crate) last_record_ns: u64,
+    pub(crate) last_emit_ns: u64,
+    pub(crate) next: Box<dyn Collector<T>>,
+    pub(crate) op: usize,
+}
+
+impl<F, T> WatermarkAssigner<F, T> {
+    pub(crate) fn new(strategy: WatermarkStrategy<F>, next: Box<dyn Collector<T>>, op: usize) -> Self {
+        WatermarkAssigner {
+            strategy,
+            max_ts: i64::MIN,
+            emitted: MIN_WATERMARK,
+            idle: false,
+            last_record_ns: 0,
+            last_emit_ns: 0,
+            next,
+            op,
+        }
+    }
+
+    fn current(&self) -> i64 {
+        if self.max_ts == i64::MIN {
+            return MIN_WATERMARK;
+        }
+        self.max_ts
+            .saturating_sub(self.strategy.out_of_orderness_ms)
+            .saturating_sub(1)
+            .max(MIN_WATERMARK)
+    }
+}
+
+impl<F, T> Collector<T> for WatermarkAssigner<F, T>
+where
+    F: Fn(&T) -> i64 + Send,
+    T: Send,
+{
+    #[inline]
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        ctx.current_op = self.op;
+        let ts = &self.strategy.timestamp;
+        let max = batch.iter().map(ts).fold(self.max_ts, i64::max);
+        self.max_ts = max;
+        let watch_time = self.strategy.idle_after_ns.is_some() || self.strategy.period_ns.is_some();
+        let now = if watch_time { ctx.now_ns() } else { 0 };
+        self.last_record_ns = now;
+        let was_idle = std::mem::replace(&mut self.idle, false);
+        if was_idle {
+            // Active again: say so before these records, with the current
+            // watermark (which may not have advanced).
+            self.next.watermark(self.emitted, ctx)?;
+        }
+        self.next.collect(batch, ctx)?;
+        let wm = self.current();
+        let due = self
+            .strategy
+            .period_ns
+            .is_none_or(|p| now.saturating_sub(self.last_emit_ns) >= p);
+        if wm > self.emitted && due {
+            self.emitted = wm;
+            self.last_emit_ns = now;
+            self.next.watermark(wm, ctx)?;
+        }
+        Ok(())
+    }
+
+    crate::collector::forward_flow!();
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.restore(r, ctx)
+    }
+
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        // This operator owns event time from here on: upstream watermarks
+        // are replaced by its own, except end-of-input.
+        if wm == MAX_WATERMARK && self.emitted != MAX_WATERMARK {
+            self.emitted = MAX_WATERMARK;
+            self.idle = false;
+            self.next.watermark(MAX_WATERMARK, ctx)?;
+        }
+        Ok(())
+    }
+
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let now = ctx.now_ns();
+        if let Some(p) = self.strategy.period_ns {
+            let wm = self.current();
+            if wm > self.emitted && now.saturating_sub(self.last_emit_ns) >= p {
+                self.emitted = wm;
+                self.last_emit_ns = now;
+                self.next.watermark(wm, ctx)?;
+            }
+        }
+        if let Some(idle_after) = self.strategy.idle_after_ns {
+            if !self.idle && self.emitted != MAX_WATERMARK && now.saturating_sub(self.last_record_ns) >= idle_after {
+                self.idle = true;
+                self.next.watermark(IDLE, ctx)?;
+            }
+        }
+        self.next.tick(ctx)
+    }
+}
+
+/// The combined watermark of a task's input channels.
+///
+/// Each channel has its own watermark (the largest received) and may be
+/// idle or ended. The task's watermark is the minimum over active
+/// channels; ended channels count as [`MAX_WATERMARK`]; when every open
+/// channel is idle, the task is idle itself. It only ever advances.
+#[derive(Debug, Clone)]
+pub(crate) struct InputWatermarks {
+    channels: Vec<(i64, bool)>,
+    ended: Vec<bool>,
+    emitted: i64,
+    emitted_idle: bool,
+}
+
+/// What a task forwards after a change of its inputs' watermarks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WatermarkUpdate {
+    None,
+    Advance(i64),
+    Idle,
+    /// Active again after idle, at the (unchanged) watermark.
+    Active(i64),
+}
+
+impl InputWatermarks {
+    pub(crate) fn new(n: usize) -> Self {
+        InputWatermarks {
+            channels: vec![(MIN_WATERMARK, false); n],
+            ended: vec![false; n],
+            emitted: MIN_WATERMARK,
+            emitted_idle: false,
+        }
+    }
+
+    /// Channel `i` delivered watermark (or [`IDLE`] marker) `wm`.
+    pub(crate) fn on_watermark(&mut self, i: usize, wm: i64) -> WatermarkUpdate {
+        let c = &mut self.channels[i];
+        if wm == IDLE {
+            c.1 = true;
+        } else {
+            c.1 = false;
+            c.0 = c.0.max(wm);
+        }
+        self.update()
+    }
+
+    /// Channel `i` ended.
+    pub(crate) fn on_end(&mut self, i: usize) -> WatermarkUpdate {
+        self.ended[i] = true;
+        self.update()
+    }
+
+    fn update(&mut self) -> WatermarkUpdate {
+        let mut min = MAX_WATERMARK;
+        let mut active = false;
+        let mut open = false;
+        for (&(wm, idle), &ended) in self.channels.iter().zip(&self.ended) {
+            if ended {
+                continue;
+            }
+            open = true;
+            if !idle {
+                active = true;
+                min = min.min(wm);
+            }
+        }
+        if open && !active {
+            if self.emitted_idle {
+                return WatermarkUpdate::None;
+            }
+            self.emitted_idle = true;
+            return WatermarkUpdate::Idle;
+        }
+        let was_idle = std::mem::replace(&mut self.emitted_idle, false);
+        if min > self.emitted {
+            self.emitted = min;
+            WatermarkUpdate::Advance(min)
+        } else if was_idle {
+            WatermarkUpdate::Active(self.emitted)
+        } else {
+            WatermarkUpdate::None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn combined_watermark_is_the_minimum_of_active_channels() {
+        let mut w = InputWatermarks::new(3);
+        assert_eq!(w.on_watermark(0, 10), WatermarkUpdate::None);
+        assert_eq!(w.on_watermark(1, 20), WatermarkUpdate::None);
+        assert_eq!(w.on_watermark(2, 5), WatermarkUpdate::Advance(5));
+        assert_eq!(w.on_watermark(2, 30), WatermarkUpdate::Advance(10));
+        // An older watermark on a channel never moves it back.
+        assert_eq!(w.on_watermark(0, 3), WatermarkUpdate::None);
+        // Idle channel 0 no longer holds event time back.
+        assert_eq!(w.on_watermark(0, IDLE), WatermarkUpdate::Advance(20));
+        assert_eq!(w.on_watermark(1, IDLE), WatermarkUpdate::Advance(30));
+        assert_eq!(w.on_watermark(2, IDLE), WatermarkUpdate::Idle);
+        assert_eq!(w.on_watermark(2, IDLE), WatermarkUpdate::None);
+        // Active again without advancing: downstream must learn it.
+        assert_eq!(w.on_watermark(1, 25), WatermarkUpdate::Active(30));
+        assert_eq!(w.on_watermark(1, 40), WatermarkUpdate::Advance(40));
+        // Channel 0 comes back behind: no regression.
+        assert_eq!(w.on_watermark(0, 35), WatermarkUpdate::None);
+        assert_eq!(w.on_end(1), WatermarkUpdate::None);
+        assert_eq!(w.on_end(0), WatermarkUpdate::Idle);
+        assert_eq!(w.on_end(2), WatermarkUpdate::Advance(MAX_WATERMARK));
+    }
+
+    #[test]
+    fn ended_channels_count_as_complete() {
+        let mut w = InputWatermarks::new(2);
+        assert_eq!(w.on_end(0), WatermarkUpdate::None);
+        assert_eq!(w.on_watermark(1, 7), WatermarkUpdate::Advance(7));
+        assert_eq!(w.on_end(1), WatermarkUpdate::Advance(MAX_WATERMARK));
+    }
+
+    #[test]
+    fn strategy_validation_names_the_setting() {
+        let f = |x: &i64| *x;
+        assert!(WatermarkStrategy::bounded(-1, f)
+            .validate()
+            .unwrap_err()
+            .contains("out_of_orderness_ms"));
+        assert!(WatermarkStrategy::bounded(0, f)
+            .idle_after_ms(0)
+            .validate()
+            .unwrap_err()
+            .contains("idle_after_ms"));
+        assert!(WatermarkStrategy::bounded(0, f)
+            .periodic_ms(0)
+            .validate()
+            .unwrap_err()
+            .contains("periodic_ms"));
+        assert!(WatermarkStrategy::bounded(10, f).validate().is_ok());
+    }
+}

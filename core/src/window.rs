@@ -1,0 +1,847 @@
+//! Event-time windows over a keyed stream: tumbling, sliding (hop) and
+//! session windows, half-open `[start, end)` and aligned to epoch 0, with
+//! an incremental aggregate, a reduce, or a function over all the
+//! window's records, and allowed lateness.
+//!
+//! Semantics (those of Flink's event-time trigger):
+//! - a record with timestamp `ts` belongs to every window containing `ts`;
+//! - a window fires once the watermark reaches `end - 1`, its largest
+//!   timestamp; with allowed lateness `L` its contents are kept until the
+//!   watermark reaches `end - 1 + L`, and every record arriving in that
+//!   time fires the window again with the updated result;
+//! - a record all of whose windows are past `end - 1 + L` is **late**: it
+//!   is emitted as [`Windowed::Late`], never dropped silently;
+//! - session windows start as `[ts, ts + gap)` and merge with every window
+//!   of the key they overlap or touch.
+//!
+//! State: the windows of each key and whether they fired, and the window
+//! contents (an accumulator, or every record), live in [`MapStore`]s of
+//! the memory-mapped backend and are checkpointed incrementally. The queue
+//! of pending firings is rebuilt from them on restore, so nothing fires
+//! twice and nothing is forgotten across a recovery.
+
+use std::collections::BTreeMap;
+use std::hash::Hash;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::collector::{Collector, Notice, RestoreCtx};
+use crate::context::TaskContext;
+use crate::data::Data;
+use crate::error::BoxError;
+use crate::message::Barrier;
+use crate::pipeline::{ChainFn, KeyedStream, Stream};
+use crate::process::store_options;
+use crate::state::{MapStore, PodCodec, SerdeCodec, StateHandle, StateKey, StoreOptions};
+use crate::stores::{restore_options, Snapshottable, StoreLifecycle};
+use crate::task::{InputTask, Task};
+use crate::time::{IDLE, MIN_WATERMARK};
+
+/// Most windows one record may belong to (`size / slide` of a sliding
+/// window): bounds the work per record.
+pub const MAX_WINDOWS_PER_RECORD: i64 = 1_000;
+
+/// A window of event time: `[start, end)` in epoch milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Window {
+    /// First millisecond in the window.
+    pub start: i64,
+    /// First millisecond after the window.
+    pub end: i64,
+}
+
+impl Window {
+    /// The largest timestamp in the window: it fires when the watermark
+    /// reaches this.
+    pub fn max_timestamp(&self) -> i64 {
+        self.end - 1
+    }
+
+    fn key(&self) -> (i64, i64) {
+        (self.start, self.end)
+    }
+
+    fn from_key((start, end): (i64, i64)) -> Self {
+        Window { start, end }
+    }
+
+    /// Whether the two windows overlap or touch (sessions merge then).
+    fn touches(&self, other: &Window) -> bool {
+        self.start <= other.end && other.start <= self.end
+    }
+}
+
+/// How records are assigned to windows.
+///
+/// ```
+/// use weir_core::window::{Window, Windows};
+/// let mut w = Vec::new();
+/// Windows::sliding(10_000, 2_000).assign(12_345, &mut w);
+/// assert_eq!(w.len(), 5);
+/// assert!(w.contains(&Window { start: 4_000, end: 14_000 }));
+/// assert!(w.contains(&Window { start: 12_000, end: 22_000 }));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Windows {
+    /// Consecutive windows of `size_ms`: `[k * size, (k + 1) * size)`.
+    Tumbling {
+        /// Window length.
+        size_ms: i64,
+    },
+    /// Windows of `size_ms` starting every `slide_ms`.
+    Sliding {
+        /// Window length.
+        size_ms: i64,
+        /// Distance between window starts.
+        slide_ms: i64,
+    },
+    /// Per key, records at most `gap_ms` apart share a window (sessions
+    /// that touch merge).
+    Session {
+        /// Inactivity that closes a session.
+        gap_ms: i64,
+    },
+}
+
+impl Windows {
+    /// Tumbling windows of `size_ms`.
+    pub fn tumbling(size_ms: i64) -> Self {
+        Windows::Tumbling { size_ms }
+    }
+
+    /// Sliding windows of `size_ms` every `slide_ms`.
+    pub fn sliding(size_ms: i64, slide_ms: i64) -> Self {
+        Windows::Sliding { size_ms, slide_ms }
+    }
+
+    /// Session windows closed by `gap_ms` of inactivity.
+    pub fn session(gap_ms: i64) -> Self {
+        Windows::Session { gap_ms }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        match *self {
+            Windows::Tumbling { size_ms } if size_ms <= 0 => {
+                Err(format!("tumbling window size {size_ms} ms must be positive"))
+            }
+            Windows::Sliding { size_ms, slide_ms } if size_ms <= 0 || slide_ms <= 0 => Err(format!(
+                "sliding window size {size_ms} ms and slide {slide_ms} ms must be positive"
+            )),
+            Windows::Sliding { size_ms, slide_ms } if (size_ms + slide_ms - 1) / slide_ms > MAX_WINDOWS_PER_RECORD => {
+                Err(format!(
+                    "sliding window size {size_ms} ms / slide {slide_ms} ms puts each record in more than \
+                 {MAX_WINDOWS_PER_RECORD} windows: use a larger slide"
+                ))
+            }
+            Windows::Session { gap_ms } if gap_ms <= 0 => Err(format!("session gap {gap_ms} ms must be positive")),
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends the windows containing timestamp `ts` to `out`.
+    pub fn assign(&self, ts: i64, out: &mut Vec<Window>) {
+        match *self {
+            Windows::Tumbling { size_ms } => {
+                let start = ts - ts.rem_euclid(size_ms);
+                out.push(Window {
+                    start,
+                    end: start.saturating_add(size_ms),
+                });
+            }
+            Windows::Sliding { size_ms, slide_ms } => {
+                let mut start = ts - ts.rem_euclid(slide_ms);
+                while start > ts.saturating_sub(size_ms) {
+                    out.push(Window {
+                        start,
+                        end: start.saturating_add(size_ms),
+                    });
+                    start -= slide_ms;
+                }
+            }
+            Windows::Session { gap_ms } => out.push(Window {
+                start: ts,
+                end: ts.saturating_add(gap_ms),
+            }),
+        }
+    }
+}
+
+/// What a window operator emits: results, and late records on the side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Windowed<O, T> {
+    /// A window's result.
+    Result(O),
+    /// A record that arrived after all its windows were complete (past the
+    /// allowed lateness): the side output of late data.
+    Late(T),
+}
+
+impl<O, T> Windowed<O, T> {
+    /// The result, if this is one.
+    pub fn result(self) -> Option<O> {
+        match self {
+            Windowed::Result(o) => Some(o),
+            Windowed::Late(_) => None,
+        }
+    }
+
+    /// The late record, if this is one.
+    pub fn late(self) -> Option<T> {
+        match self {
+            Windowed::Late(t) => Some(t),
+            Windowed::Result(_) => None,
+        }
+    }
+}
+
+/// An incremental aggregation: each record is folded into an accumulator
+/// as it arrives, so a window's state stays one small value.
+///
+/// ```
+/// use weir_core::window::AggregateFunction;
+/// /// Count and sum of `i64` values; the result is the mean.
+/// #[derive(Clone)]
+/// struct Mean;
+/// impl AggregateFunction<i64> for Mean {
+///     type Acc = (u64, i64);
+///     type Output = f64;
+///     fn add(&self, acc: &mut (u64, i64), v: &i64) { acc.0 += 1; acc.1 += v; }
+///     fn result(&self, acc: &(u64, i64)) -> f64 { acc.1 as f64 / acc.0 as f64 }
+///     fn merge(&self, acc: &mut (u64, i64), other: (u64, i64)) { acc.0 += other.0; acc.1 += other.1; }
+/// }
+/// ```
+pub trait AggregateFunction<T>: Clone + Send + 'static {
+    /// The running state of one window; starts as `Default`.
+    type Acc: Data + Default;
+    /// The window's result.
+    type Output;
+    /// Most bytes one encoded accumulator may take.
+    const MAX_ACC_BYTES: usize = 64;
+    /// Folds one record into the accumulator.
+    fn add(&self, acc: &mut Self::Acc, value: &T);
+    /// The result of a window from its accumulator.
+    fn result(&self, acc: &Self::Acc) -> Self::Output;
+    /// Folds `other` into `acc` (session windows merging).
+    fn merge(&self, acc: &mut Self::Acc, other: Self::Acc);
+}
+
+/// A reduce function as an aggregate: the accumulator is the reduced record.
+#[derive(Clone)]
+struct Reduce<F>(F);
+
+impl<T, F> AggregateFunction<T> for Reduce<F>
+where
+    T: Data + Clone,
+    F: Fn(&T, &T) -> T + Clone + Send + 'static,
+{
+    type Acc = Option<T>;
+    type Output = T;
+    const MAX_ACC_BYTES: usize = 1024;
+    fn add(&self, acc: &mut Option<T>, value: &T) {
+        *acc = Some(match acc.take() {
+            Some(a) => (self.0)(&a, value),
+            None => value.clone(),
+        });
+    }
+    fn result(&self, acc: &Option<T>) -> T {
+        acc.clone().expect("a window that fires holds at least one record")
+    }
+    fn merge(&self, acc: &mut Option<T>, other: Option<T>) {
+        if let Some(o) = other {
+            self.add(acc, &o);
+        }
+    }
+}
+
+/// The contents of windows, by (key, window): an accumulator or records.
+trait WindowBody<K, T, O>: Send {
+    fn add(&mut self, key: &K, w: Window, record: &T) -> Result<(), BoxError>;
+    fn merge_into(&mut self, key: &K, from: Window, into: Window) -> Result<(), BoxError>;
+    fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>);
+    fn clear(&mut self, key: &K, w: Window);
+    fn store(&mut self) -> &mut dyn Snapshottable;
+    fn restore(&mut self, opts: StoreOptions, root: &Path, handles: &[StateHandle]) -> Result<(), BoxError>;
+}
+
+struct AggBody<K, A: AggregateFunction<T>, R, T> {
+    agg: A,
+    result: R,
+    store: MapStore<K, (i64, i64), A::Acc, SerdeCodec>,
+}
+
+impl<K, T, O, A, R> WindowBody<K, T, O> for AggBody<K, A, R, T>
+where
+    K: StateKey,
+    T: Send,
+    A: AggregateFunction<T>,
+    R: FnMut(&K, Window, A::Output) -> O + Send,
+{
+    fn add(&mut self, key: &K, w: Window, record: &T) -> Result<(), BoxError> {
+        let mut acc = self.store.get(key, &w.key()).unwrap_or_default();
+        self.agg.add(&mut acc, record);
+        self.store.put(key, &w.key(), &acc).map_err(|e| {
+            format!(
+                "{e} (an encoded window accumulator may take at most {} bytes: raise \
+                 AggregateFunction::MAX_ACC_BYTES, or max_element_bytes for reduce)",
+                A::MAX_ACC_BYTES
+            )
+        })?;
+        Ok(())
+    }
+    fn merge_into(&mut self, key: &K, from: Window, into: Window) -> Result<(), BoxError> {
+        let Some(other) = self.store.get(key, &from.key()) else {
+            return Ok(());
+        };
+        self.store.remove(key, &from.key());
+        let mut acc = self.store.get(key, &into.key()).unwrap_or_default();
+        self.agg.merge(&mut acc, other);
+        self.store.put(key, &into.key(), &acc)?;
+        Ok(())
+    }
+    fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>) {
+        if let Some(acc) = self.store.get(key, &w.key()) {
+            out.push(Windowed::Result((self.result)(key, w, self.agg.result(&acc))));
+        }
+    }
+    fn clear(&mut self, key: &K, w: Window) {
+        self.store.remove(key, &w.key());
+    }
+    fn store(&mut self) -> &mut dyn Snapshottable {
+        &mut self.store
+    }
+    fn restore(&mut self, opts: StoreOptions, root: &Path, handles: &[StateHandle]) -> Result<(), BoxError> {
+        self.store = MapStore::restore(opts, root, handles)?;
+        Ok(())
+    }
+}
+
+/// Where a window's record is kept: `(start, (end, sequence number))`.
+type ElementKey = (i64, (i64, u64));
+
+/// Every record of every window, in arrival order (a sequence number).
+struct ListBody<K, T, P, O> {
+    f: P,
+    store: MapStore<K, ElementKey, T, SerdeCodec>,
+    seq: u64,
+    scratch: Vec<(u64, ElementKey)>,
+    records: Vec<T>,
+    results: Vec<O>,
+}
+
+impl<K: StateKey, T: Data, P, O> ListBody<K, T, P, O> {
+    fn entries_of(&mut self, key: &K, w: Window) {
+        self.scratch.clear();
+        let scratch = &mut self.scratch;
+        self.store.user_keys_in(key, |&(s, (e, seq))| {
+            if s == w.start && e == w.end {
+                scratch.push((seq, (s, (e, seq))));
+            }
+        });
+        self.scratch.sort_unstable_by_key(|&(seq, _)| seq);
+    }
+}
+
+impl<K, T, O, P> WindowBody<K, T, O> for ListBody<K, T, P, O>
+where
+    K: StateKey,
+    T: Data + Clone,
+    O: Send,
+    P: FnMut(&K, Window, &[T], &mut Vec<O>) + Send,
+{
+    fn add(&mut self, key: &K, w: Window, record: &T) -> Result<(), BoxError> {
+        self.seq += 1;
+        self.store
+            .put(key, &(w.start, (w.end, self.seq)), record)
+            .map_err(|e| format!("{e} (a window element may take at most the window's max_element_bytes: raise it)"))?;
+        Ok(())
+    }
+    fn merge_into(&mut self, key: &K, from: Window, into: Window) -> Result<(), BoxError> {
+        self.entries_of(key, from);
+        for &(seq, uk) in &self.scratch {
+            if let Some(v) = self.store.get(key, &uk) {
+                self.store.remove(key, &uk);
+                self.store.put(key, &(into.start, (into.end, seq)), &v)?;
+            }
+        }
+        Ok(())
+    }
+    fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>) {
+        self.entries_of(key, w);
+        self.records.clear();
+        for (_, uk) in &self.scratch {
+            if let Some(v) = self.store.get(key, uk) {
+                self.records.push(v);
+            }
+        }
+        if self.records.is_empty() {
+            return;
+        }
+        (self.f)(key, w, &self.records, &mut self.results);
+        out.extend(self.results.drain(..).map(Windowed::Result));
+        self.records.clear();
+    }
+    fn clear(&mut self, key: &K, w: Window) {
+        self.entries_of(key, w);
+        for (_, uk) in &self.scratch {
+            self.store.remove(key, uk);
+        }
+    }
+    fn store(&mut self) -> &mut dyn Snapshottable {
+        &mut self.store
+    }
+    fn restore(&mut self, opts: StoreOptions, root: &Path, handles: &[StateHandle]) -> Result<(), BoxError> {
+        self.store = MapStore::restore(opts, root, handles)?;
+        let mut seq = 0;
+        self.store.for_each(|_, &(_, (_, s)), _| seq = seq.max(s));
+        self.seq = seq;
+        Ok(())
+    }
+}
+
+/// A pending firing of a window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Due {
+    /// The watermark reached the window's end: emit its result.
+    Fire,
+    /// The allowed lateness passed: drop its contents.
+    Cleanup,
+}
+
+/// The window operator: assigns, accumulates, fires on watermarks.
+struct WindowOperator<T, K, O, KF, TF, B> {
+    key_fn: KF,
+    ts_fn: TF,
+    windows: Windows,
+    lateness: i64,
+    /// Per key and window: 0 before it fired, 1 after (kept for lateness).
+    meta: MapStore<K, (i64, i64), u8, PodCodec>,
+    meta_opts: StoreOptions,
+    body: B,
+    body_opts: StoreOptions,
+    queue: BTreeMap<i64, Vec<(K, Window, Due)>>,
+    watermark: i64,
+    lifecycle: StoreLifecycle,
+    out: Vec<Windowed<O, T>>,
+    assigned: Vec<Window>,
+    next: Box<dyn Collector<Windowed<O, T>>>,
+    op: usize,
+}
+
+impl<T, K, O, KF, TF, B> WindowOperator<T, K, O, KF, TF, B>
+where
+    K: StateKey,
+    B: WindowBody<K, T, O>,
+{
+    fn is_late(&self, w: &Window) -> bool {
+        w.max_timestamp().saturating_add(self.lateness) <= self.watermark
+    }
+
+    fn schedule(&mut self, key: &K, w: Window, fired: bool) {
+        if !fired {
+            self.queue
+                .entry(w.max_timestamp())
+                .or_default()
+                .push((key.clone(), w, Due::Fire));
+        }
+        if self.lateness > 0 {
+            self.queue
+                .entry(w.max_timestamp().saturating_add(self.lateness))
+                .or_default()
+                .push((key.clone(), w, Due::Cleanup));
+        }
+    }
+
+    /// Makes sure `(key, w)` is a known window.
+    fn open(&mut self, key: &K, w: Window) -> Result<(), BoxError> {
+        if self.meta.get(key, &w.key()).is_none() {
+            self.meta.put(key, &w.key(), &0)?;
+            self.schedule(key, w, false);
+        }
+        Ok(())
+    }
+
+    fn fire(&mut self, key: &K, w: Window) -> Result<(), BoxError> {
+        self.body.emit(key, w, &mut self.out);
+        if self.lateness == 0 {
+            self.body.clear(key, w);
+            self.meta.remove(key, &w.key());
+        } else {
+            self.meta.put(key, &w.key(), &1)?;
+        }
+        Ok(())
+    }
+
+    fn add_record(&mut self, key: K, record: T, ts: i64) -> Result<(), BoxError> {
+        self.assigned.clear();
+        self.windows.assign(ts, &mut self.assigned);
+        if let Windows::Session { .. } = self.windows {
+            return self.add_to_session(key, record);
+        }
+        let mut any = false;
+        for k in 0..self.assigned.len() {
+            let w = self.assigned[k];
+            if self.is_late(&w) {
+                continue;
+            }
+            any = true;
+            self.open(&key, w)?;
+            self.body.add(&key, w, &record)?;
+            if self.watermark >= w.max_timestamp() {
+                // Late but within the allowed lateness: fire again.
+                self.fire(&key, w)?;
+            }
+        }
+        if !any {
+            self.out.push(Windowed::Late(record));
+        }
+        Ok(())
+    }
+
+    fn add_to_session(&mut self, key: K, record: T) -> Result<(), BoxError> {
+        let fresh = self.assigned[0];
+        if self.is_late(&fresh) {
+            self.out.push(Windowed::Late(record));
+            return Ok(());
+        }
+        let mut merged = fresh;
+        let mut old = Vec::new();
+        self.meta.user_keys_in(&key, |&wk| {
+            let w = Window::from_key(wk);
+            if w.touches(&fresh) {
+                old.push(w);
+            }
+        });
+        for w in &old {
+            merged.start = merged.start.min(w.start);
+            merged.end = merged.end.max(w.end);
+        }
+        for w in old {
+            if w != merged {
+                self.body.merge_into(&key, w, merged)?;
+                self.meta.remove(&key, &w.key());
+            }
+        }
+        self.open(&key, merged)?;
+        self.body.add(&key, merged, &record)?;
+        if self.watermark >= merged.max_timestamp() {
+            self.fire(&key, merged)?;
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, wm: i64) -> Result<(), BoxError> {
+        self.watermark = wm;
+        while let Some(entry) = self.queue.first_entry() {
+            if *entry.key() > wm {
+                break;
+            }
+            for (key, w, due) in entry.remove() {
+                match (due, self.meta.get(&key, &w.key())) {
+                    (Due::Fire, Some(0)) => self.fire(&key, w)?,
+                    (Due::Cleanup, Some(_)) => {
+                        self.body.clear(&key, w);
+                        self.meta.remove(&key, &w.key());
+                    }
+                    // Merged away, cleared, or fired already.
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<T, K, O, KF, TF, B> Collector<T> for WindowOperator<T, K, O, KF, TF, B>
+where
+    T: Send,
+    K: StateKey,
+    O: Send,
+    KF: Fn(&T) -> K + Send,
+    TF: Fn(&T) -> i64 + Send,
+    B: WindowBody<K, T, O>,
+{
+    fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        for record in batch.drain(..) {
+            let key = (self.key_fn)(&record);
+            let ts = (self.ts_fn)(&record);
+            self.add_record(key, record, ts)?;
+        }
+        self.next.collect(&mut self.out, ctx)
+    }
+    crate::collector::forward_flow!();
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.meta, self.body.store()];
+        self.lifecycle.barrier(&mut stores, barrier.id, self.op, snap);
+        self.next.barrier(barrier, snap, ctx)
+    }
+    fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.meta, self.body.store()];
+        self.lifecycle.notify(&mut stores, notice);
+        self.next.notify(notice, ctx)
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        let root = crate::stores::checkpoint_root(ctx, "window state")?;
+        let handles = StoreLifecycle::handles(r, self.op, 2)?;
+        self.meta = MapStore::restore(restore_options(&self.meta_opts, r), &root, &handles[0])?;
+        self.body
+            .restore(restore_options(&self.body_opts, r), &root, &handles[1])?;
+        self.queue.clear();
+        let mut windows = Vec::new();
+        self.meta
+            .for_each(|k, &wk, fired| windows.push((k.clone(), Window::from_key(wk), fired)));
+        for (k, w, fired) in windows {
+            self.schedule(&k, w, fired != 0);
+        }
+        self.next.restore(r, ctx)
+    }
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if wm != IDLE && wm > self.watermark {
+            ctx.current_op = self.op;
+            self.advance(wm)?;
+            // Results of the windows this watermark completed go first.
+            self.next.collect(&mut self.out, ctx)?;
+        }
+        self.next.watermark(wm, ctx)
+    }
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.tick(ctx)
+    }
+}
+
+/// A keyed stream cut into event-time windows; finish it with
+/// [`WindowedStream::aggregate`], [`WindowedStream::reduce`] or
+/// [`WindowedStream::process`].
+pub struct WindowedStream<T, K, KF, TF> {
+    keyed: KeyedStream<T, K, KF>,
+    windows: Windows,
+    ts_fn: TF,
+    lateness_ms: i64,
+    element_bytes: usize,
+}
+
+/// Default room for one encoded record of [`WindowedStream::process`].
+pub const DEFAULT_MAX_ELEMENT_BYTES: usize = 512;
+
+impl<T, K, KF> KeyedStream<T, K, KF>
+where
+    T: Data,
+    K: Hash + Eq + Data,
+    KF: Fn(&T) -> K + Clone + Send + 'static,
+{
+    /// Cuts the stream into event-time windows; `timestamp` gives each
+    /// record's event time (epoch milliseconds). Windows fire on the
+    /// watermark: give the stream one with
+    /// [`crate::Stream::assign_watermarks`] upstream.
+    ///
+    /// ```
+    /// use weir_core::window::{Windowed, Windows};
+    /// use weir_core::time::WatermarkStrategy;
+    /// # use std::sync::{Arc, Mutex};
+    /// # let p = weir_core::Pipeline::new("doc");
+    /// # let items = Arc::new(vec![(1u64, 1_000i64), (1, 9_000), (1, 12_000)]);
+    /// # let out = Arc::new(Mutex::new(Vec::new()));
+    /// # let sink_out = out.clone();
+    /// // (key, timestamp) records; count per key per 10 s.
+    /// p.source("events", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
+    ///     .assign_watermarks(WatermarkStrategy::ascending(|e: &(u64, i64)| e.1))
+    ///     .key_by(|e: &(u64, i64)| e.0)
+    ///     .window(Windows::tumbling(10_000), |e: &(u64, i64)| e.1)
+    ///     .process(|k: &u64, w, records: &[(u64, i64)], out: &mut Vec<(u64, i64, usize)>| {
+    ///         out.push((*k, w.start, records.len()))
+    ///     })
+    ///     .flat_map(Windowed::result)
+    ///     .sink("collect", move |_| weir_core::CollectSink::new(sink_out.clone()));
+    /// p.run(weir_core::RuntimeConfig::default()).unwrap().join().unwrap();
+    /// assert_eq!(*out.lock().unwrap(), vec![(1, 0, 2), (1, 10_000, 1)]);
+    /// ```
+    pub fn window<TF>(self, windows: Windows, timestamp: TF) -> WindowedStream<T, K, KF, TF>
+    where
+        TF: Fn(&T) -> i64 + Clone + Send + 'static,
+    {
+        if let Err(e) = windows.validate() {
+            self.record_error(e);
+        }
+        WindowedStream {
+            keyed: self,
+            windows,
+            ts_fn: timestamp,
+            lateness_ms: 0,
+            element_bytes: DEFAULT_MAX_ELEMENT_BYTES,
+        }
+    }
+}
+
+impl<T, K, KF, TF> WindowedStream<T, K, KF, TF>
+where
+    T: Data,
+    K: Hash + Eq + Data + StateKey,
+    KF: Fn(&T) -> K + Clone + Send + 'static,
+    TF: Fn(&T) -> i64 + Clone + Send + 'static,
+{
+    /// Keeps each window's contents `ms` after it fired: records arriving
+    /// in that time fire it again with the updated result (default 0).
+    pub fn allowed_lateness_ms(mut self, ms: i64) -> Self {
+        if ms < 0 {
+            self.keyed
+                .record_error(format!("allowed lateness {ms} ms must not be negative"));
+        }
+        self.lateness_ms = ms.max(0);
+        self
+    }
+
+    /// Room for one encoded record kept by [`WindowedStream::process`]
+    /// (default [`DEFAULT_MAX_ELEMENT_BYTES`]).
+    pub fn max_element_bytes(mut self, bytes: usize) -> Self {
+        self.element_bytes = bytes;
+        self
+    }
+
+    /// Aggregates each window incrementally; `result(key, window, output)`
+    /// makes the emitted record.
+    pub fn aggregate<A, O, R>(self, agg: A, result: R) -> Stream<Windowed<O, T>>
+    where
+        A: AggregateFunction<T>,
+        O: Send + 'static,
+        R: FnMut(&K, Window, A::Output) -> O + Clone + Send + 'static,
+    {
+        self.build(A::MAX_ACC_BYTES, "window_aggregate", move |opts| {
+            Ok(AggBody {
+                agg: agg.clone(),
+                result: result.clone(),
+                store: MapStore::create(opts)?,
+            })
+        })
+    }
+
+    /// Reduces each window's records pairwise with `f`; `result(key,
+    /// window, reduced)` makes the emitted record.
+    pub fn reduce<F, O, R>(self, f: F, result: R) -> Stream<Windowed<O, T>>
+    where
+        T: Clone,
+        F: Fn(&T, &T) -> T + Clone + Send + 'static,
+        O: Send + 'static,
+        R: FnMut(&K, Window, T) -> O + Clone + Send + 'static,
+    {
+        let bytes = self.element_bytes;
+        self.build(bytes, "window_reduce", move |opts| {
+            Ok(AggBody {
+                agg: Reduce(f.clone()),
+                result: result.clone(),
+                store: MapStore::create(opts)?,
+            })
+        })
+    }
+
+    /// Keeps every record of each window and calls `f(key, window,
+    /// records, out)` with all of them (in arrival order) when it fires.
+    pub fn process<O, P>(self, f: P) -> Stream<Windowed<O, T>>
+    where
+        T: Clone,
+        O: Send + 'static,
+        P: FnMut(&K, Window, &[T], &mut Vec<O>) + Clone + Send + 'static,
+    {
+        let bytes = self.element_bytes;
+        self.build(bytes, "window_process", move |opts| {
+            Ok(ListBody {
+                f: f.clone(),
+                store: MapStore::create(opts)?,
+                seq: 0,
+                scratch: Vec::new(),
+                records: Vec::new(),
+                results: Vec::new(),
+            })
+        })
+    }
+
+    fn build<O, B>(
+        self,
+        value_bytes: usize,
+        name: &str,
+        make_body: impl Fn(StoreOptions) -> crate::error::Result<B> + Clone + Send + 'static,
+    ) -> Stream<Windowed<O, T>>
+    where
+        O: Send + 'static,
+        B: WindowBody<K, T, O> + 'static,
+    {
+        let WindowedStream {
+            keyed,
+            windows,
+            ts_fn,
+            lateness_ms,
+            ..
+        } = self;
+        let (graph, p, q, key_fn, edges) = keyed.exchange(name);
+        let edges_in = edges.clone();
+        let chain: ChainFn<Windowed<O, T>> = Box::new(move |ctx, j, down| {
+            let inputs = ctx.inputs_from::<T>(&edges, j);
+            let meta_opts = store_options(ctx, j, q, 0)?;
+            let body_opts = store_options(ctx, j, q, value_bytes)?;
+            let op = WindowOperator {
+                key_fn: key_fn.clone(),
+                ts_fn: ts_fn.clone(),
+                windows,
+                lateness: lateness_ms,
+                meta: MapStore::create(meta_opts.clone())?,
+                meta_opts,
+                body: make_body(body_opts.clone())?,
+                body_opts,
+                queue: BTreeMap::new(),
+                watermark: MIN_WATERMARK,
+                lifecycle: StoreLifecycle::default(),
+                out: Vec::with_capacity(ctx.config.batch_size),
+                assigned: Vec::new(),
+                next: down,
+                op: 0,
+            };
+            Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
+        });
+        Stream::new(graph, q, vec![name.to_string()], p, edges_in, chain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn assign(w: Windows, ts: i64) -> Vec<Window> {
+        let mut v = Vec::new();
+        w.assign(ts, &mut v);
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn windows_are_half_open_and_aligned_to_epoch_zero() {
+        assert_eq!(assign(Windows::tumbling(10), 0), vec![Window { start: 0, end: 10 }]);
+        assert_eq!(assign(Windows::tumbling(10), 9), vec![Window { start: 0, end: 10 }]);
+        assert_eq!(assign(Windows::tumbling(10), 10), vec![Window { start: 10, end: 20 }]);
+        assert_eq!(assign(Windows::tumbling(10), -1), vec![Window { start: -10, end: 0 }]);
+        let s = assign(Windows::sliding(10, 4), 9);
+        assert_eq!(
+            s,
+            vec![
+                Window { start: 0, end: 10 },
+                Window { start: 4, end: 14 },
+                Window { start: 8, end: 18 }
+            ]
+        );
+        assert!(s.iter().all(|w| w.start <= 9 && 9 < w.end));
+        assert_eq!(assign(Windows::session(5), 7), vec![Window { start: 7, end: 12 }]);
+    }
+
+    #[test]
+    fn bad_windows_are_refused_with_the_reason() {
+        assert!(Windows::tumbling(0).validate().unwrap_err().contains("positive"));
+        assert!(Windows::sliding(10, 0).validate().unwrap_err().contains("positive"));
+        assert!(Windows::sliding(1_000_000, 1)
+            .validate()
+            .unwrap_err()
+            .contains("larger slide"));
+        assert!(Windows::session(-1).validate().unwrap_err().contains("positive"));
+    }
+}

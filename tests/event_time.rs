@@ -1,0 +1,743 @@
+//! Event time end to end: watermarks over several uneven inputs, windows
+//! of every kind, timers, late data, and two-input joins, each compared
+//! with a direct computation, in every checkpoint mode, with injected
+//! failures and recovery.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use weir_core::join::Either;
+use weir_core::process::{KeyedProcessFunction, TimerContext};
+use weir_core::time::WatermarkStrategy;
+use weir_core::timers::TimeDomain;
+use weir_core::window::{AggregateFunction, Windowed, Windows};
+use weir_core::{
+    BoxError, CheckpointConfig, CheckpointMode, CollectSink, Pipeline, RestartStrategy, RuntimeConfig, Sink,
+    SinkContext, Stream,
+};
+use weir_io::{GenContext, Generator, GeneratorConfig};
+
+/// (key, event time ms, value)
+type Ev = (u64, i64, u64);
+
+/// Event `seq` of source `seed`: time advances 1 ms per 2 events with up
+/// to 40 ms of disorder.
+fn event(seq: u64, random: u64, keys: u64) -> Ev {
+    let jitter = (random >> 20) % 40;
+    (random % keys, (seq / 2) as i64 + 1_000 - jitter as i64, seq)
+}
+
+fn events(seed: u64, n: u64, keys: u64) -> Vec<Ev> {
+    (0..n)
+        .map(|seq| {
+            let random = weir_io::generator::splitmix64(seq ^ weir_io::generator::splitmix64(seed));
+            event(seq, random, keys)
+        })
+        .collect()
+}
+
+/// Committed (subtask, epoch) pairs and the committed records.
+type Committed<T> = Arc<Mutex<(HashSet<(usize, u64)>, Vec<T>)>>;
+
+/// Output of epoch `n` becomes visible when checkpoint `n` completes;
+/// recovery commits the pre-committed epochs again, idempotently.
+struct TxSink<T> {
+    subtask: usize,
+    open: Vec<T>,
+    pending: BTreeMap<u64, Vec<T>>,
+    target: Committed<T>,
+    checkpointing: bool,
+}
+
+impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> TxSink<T> {
+    fn commit_epoch(&self, epoch: u64, rows: &[T]) {
+        let mut t = self.target.lock().unwrap();
+        if t.0.insert((self.subtask, epoch)) {
+            t.1.extend_from_slice(rows);
+        }
+    }
+}
+
+impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSink<T> {
+    fn write(&mut self, batch: &mut Vec<T>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.open.append(batch);
+        Ok(())
+    }
+    fn finish(&mut self, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        if !self.checkpointing {
+            let rows = std::mem::take(&mut self.open);
+            self.commit_epoch(u64::MAX, &rows);
+        }
+        Ok(())
+    }
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        let rows = std::mem::take(&mut self.open);
+        self.pending.insert(checkpoint, rows);
+        Ok(postcard::to_stdvec(&self.pending)?)
+    }
+    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let done: Vec<u64> = self.pending.range(..=checkpoint).map(|(&e, _)| e).collect();
+        for e in done {
+            let rows = self.pending.remove(&e).unwrap();
+            self.commit_epoch(e, &rows);
+        }
+        Ok(())
+    }
+    fn restore(&mut self, _checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
+        let pending: BTreeMap<u64, Vec<T>> = postcard::from_bytes(state)?;
+        for (e, rows) in pending {
+            self.commit_epoch(e, &rows);
+        }
+        Ok(())
+    }
+}
+
+/// Panics in a map after pseudo-random numbers of records, `failures` times.
+#[derive(Clone)]
+struct Chaos {
+    seen: Arc<AtomicU64>,
+    next: Arc<AtomicU64>,
+    left: Arc<AtomicU32>,
+}
+
+impl Chaos {
+    fn new(failures: u32) -> Self {
+        Chaos {
+            seen: Arc::new(AtomicU64::new(0)),
+            next: Arc::new(AtomicU64::new(3_000)),
+            left: Arc::new(AtomicU32::new(failures)),
+        }
+    }
+    fn tick(&self) {
+        let n = self.seen.fetch_add(1, Ordering::Relaxed) + 1;
+        if n == self.next.load(Ordering::Relaxed) && self.left.load(Ordering::Relaxed) > 0 {
+            let left = self.left.fetch_sub(1, Ordering::Relaxed);
+            self.next.store(n + 2_000 + u64::from(left) * 1_337, Ordering::Relaxed);
+            panic!("injected failure after {n} records");
+        }
+    }
+}
+
+struct Setup {
+    mode: Option<CheckpointMode>,
+    failures: u32,
+}
+
+fn config(s: &Setup, dir: &std::path::Path) -> RuntimeConfig {
+    RuntimeConfig {
+        workers: 2,
+        ring_capacity: 256,
+        checkpointing: s.mode.map(|mode| CheckpointConfig {
+            interval: Duration::from_millis(5),
+            timeout: Duration::from_secs(20),
+            ..CheckpointConfig::new(mode, dir)
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 20,
+            delay: Duration::from_millis(1),
+        },
+        ..RuntimeConfig::default()
+    }
+}
+
+/// A fast and a slow source of events with watermarks, united.
+fn sources(p: &Pipeline, n: u64, keys: u64, chaos: &Chaos) -> Stream<Ev> {
+    let gen = |seed, events, rate| GeneratorConfig {
+        seed,
+        events: Some(events),
+        rate: Some(rate),
+        start_ns: None,
+    };
+    let fast = gen(1, n, 400_000.0);
+    let slow = gen(2, n / 4, 60_000.0);
+    let wm = WatermarkStrategy::bounded(40, |e: &Ev| e.1);
+    let a = p
+        .source("fast", 2, move |i, q| {
+            Generator::new(fast, i, q, move |c: GenContext| event(c.seq, c.random, keys)).unwrap()
+        })
+        .assign_watermarks(wm.clone());
+    let b = p
+        .source("slow", 1, move |i, q| {
+            Generator::new(slow, i, q, move |c: GenContext| event(c.seq, c.random, keys)).unwrap()
+        })
+        .assign_watermarks(wm);
+    let ch = chaos.clone();
+    a.union(vec![b]).map(move |e: Ev| {
+        ch.tick();
+        e
+    })
+}
+
+fn all_events(n: u64, keys: u64) -> Vec<Ev> {
+    let mut v = events(1, n, keys);
+    v.extend(events(2, n / 4, keys));
+    v
+}
+
+#[derive(Clone)]
+struct CountSum;
+
+impl AggregateFunction<Ev> for CountSum {
+    type Acc = (u64, u64);
+    type Output = (u64, u64);
+    fn add(&self, acc: &mut (u64, u64), e: &Ev) {
+        acc.0 += 1;
+        acc.1 += e.2;
+    }
+    fn result(&self, acc: &(u64, u64)) -> (u64, u64) {
+        *acc
+    }
+    fn merge(&self, acc: &mut (u64, u64), o: (u64, u64)) {
+        acc.0 += o.0;
+        acc.1 += o.1;
+    }
+}
+
+/// (key, window start, window end, count, sum)
+type WinRow = (u64, i64, i64, u64, u64);
+
+fn run_windows(s: &Setup, windows: Windows, n: u64, keys: u64) -> (Vec<WinRow>, usize) {
+    let dir = tempfile::tempdir().unwrap();
+    let chaos = Chaos::new(s.failures);
+    let p = Pipeline::new("windows");
+    let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let t = target.clone();
+    let ckpt = s.mode.is_some();
+    sources(&p, n, keys, &chaos)
+        .key_by(|e: &Ev| e.0)
+        .parallelism(2)
+        .window(windows, |e: &Ev| e.1)
+        .aggregate(CountSum, |k: &u64, w, (c, sum)| (*k, w.start, w.end, c, sum))
+        // The bound is the disorder: nothing is late.
+        .flat_map(|w: Windowed<WinRow, Ev>| match w {
+            Windowed::Result(r) => Some(r),
+            Windowed::Late(e) => panic!("late record {e:?} within the out-of-orderness bound"),
+        })
+        .sink("tx", move |i| TxSink {
+            subtask: i,
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            target: t.clone(),
+            checkpointing: ckpt,
+        });
+    let result = p.run(config(s, dir.path())).unwrap().join().unwrap();
+    let mut rows = std::mem::take(&mut target.lock().unwrap().1);
+    rows.sort();
+    (rows, result.metrics.checkpoints.restarts.len())
+}
+
+fn expected_windows(windows: Windows, evs: &[Ev]) -> Vec<WinRow> {
+    let mut m: BTreeMap<(u64, i64, i64), (u64, u64)> = BTreeMap::new();
+    match windows {
+        Windows::Session { gap_ms } => {
+            let mut by_key: BTreeMap<u64, Vec<&Ev>> = BTreeMap::new();
+            for e in evs {
+                by_key.entry(e.0).or_default().push(e);
+            }
+            for (k, mut es) in by_key {
+                es.sort_by_key(|e| e.1);
+                let mut cur: Option<(i64, i64, u64, u64)> = None;
+                for e in es {
+                    cur = match cur {
+                        Some((s, end, c, sum)) if e.1 <= end => Some((s, end.max(e.1 + gap_ms), c + 1, sum + e.2)),
+                        Some((s, end, c, sum)) => {
+                            m.insert((k, s, end), (c, sum));
+                            Some((e.1, e.1 + gap_ms, 1, e.2))
+                        }
+                        None => Some((e.1, e.1 + gap_ms, 1, e.2)),
+                    };
+                }
+                if let Some((s, end, c, sum)) = cur {
+                    m.insert((k, s, end), (c, sum));
+                }
+            }
+        }
+        _ => {
+            let mut ws = Vec::new();
+            for e in evs {
+                ws.clear();
+                windows.assign(e.1, &mut ws);
+                for w in &ws {
+                    let v = m.entry((e.0, w.start, w.end)).or_default();
+                    v.0 += 1;
+                    v.1 += e.2;
+                }
+            }
+        }
+    }
+    m.into_iter().map(|((k, s, e), (c, sum))| (k, s, e, c, sum)).collect()
+}
+
+fn check_windows(windows: Windows, keys: u64) {
+    let n = 20_000;
+    let expected = expected_windows(windows, &all_events(n, keys));
+    let setups = [
+        Setup {
+            mode: None,
+            failures: 0,
+        },
+        Setup {
+            mode: Some(CheckpointMode::Aligned),
+            failures: 3,
+        },
+        Setup {
+            mode: Some(CheckpointMode::Unaligned),
+            failures: 3,
+        },
+    ];
+    for s in &setups {
+        let (rows, restarts) = run_windows(s, windows, n, keys);
+        assert_eq!(restarts, s.failures as usize, "{windows:?} {:?}", s.mode);
+        assert!(
+            rows == expected,
+            "{windows:?} {:?}: {} rows, expected {}",
+            s.mode,
+            rows.len(),
+            expected.len()
+        );
+    }
+}
+
+#[test]
+fn tumbling_windows_are_exact_across_failures() {
+    check_windows(Windows::tumbling(100), 20);
+}
+
+#[test]
+fn sliding_windows_are_exact_across_failures() {
+    check_windows(Windows::sliding(200, 50), 10);
+}
+
+#[test]
+fn session_windows_are_exact_across_failures() {
+    // Sparse keys: real gaps between sessions.
+    check_windows(Windows::session(30), 500);
+}
+
+#[test]
+fn at_least_once_windows_lose_nothing() {
+    let n = 20_000;
+    let windows = Windows::tumbling(100);
+    let expected = expected_windows(windows, &all_events(n, 20));
+    let s = Setup {
+        mode: Some(CheckpointMode::AtLeastOnce),
+        failures: 2,
+    };
+    let (rows, _) = run_windows(&s, windows, n, 20);
+    // Every window is there; a replayed one may count a record twice.
+    let got: BTreeMap<(u64, i64), u64> = rows.iter().map(|r| ((r.0, r.1), r.3)).collect();
+    for e in &expected {
+        assert!(got.get(&(e.0, e.1)).is_some_and(|&c| c >= e.3), "window {e:?} lost");
+    }
+}
+
+/// Late records come out on the side, and allowed lateness fires again.
+#[test]
+fn late_records_reach_the_side_output_and_lateness_refires() {
+    // One source, in this order: ts 5, 15 (wm 14: window [0,10) fires),
+    // 7 (late but within lateness 10: fires again with 2 records),
+    // 30 (wm 29: cleanup of [0,10) at 9+10 and fire of [10,20)), 3 (late).
+    let items = Arc::new(vec![(1u64, 5i64, 1u64), (1, 15, 2), (1, 7, 3), (1, 30, 4), (1, 3, 5)]);
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let p = Pipeline::new("late");
+    p.source("in", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
+        .assign_watermarks(WatermarkStrategy::ascending(|e: &Ev| e.1))
+        .key_by(|e: &Ev| e.0)
+        .window(Windows::tumbling(10), |e: &Ev| e.1)
+        .allowed_lateness_ms(10)
+        .aggregate(CountSum, |_: &u64, w, (c, _)| (w.start, c))
+        .sink("collect", move |_| CollectSink::new(o.clone()));
+    let config = RuntimeConfig {
+        batch_size: 1,
+        ..RuntimeConfig::default()
+    };
+    p.run(config).unwrap().join().unwrap();
+    let got = out.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![
+            Windowed::Result((0, 1)),
+            Windowed::Result((0, 2)),
+            Windowed::Result((10, 1)),
+            Windowed::Late((1, 3, 5)),
+            Windowed::Result((30, 1)),
+        ]
+    );
+}
+
+/// Per key, a running sum emitted by an event-time timer 50 ms after each
+/// key's first record: timers survive recovery and fire exactly once.
+#[derive(Clone)]
+struct Delayed;
+
+impl KeyedProcessFunction<u64, Ev, (u64, i64, u64, u64)> for Delayed {
+    type State = (i64, u64, u64); // (timer, count, sum)
+    fn process(&mut self, e: Ev, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, (u64, i64, u64, u64)>) {
+        if st.1 == 0 {
+            st.0 = e.1 - e.1.rem_euclid(50) + 49;
+            ctx.register_event_timer(st.0);
+        }
+        st.1 += 1;
+        st.2 += e.2;
+    }
+    fn on_timer(
+        &mut self,
+        time: i64,
+        domain: TimeDomain,
+        st: &mut Self::State,
+        ctx: &mut TimerContext<'_, u64, (u64, i64, u64, u64)>,
+    ) {
+        assert_eq!(domain, TimeDomain::EventTime);
+        assert_eq!(time, st.0);
+        assert!(ctx.watermark() >= time, "fired before the watermark passed it");
+        ctx.emit((*ctx.key(), time, st.1, st.2));
+        ctx.clear_state();
+    }
+}
+
+#[test]
+fn event_time_timers_fire_once_across_failures() {
+    let n = 20_000;
+    let keys = 30;
+    // Direct: per key, buckets of 50 ms starting at a key's first record
+    // after the previous bucket closed; with disorder the engine sees
+    // records in another order, so compare totals per key and the
+    // invariant that every record is counted exactly once.
+    let evs = all_events(n, keys);
+    let mut totals: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for e in &evs {
+        let t = totals.entry(e.0).or_default();
+        t.0 += 1;
+        t.1 += e.2;
+    }
+    for mode in [None, Some(CheckpointMode::Aligned), Some(CheckpointMode::Unaligned)] {
+        let s = Setup {
+            mode,
+            failures: if mode.is_some() { 3 } else { 0 },
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let chaos = Chaos::new(s.failures);
+        let p = Pipeline::new("timers");
+        let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+        let t = target.clone();
+        sources(&p, n, keys, &chaos)
+            .key_by(|e: &Ev| e.0)
+            .parallelism(2)
+            .process_function(Delayed)
+            .sink("tx", move |i| TxSink {
+                subtask: i,
+                open: Vec::new(),
+                pending: BTreeMap::new(),
+                target: t.clone(),
+                checkpointing: mode.is_some(),
+            });
+        let result = p.run(config(&s, dir.path())).unwrap().join().unwrap();
+        assert_eq!(result.metrics.checkpoints.restarts.len(), s.failures as usize);
+        let rows = std::mem::take(&mut target.lock().unwrap().1);
+        let mut got: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (k, _, c, sum) in rows {
+            let g = got.entry(k).or_default();
+            g.0 += c;
+            g.1 += sum;
+        }
+        assert_eq!(got, totals, "{mode:?}");
+    }
+}
+
+/// A processing-time timer registered before a failure, due while the job
+/// is restarting, fires after recovery.
+#[test]
+fn processing_time_timer_due_during_downtime_fires_after_recovery() {
+    #[derive(Clone)]
+    struct Remind(Arc<AtomicU32>);
+    impl KeyedProcessFunction<u64, u64, (u64, i64)> for Remind {
+        type State = u8;
+        fn process(&mut self, v: u64, st: &mut u8, ctx: &mut TimerContext<'_, u64, (u64, i64)>) {
+            if v == 500 {
+                // Due 150 ms from now: after the failure below (100 ms
+                // later, after several checkpoints hold the timer) and
+                // before the restart (60 ms delay) completes.
+                *st = 1;
+                ctx.register_processing_timer(ctx.processing_time() + 150);
+            }
+            if v == 1_000 && self.0.fetch_add(1, Ordering::Relaxed) == 0 {
+                panic!("injected failure with a timer pending");
+            }
+        }
+        fn on_timer(&mut self, time: i64, d: TimeDomain, st: &mut u8, ctx: &mut TimerContext<'_, u64, (u64, i64)>) {
+            assert_eq!(d, TimeDomain::ProcessingTime);
+            assert_eq!(*st, 1, "the state set with the timer was restored");
+            assert!(ctx.processing_time() >= time);
+            ctx.emit((*ctx.key(), time));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = Pipeline::new("ptimer");
+    let out = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let o = out.clone();
+    let gen = GeneratorConfig {
+        seed: 3,
+        events: Some(1_500),
+        rate: Some(5_000.0),
+        start_ns: None,
+    };
+    p.source("in", 1, move |i, q| {
+        Generator::new(gen, i, q, |c: GenContext| c.seq).unwrap()
+    })
+    .key_by(|_: &u64| 7u64)
+    .process_function(Remind(Arc::new(AtomicU32::new(0))))
+    .sink("tx", move |i| TxSink {
+        subtask: i,
+        open: Vec::new(),
+        pending: BTreeMap::new(),
+        target: o.clone(),
+        checkpointing: true,
+    });
+    let mut cfg = config(
+        &Setup {
+            mode: Some(CheckpointMode::Aligned),
+            failures: 1,
+        },
+        dir.path(),
+    );
+    cfg.restart = RestartStrategy::FixedDelay {
+        attempts: 3,
+        delay: Duration::from_millis(60),
+    };
+    let result = p.run(cfg).unwrap().join().unwrap();
+    assert_eq!(result.metrics.checkpoints.restarts.len(), 1);
+    let rows = out.lock().unwrap().1.clone();
+    assert_eq!(rows.len(), 1, "the timer fired exactly once: {rows:?}");
+}
+
+/// (side, key, time, id)
+type Rec = (u64, i64, u64);
+
+fn join_inputs(n: u64, keys: u64) -> (Vec<Rec>, Vec<Rec>) {
+    let l = events(11, n, keys).into_iter().map(|e| (e.0, e.1, e.2)).collect();
+    let r = events(12, n / 3, keys).into_iter().map(|e| (e.0, e.1, e.2)).collect();
+    (l, r)
+}
+
+/// Runs `build` over a fast left and a slow right input in `mode` with
+/// failures; returns the committed output sorted.
+fn run_join<O>(
+    mode: Option<CheckpointMode>,
+    n: u64,
+    keys: u64,
+    build: impl FnOnce(Stream<Rec>, Stream<Rec>) -> Stream<O>,
+) -> Vec<O>
+where
+    O: Clone + Ord + Serialize + DeserializeOwned + Send + 'static,
+{
+    let dir = tempfile::tempdir().unwrap();
+    let failures = if mode.is_some() { 2 } else { 0 };
+    let chaos = Chaos::new(failures);
+    let p = Pipeline::new("join");
+    let gen = |seed, events, rate| GeneratorConfig {
+        seed,
+        events: Some(events),
+        rate: Some(rate),
+        start_ns: None,
+    };
+    let (lc, rc) = (gen(11, n, 300_000.0), gen(12, n / 3, 40_000.0));
+    let wm = WatermarkStrategy::bounded(40, |e: &Rec| e.1);
+    let ch = chaos.clone();
+    let left = p
+        .source("left", 2, move |i, q| {
+            Generator::new(lc, i, q, move |c: GenContext| event(c.seq, c.random, keys)).unwrap()
+        })
+        .assign_watermarks(wm.clone())
+        .map(move |e: Rec| {
+            ch.tick();
+            e
+        });
+    let right = p
+        .source("right", 1, move |i, q| {
+            Generator::new(rc, i, q, move |c: GenContext| event(c.seq, c.random, keys)).unwrap()
+        })
+        .assign_watermarks(wm);
+    let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let t = target.clone();
+    build(left, right).sink("tx", move |i| TxSink {
+        subtask: i,
+        open: Vec::new(),
+        pending: BTreeMap::new(),
+        target: t.clone(),
+        checkpointing: mode.is_some(),
+    });
+    let result = p
+        .run(config(&Setup { mode, failures }, dir.path()))
+        .unwrap()
+        .join()
+        .unwrap();
+    assert_eq!(result.metrics.checkpoints.restarts.len(), failures as usize);
+    let mut rows = std::mem::take(&mut target.lock().unwrap().1);
+    rows.sort();
+    rows
+}
+
+const MODES: [Option<CheckpointMode>; 4] = [
+    None,
+    Some(CheckpointMode::Aligned),
+    Some(CheckpointMode::Unaligned),
+    Some(CheckpointMode::AtLeastOnce),
+];
+
+fn check_join<O: Clone + Ord + std::fmt::Debug + Serialize + DeserializeOwned + Send + 'static>(
+    expected: Vec<O>,
+    n: u64,
+    keys: u64,
+    build: impl Fn(Stream<Rec>, Stream<Rec>) -> Stream<O>,
+) {
+    for mode in MODES {
+        let got = run_join(mode, n, keys, &build);
+        if mode == Some(CheckpointMode::AtLeastOnce) {
+            let got: std::collections::BTreeSet<O> = got.into_iter().collect();
+            let exp: std::collections::BTreeSet<O> = expected.iter().cloned().collect();
+            assert_eq!(got, exp, "at-least-once: nothing lost");
+        } else {
+            assert!(
+                got == expected,
+                "{mode:?}: {} rows, expected {}",
+                got.len(),
+                expected.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn inner_join_in_every_mode() {
+    let (n, keys) = (6_000, 400);
+    let (l, r) = join_inputs(n, keys);
+    let mut expected = Vec::new();
+    for a in &l {
+        for b in r.iter().filter(|b| b.0 == a.0) {
+            expected.push((a.2, b.2));
+        }
+    }
+    expected.sort();
+    check_join(expected, n, keys, |left, right| {
+        left.connect(right)
+            .key_by(|a: &Rec| a.0, |b: &Rec| b.0)
+            .parallelism(2)
+            .inner_join(|a: &Rec, b: &Rec| (a.2, b.2))
+    });
+}
+
+#[test]
+fn interval_join_in_every_mode() {
+    let (n, keys) = (20_000, 50);
+    let (l, r) = join_inputs(n, keys);
+    let (lower, upper) = (-20, 30);
+    let mut expected = Vec::new();
+    for a in &l {
+        for b in r
+            .iter()
+            .filter(|b| b.0 == a.0 && a.1 + lower <= b.1 && b.1 <= a.1 + upper)
+        {
+            expected.push((a.2, b.2));
+        }
+    }
+    expected.sort();
+    assert!(expected.len() > 1_000, "a meaningful join: {}", expected.len());
+    check_join(expected, n, keys, |left, right| {
+        left.connect(right)
+            .key_by(|a: &Rec| a.0, |b: &Rec| b.0)
+            .parallelism(2)
+            .interval_join(
+                lower,
+                upper,
+                |a: &Rec| a.1,
+                |b: &Rec| b.1,
+                |a: &Rec, b: &Rec| (a.2, b.2),
+            )
+    });
+}
+
+#[test]
+fn window_join_in_every_mode() {
+    let (n, keys) = (20_000, 50);
+    let (l, r) = join_inputs(n, keys);
+    let size = 100;
+    let mut expected = Vec::new();
+    for a in &l {
+        for b in r
+            .iter()
+            .filter(|b| b.0 == a.0 && a.1.div_euclid(size) == b.1.div_euclid(size))
+        {
+            expected.push((a.1 - a.1.rem_euclid(size), a.2, b.2));
+        }
+    }
+    expected.sort();
+    check_join(expected, n, keys, |left, right| {
+        left.connect(right)
+            .key_by(|a: &Rec| a.0, |b: &Rec| b.0)
+            .parallelism(2)
+            .window_join(
+                Windows::tumbling(size),
+                |a: &Rec| a.1,
+                |b: &Rec| b.1,
+                |w, a: &Rec, b: &Rec| (w.start, a.2, b.2),
+            )
+            .flat_map(|w: Windowed<(i64, u64, u64), Either<Rec, Rec>>| match w {
+                Windowed::Result(r) => Some(r),
+                Windowed::Late(e) => panic!("late {e:?}"),
+            })
+    });
+}
+
+/// A co-process function over two inputs: per key, the left count at the
+/// moment each right record arrives is order-dependent, so compare the
+/// final per-key totals, emitted on the end-of-input watermark.
+#[derive(Clone)]
+struct Totals;
+
+impl KeyedProcessFunction<u64, Either<Rec, Rec>, (u64, u64, u64)> for Totals {
+    type State = (u64, u64);
+    fn process(&mut self, r: Either<Rec, Rec>, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, (u64, u64, u64)>) {
+        match r {
+            Either::Left(_) => st.0 += 1,
+            Either::Right(_) => st.1 += 1,
+        }
+        ctx.register_event_timer(i64::MAX);
+    }
+    fn on_timer(
+        &mut self,
+        _: i64,
+        _: TimeDomain,
+        st: &mut (u64, u64),
+        ctx: &mut TimerContext<'_, u64, (u64, u64, u64)>,
+    ) {
+        ctx.emit((*ctx.key(), st.0, st.1));
+    }
+}
+
+#[test]
+fn co_process_in_every_mode() {
+    let (n, keys) = (20_000, 50);
+    let (l, r) = join_inputs(n, keys);
+    let mut m: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+    for a in &l {
+        m.entry(a.0).or_default().0 += 1;
+    }
+    for b in &r {
+        m.entry(b.0).or_default().1 += 1;
+    }
+    let expected: Vec<(u64, u64, u64)> = m.into_iter().map(|(k, (a, b))| (k, a, b)).collect();
+    for mode in MODES.into_iter().take(3) {
+        let got = run_join(mode, n, keys, |left, right| {
+            left.connect(right)
+                .key_by(|a: &Rec| a.0, |b: &Rec| b.0)
+                .parallelism(2)
+                .process_function(Totals)
+        });
+        assert_eq!(got, expected, "{mode:?}");
+    }
+}
