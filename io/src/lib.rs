@@ -12,6 +12,7 @@
 //! | [`Generator`] ([`generator`]) | yes | sequence number |
 //! | [`FileSource`] ([`files`]): lines of a file or a folder | yes | (file, byte position, line) |
 //! | [`ReaderSource`] ([`reader`]): lines of stdin, a pipe, a socket | **no** | none |
+//! | [`NexmarkSource`] ([`nexmark`]): Nexmark auction events | yes | next local event index |
 //!
 //! Line sources hand each line to a user parse function with its
 //! [`LineInfo`]; a line it rejects stops the job with the file and line
@@ -66,6 +67,7 @@ mod fsutil;
 pub mod generator;
 pub mod latency;
 pub mod lines;
+pub mod nexmark;
 pub mod reader;
 mod sql;
 pub mod twophase;
@@ -77,6 +79,7 @@ pub use error::{Error, Result};
 pub use files::FileSource;
 pub use generator::{GenContext, Generator, GeneratorConfig};
 pub use lines::{BadRecords, LineInfo, ParseError};
+pub use nexmark::NexmarkSource;
 pub use reader::ReaderSource;
 /// The SQLite bindings the SQLite sinks use (bundled SQLite): values for
 /// [`SqlRow::push`] implement [`rusqlite::ToSql`], and tests read tables
