@@ -4,6 +4,7 @@ mod bench_cmd;
 mod checkpoints_cmd;
 mod compare_cmd;
 mod event;
+mod nexmark;
 mod pipelines;
 mod plot;
 mod report;
@@ -31,6 +32,9 @@ enum Command {
     Run(run_cmd::RunArgs),
     /// List, inspect and verify the checkpoints in a checkpoint directory.
     Checkpoints(checkpoints_cmd::CheckpointsArgs),
+    /// Run a Nexmark query over an event file into DIR/qN.csv, or write
+    /// an event file with the Nexmark generator.
+    Nexmark(nexmark::NexmarkArgs),
 }
 
 fn main() {
@@ -50,6 +54,7 @@ fn main() {
         Command::Bench(args) => bench_cmd::run(args).map(|_| ()),
         Command::Run(args) => run_cmd::run(args),
         Command::Checkpoints(args) => checkpoints_cmd::run(args),
+        Command::Nexmark(args) => nexmark::run(args),
     };
     if let Err(e) = result {
         eprintln!("weir: error: {e}");

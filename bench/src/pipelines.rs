@@ -17,6 +17,24 @@ pub enum Kind {
     Stateless,
     /// generator -> key_by -> running sum per key -> counting sink.
     Keyed,
+    /// Nexmark q0 (passthrough) over the in-process generator.
+    NexmarkQ0,
+    /// Nexmark q1 (currency conversion).
+    NexmarkQ1,
+    /// Nexmark q2 (selection).
+    NexmarkQ2,
+    /// Nexmark q3 (local item suggestion: join).
+    NexmarkQ3,
+    /// Nexmark q4 (average price per category).
+    NexmarkQ4,
+    /// Nexmark q5 (hot items: sliding windows).
+    NexmarkQ5,
+    /// Nexmark q6 (average selling price by seller).
+    NexmarkQ6,
+    /// Nexmark q7 (highest bid: tumbling windows).
+    NexmarkQ7,
+    /// Nexmark q8 (monitor new users: window join).
+    NexmarkQ8,
 }
 
 impl Kind {
@@ -25,15 +43,46 @@ impl Kind {
         match self {
             Kind::Stateless => "stateless",
             Kind::Keyed => "keyed",
+            Kind::NexmarkQ0 => "nexmark-q0",
+            Kind::NexmarkQ1 => "nexmark-q1",
+            Kind::NexmarkQ2 => "nexmark-q2",
+            Kind::NexmarkQ3 => "nexmark-q3",
+            Kind::NexmarkQ4 => "nexmark-q4",
+            Kind::NexmarkQ5 => "nexmark-q5",
+            Kind::NexmarkQ6 => "nexmark-q6",
+            Kind::NexmarkQ7 => "nexmark-q7",
+            Kind::NexmarkQ8 => "nexmark-q8",
         }
     }
 
-    /// How many records reach the sink for `events` generated.
-    pub fn expected_output(self, events: u64) -> u64 {
+    /// The Nexmark query of a Nexmark job.
+    pub fn nexmark(self) -> Option<crate::nexmark::Query> {
+        use crate::nexmark::Query;
+        Some(match self {
+            Kind::Stateless | Kind::Keyed => return None,
+            Kind::NexmarkQ0 => Query::Q0,
+            Kind::NexmarkQ1 => Query::Q1,
+            Kind::NexmarkQ2 => Query::Q2,
+            Kind::NexmarkQ3 => Query::Q3,
+            Kind::NexmarkQ4 => Query::Q4,
+            Kind::NexmarkQ5 => Query::Q5,
+            Kind::NexmarkQ6 => Query::Q6,
+            Kind::NexmarkQ7 => Query::Q7,
+            Kind::NexmarkQ8 => Query::Q8,
+        })
+    }
+
+    /// How many records reach the sink for `events` generated, when known
+    /// in advance.
+    pub fn expected_output(self, events: u64) -> Option<u64> {
+        let bids = |n: u64| n / 50 * 46 + (n % 50).saturating_sub(4);
         match self {
             // The filter drops sequence numbers 15, 31, 47, ...
-            Kind::Stateless => events - events / 16,
-            Kind::Keyed => events,
+            Kind::Stateless => Some(events - events / 16),
+            Kind::Keyed => Some(events),
+            // Events 4..50 of every block of 50 are bids.
+            Kind::NexmarkQ0 | Kind::NexmarkQ1 => Some(bids(events)),
+            _ => None,
         }
     }
 }
@@ -231,6 +280,9 @@ pub struct Totals {
 
 /// Builds the job for `spec`; the generator's schedule starts at `start_ns`.
 pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
+    if let Some(q) = spec.kind.nexmark() {
+        return crate::nexmark::bench_pipeline(q, spec.events, spec.seed, spec.parallelism, totals.count.clone());
+    }
     let gen = GeneratorConfig {
         seed: spec.seed,
         events: Some(spec.events),
@@ -292,6 +344,7 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
                 summed.sink("count", sink)
             }
         }
+        _ => unreachable!("Nexmark jobs are built above"),
     }
     pipeline
 }

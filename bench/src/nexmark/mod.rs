@@ -1,0 +1,271 @@
+//! `weir nexmark`: the Nexmark queries over an event file, with exactly-once
+//! output, and the event file generator; and the in-process Nexmark jobs
+//! of `weir bench --pipeline nexmark-qN`.
+//!
+//! A query run reads the JSON Lines event file, runs the query with
+//! checkpoints in the chosen mode, and writes its rows through the
+//! two-phase-commit file sink into a hidden staging folder of the output
+//! folder; when the job has ended (every window fired on the end-of-input
+//! watermark, the final checkpoint committed), the committed rows are
+//! sorted bytewise under the header into `DIR/qN.csv`, written durably
+//! (temporary name, fsync, rename, folder fsync). Killed at any instant and
+//! started again with the same arguments, the run resumes from its latest
+//! checkpoint and produces the same file.
+
+pub mod queries;
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use weir_core::time::WatermarkStrategy;
+use weir_core::{
+    clock, BoxError, CheckpointConfig, Pipeline, RestartStrategy, RestoreFrom, RuntimeConfig, Sink, SinkContext,
+};
+use weir_io::nexmark::{write_events_file, Event, NexmarkConfig, NexmarkSource};
+use weir_io::FileSource;
+
+use crate::bench_cmd::{CliError, Mode};
+pub use queries::{Query, Row};
+
+/// Fault point hit once per input event of a query run (crash tests arm
+/// it through `WEIR_FAULTS`).
+pub const FAULT_RECORD: &str = "nexmark.record";
+
+/// Arguments of `weir nexmark`.
+#[derive(Debug, clap::Args)]
+pub struct NexmarkArgs {
+    /// The query to run (with --input).
+    #[arg(long, value_enum, conflicts_with = "generate")]
+    pub query: Option<Query>,
+    /// Event file (JSON Lines) to run the query over.
+    #[arg(long, requires = "query")]
+    pub input: Option<PathBuf>,
+    /// With --query: the folder for `qN.csv`. With --generate: the event
+    /// file to write.
+    #[arg(long)]
+    pub output: PathBuf,
+    /// Write an event file of this many events instead of running a query.
+    #[arg(long)]
+    pub generate: Option<u64>,
+    /// Event-time rate of the generated events, events per second.
+    #[arg(long, default_value_t = 10_000)]
+    pub rate: u64,
+    /// Seed of the generated events.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Checkpoint mode of the query run.
+    #[arg(long, value_enum, default_value = "aligned")]
+    pub mode: Mode,
+    /// Time between checkpoints, milliseconds.
+    #[arg(long, default_value_t = 1_000)]
+    pub checkpoint_interval_ms: u64,
+    /// Checkpoint folder [default: DIR/.qN-checkpoints, removed after success].
+    #[arg(long)]
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Parallelism of the keyed operators.
+    #[arg(long, default_value_t = 2)]
+    pub parallelism: usize,
+    /// How far out of time order the input may be, milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub out_of_orderness_ms: i64,
+}
+
+/// Runs `weir nexmark`.
+pub fn run(args: &NexmarkArgs) -> Result<(), CliError> {
+    match (args.generate, args.query, &args.input) {
+        (Some(n), None, None) => generate(args, n),
+        (None, Some(q), Some(input)) => run_query(args, q, input),
+        _ => Err(CliError::Usage(
+            "give either --generate N --output FILE, or --query qN --input FILE --output DIR".into(),
+        )),
+    }
+}
+
+fn io_err(path: &Path) -> impl Fn(std::io::Error) -> CliError + '_ {
+    move |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn generate(args: &NexmarkArgs, n: u64) -> Result<(), CliError> {
+    let cfg = NexmarkConfig {
+        seed: args.seed,
+        events_per_second: args.rate,
+        ..NexmarkConfig::default()
+    };
+    cfg.validate().map_err(|e| CliError::Usage(e.to_string()))?;
+    let started = clock::now_ns();
+    write_events_file(&args.output, &cfg, n).map_err(|e| CliError::Wrong(e.to_string()))?;
+    println!(
+        "weir nexmark: wrote {n} events (seed {}, {} events/s of event time) to {} in {:.2} s",
+        args.seed,
+        args.rate,
+        args.output.display(),
+        (clock::now_ns() - started) as f64 / 1e9
+    );
+    Ok(())
+}
+
+fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError> {
+    if args.parallelism == 0 || args.parallelism > 256 {
+        return Err(CliError::Usage("--parallelism must be between 1 and 256".into()));
+    }
+    if args.checkpoint_interval_ms == 0 {
+        return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
+    }
+    if !input.is_file() {
+        return Err(CliError::Usage(format!("--input {}: no such file", input.display())));
+    }
+    let out_dir = &args.output;
+    std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
+    let staging = out_dir.join(format!(".{}-parts", q.name()));
+    let default_ckpt = args.checkpoint_dir.is_none();
+    let ckpt_dir = args
+        .checkpoint_dir
+        .clone()
+        .unwrap_or_else(|| out_dir.join(format!(".{}-checkpoints", q.name())));
+
+    let pipeline = Pipeline::new(&format!("nexmark-{}", q.name()));
+    let input = input.to_path_buf();
+    let events = pipeline
+        .source("events", 1, move |i, n| {
+            FileSource::new(input.clone(), i, n, weir_io::nexmark::parse_line)
+        })
+        .map(|e: Event| {
+            if let Err(err) = weir_core::fault::hit(FAULT_RECORD) {
+                panic!("{FAULT_RECORD}: {err}");
+            }
+            e
+        })
+        .name("read")
+        .assign_watermarks(WatermarkStrategy::bounded(args.out_of_orderness_ms, |e: &Event| {
+            e.date_time()
+        }));
+    let rows = Arc::new(AtomicU64::new(0));
+    let staged = staging.clone();
+    let emitted = |_: &Row| 0;
+    queries::build(q, events, args.parallelism).sink("csv", move |i| {
+        weir_io::two_phase_file_sink(staged.clone(), i, |r: &Row, out: &mut Vec<u8>| r.write_csv(out), emitted)
+    });
+    let config = RuntimeConfig {
+        workers: weir_core::available_cores().min(2 * args.parallelism),
+        checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
+            interval: Duration::from_millis(args.checkpoint_interval_ms),
+            restore: RestoreFrom::Latest,
+            ..CheckpointConfig::new(m, &ckpt_dir)
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 5,
+            delay: Duration::from_millis(50),
+        },
+        ..RuntimeConfig::default()
+    };
+    let started = clock::now_ns();
+    let result = pipeline.run(config)?.join()?;
+    let n = assemble(q, &staging, out_dir)?;
+    rows.store(n, Ordering::Relaxed);
+    std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
+    if default_ckpt && ckpt_dir.exists() {
+        std::fs::remove_dir_all(&ckpt_dir).map_err(io_err(&ckpt_dir))?;
+    }
+    let ck = &result.metrics.checkpoints;
+    println!(
+        "weir nexmark {}: {} rows to {} in {:.2} s; {} checkpoints, restored from {}, {} restarts",
+        q.name(),
+        n,
+        out_dir.join(format!("{}.csv", q.name())).display(),
+        (clock::now_ns() - started) as f64 / 1e9,
+        ck.completed,
+        ck.restored_from.map_or("nothing".to_string(), |id| format!("checkpoint {id}")),
+        ck.restarts.len()
+    );
+    Ok(())
+}
+
+/// Sorts the committed rows under the header into `DIR/qN.csv`, durably.
+/// Returns the number of rows.
+fn assemble(q: Query, staging: &Path, out_dir: &Path) -> Result<u64, CliError> {
+    let files = if staging.exists() {
+        weir_io::committed_files(staging).map_err(|e| CliError::Wrong(e.to_string()))?
+    } else {
+        Vec::new()
+    };
+    let mut lines: Vec<Vec<u8>> = Vec::new();
+    for f in &files {
+        let bytes = std::fs::read(f).map_err(io_err(f))?;
+        if !bytes.is_empty() && !bytes.ends_with(b"\n") {
+            return Err(CliError::Wrong(format!("{}: the last line is incomplete", f.display())));
+        }
+        lines.extend(bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec));
+    }
+    lines.sort_unstable();
+    let mut out = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum::<usize>() + 64);
+    out.extend_from_slice(q.header().as_bytes());
+    out.push(b'\n');
+    for l in &lines {
+        out.extend_from_slice(l);
+        out.push(b'\n');
+    }
+    let target = out_dir.join(format!("{}.csv", q.name()));
+    let tmp = out_dir.join(format!(".{}.csv.tmp", q.name()));
+    let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
+    f.write_all(&out).map_err(io_err(&tmp))?;
+    f.sync_all().map_err(io_err(&tmp))?;
+    drop(f);
+    std::fs::rename(&tmp, &target).map_err(io_err(&target))?;
+    std::fs::File::open(out_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io_err(out_dir))?;
+    Ok(lines.len() as u64)
+}
+
+/// Counts rows (the in-process benchmark's sink).
+pub struct RowCount {
+    count: u64,
+    total: Arc<AtomicU64>,
+}
+
+impl RowCount {
+    /// A sink adding its count into `total` when it finishes.
+    pub fn new(total: Arc<AtomicU64>) -> Self {
+        RowCount { count: 0, total }
+    }
+}
+
+impl Sink<Row> for RowCount {
+    fn write(&mut self, batch: &mut Vec<Row>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.count += batch.len() as u64;
+        batch.clear();
+        Ok(())
+    }
+    fn finish(&mut self, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.total.fetch_add(self.count, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+/// Event-time rate of the in-process benchmark's events: the
+/// nexmark-flink default (10 M events per second of event time).
+pub const BENCH_EVENT_RATE: u64 = 10_000_000;
+
+/// The in-process benchmark job of query `q`: `events` generated events
+/// over `parallelism` generator subtasks, rows counted into `total`.
+pub fn bench_pipeline(q: Query, events: u64, seed: u64, parallelism: usize, total: Arc<AtomicU64>) -> Pipeline {
+    let cfg = NexmarkConfig {
+        seed,
+        events_per_second: BENCH_EVENT_RATE,
+        ..NexmarkConfig::default()
+    };
+    let pipeline = Pipeline::new(&format!("bench-nexmark-{}", q.name()));
+    let stream = pipeline
+        .source("nexmark", parallelism, move |i, n| {
+            NexmarkSource::new(cfg, Some(events), i, n).expect("the generator settings are valid")
+        })
+        .assign_watermarks(WatermarkStrategy::ascending(|e: &Event| e.date_time()));
+    queries::build(q, stream, parallelism).sink("count", move |_| RowCount::new(total.clone()));
+    pipeline
+}

@@ -1,0 +1,619 @@
+//! The Nexmark queries q0-q8 as weir pipelines.
+//!
+//! Each query takes a stream of [`Event`]s that already carries event time
+//! (watermarks by `dateTime`) and returns a stream of [`Row`]s, the lines
+//! of its CSV output. Records are projected to the fields a query needs
+//! before any exchange, as a query planner would, so that rings and state
+//! carry a few words instead of whole events.
+//!
+//! | query | what | operators |
+//! |---|---|---|
+//! | q0 | every bid | `flat_map` |
+//! | q1 | every bid, price × 0.908 | `flat_map` |
+//! | q2 | bids on auctions `id % 123 == 0` | `flat_map` |
+//! | q3 | category-10 auctions with their seller in OR, ID, CA | unwindowed `inner_join` |
+//! | q4 | average closing price per category | co-process with timers, then keyed aggregate to end of input |
+//! | q5 | most-bid auctions per sliding window (10 s / 2 s) | sliding window count, then per-window max |
+//! | q6 | average of each seller's last 10 closing prices | as q4, per seller |
+//! | q7 | highest bids per tumbling 10 s window | tumbling window max per auction, then per-window max |
+//! | q8 | people who opened an auction in their registration window | tumbling window over both inputs |
+
+use std::io::Write;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use weir_core::join::Either;
+use weir_core::process::{KeyedProcessFunction, TimerContext};
+use weir_core::time::MAX_WATERMARK;
+use weir_core::timers::TimeDomain;
+use weir_core::window::{AggregateFunction, Window, Windowed, Windows};
+use weir_core::Stream;
+use weir_io::nexmark::Event;
+
+/// Size of the tumbling windows of q7 and q8 and of the sliding windows of q5.
+pub const WINDOW_MS: i64 = 10_000;
+/// Slide of q5's windows.
+pub const SLIDE_MS: i64 = 2_000;
+
+/// A Nexmark query.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Query {
+    /// Passthrough of bids.
+    Q0,
+    /// Currency conversion.
+    Q1,
+    /// Selection.
+    Q2,
+    /// Local item suggestion (join).
+    Q3,
+    /// Average price per category.
+    Q4,
+    /// Hot items.
+    Q5,
+    /// Average selling price by seller.
+    Q6,
+    /// Highest bid.
+    Q7,
+    /// Monitor new users.
+    Q8,
+}
+
+impl Query {
+    /// `q0` .. `q8`.
+    pub fn name(self) -> &'static str {
+        ["q0", "q1", "q2", "q3", "q4", "q5", "q6", "q7", "q8"][self as usize]
+    }
+
+    /// The CSV header line (without `\n`).
+    pub fn header(self) -> &'static str {
+        match self {
+            Query::Q0 | Query::Q1 => "auction,bidder,price,dateTime",
+            Query::Q2 => "auction,price",
+            Query::Q3 => "name,city,state,id",
+            Query::Q4 => "category,avg_price",
+            Query::Q5 => "auction,num,window_start,window_end",
+            Query::Q6 => "seller,avg_price",
+            Query::Q7 => "auction,price,bidder,dateTime",
+            Query::Q8 => "id,name,window_start",
+        }
+    }
+}
+
+/// One output line of a query.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Row {
+    /// q0, q7: `auction,bidder,price,dateTime` or `auction,price,bidder,dateTime`.
+    Bid {
+        /// Auction id.
+        auction: u64,
+        /// Bidder id.
+        bidder: u64,
+        /// Price in cents.
+        price: u64,
+        /// Event time.
+        date_time: i64,
+        /// q7's column order (price before bidder).
+        price_first: bool,
+    },
+    /// q1: the price in thousandths of cents (price × 908).
+    Converted {
+        /// Auction id.
+        auction: u64,
+        /// Bidder id.
+        bidder: u64,
+        /// Price × 0.908 in thousandths of a cent.
+        milli_cents: u64,
+        /// Event time.
+        date_time: i64,
+    },
+    /// q2.
+    Selected {
+        /// Auction id.
+        auction: u64,
+        /// Price in cents.
+        price: u64,
+    },
+    /// q3.
+    Local {
+        /// Seller name.
+        name: Arc<str>,
+        /// Seller city.
+        city: Arc<str>,
+        /// Seller state.
+        state: Arc<str>,
+        /// Auction id.
+        id: u64,
+    },
+    /// q4, q6: `key,avg` with the average of `count` prices summing to `sum`.
+    Average {
+        /// Category (q4) or seller (q6).
+        key: u64,
+        /// Sum of the closing prices, cents.
+        sum: u64,
+        /// Number of closing prices.
+        count: u64,
+    },
+    /// q5.
+    Hot {
+        /// Auction id.
+        auction: u64,
+        /// Bids in the window.
+        num: u64,
+        /// Window start.
+        start: i64,
+        /// Window end.
+        end: i64,
+    },
+    /// q8.
+    NewUser {
+        /// Person id.
+        id: u64,
+        /// Person name.
+        name: Arc<str>,
+        /// Window start.
+        start: i64,
+    },
+}
+
+/// `numerator / denominator` cents with two decimals, rounded half up.
+pub fn write_decimal(out: &mut Vec<u8>, numerator: u128, denominator: u128) {
+    debug_assert!(denominator > 0);
+    let hundredths = (numerator * 200 + denominator) / (2 * denominator);
+    let _ = write!(out, "{}.{:02}", hundredths / 100, hundredths % 100);
+}
+
+impl Row {
+    /// Appends the CSV line of this row, with `\n`.
+    pub fn write_csv(&self, out: &mut Vec<u8>) {
+        let _ = match self {
+            Row::Bid {
+                auction,
+                bidder,
+                price,
+                date_time,
+                price_first: false,
+            } => writeln!(out, "{auction},{bidder},{price},{date_time}"),
+            Row::Bid {
+                auction,
+                bidder,
+                price,
+                date_time,
+                price_first: true,
+            } => writeln!(out, "{auction},{price},{bidder},{date_time}"),
+            Row::Converted {
+                auction,
+                bidder,
+                milli_cents,
+                date_time,
+            } => {
+                let _ = write!(out, "{auction},{bidder},");
+                write_decimal(out, u128::from(*milli_cents), 1000);
+                writeln!(out, ",{date_time}")
+            }
+            Row::Selected { auction, price } => writeln!(out, "{auction},{price}"),
+            Row::Local { name, city, state, id } => writeln!(out, "{name},{city},{state},{id}"),
+            Row::Average { key, sum, count } => {
+                let _ = write!(out, "{key},");
+                write_decimal(out, u128::from(*sum), u128::from(*count));
+                writeln!(out)
+            }
+            Row::Hot {
+                auction,
+                num,
+                start,
+                end,
+            } => writeln!(out, "{auction},{num},{start},{end}"),
+            Row::NewUser { id, name, start } => writeln!(out, "{id},{name},{start}"),
+        };
+    }
+}
+
+/// A late record reached a window: the input was more out of order than
+/// its watermark allowed. Fails the job with the record.
+fn on_time<O, T: std::fmt::Debug>(w: Windowed<O, T>) -> Option<O> {
+    match w {
+        Windowed::Result(o) => Some(o),
+        Windowed::Late(t) => panic!(
+            "late record {t:?}: the input is more out of order than --out-of-orderness-ms allows; raise it"
+        ),
+    }
+}
+
+/// Builds query `q` over `events`; keyed operators run with `parallelism`.
+pub fn build(q: Query, events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    match q {
+        Query::Q0 | Query::Q1 | Query::Q2 => events.flat_map(move |e: Event| match e {
+            Event::Bid(b) => match q {
+                Query::Q0 => Some(Row::Bid {
+                    auction: b.auction,
+                    bidder: b.bidder,
+                    price: b.price,
+                    date_time: b.date_time,
+                    price_first: false,
+                }),
+                Query::Q1 => Some(Row::Converted {
+                    auction: b.auction,
+                    bidder: b.bidder,
+                    milli_cents: b.price * 908,
+                    date_time: b.date_time,
+                }),
+                _ => (b.auction % 123 == 0).then_some(Row::Selected {
+                    auction: b.auction,
+                    price: b.price,
+                }),
+            },
+            _ => None,
+        }),
+        Query::Q3 => q3(events, parallelism),
+        Query::Q4 => closing_prices(events, parallelism)
+            .key_by(|c: &Closed| c.category)
+            .parallelism(parallelism)
+            .process_function(Average)
+            .name("average"),
+        Query::Q6 => closing_prices(events, parallelism)
+            .key_by(|c: &Closed| c.seller)
+            .parallelism(parallelism)
+            .process_function(LastTen)
+            .name("last_ten"),
+        Query::Q5 => q5(events, parallelism),
+        Query::Q7 => q7(events, parallelism),
+        Query::Q8 => q8(events, parallelism),
+    }
+}
+
+/// A person's fields that q3 and q8 need.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Who {
+    id: u64,
+    name: Arc<str>,
+    city: Arc<str>,
+    state: Arc<str>,
+    date_time: i64,
+}
+
+/// An auction's fields that q3, q4, q6 and q8 need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Lot {
+    id: u64,
+    seller: u64,
+    category: u64,
+    date_time: i64,
+    expires: i64,
+}
+
+fn q3(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    events
+        .flat_map(|e: Event| match e {
+            Event::Person(p) if matches!(&*p.state, "OR" | "ID" | "CA") => Some(Either::Left(Who {
+                id: p.id,
+                name: p.name,
+                city: p.city,
+                state: p.state,
+                date_time: p.date_time,
+            })),
+            Event::Auction(a) if a.category == 10 => Some(Either::Right(lot(&a))),
+            _ => None,
+        })
+        .key_by(|e: &Either<Who, Lot>| match e {
+            Either::Left(p) => p.id,
+            Either::Right(a) => a.seller,
+        })
+        .parallelism(parallelism)
+        .inner_join(|p: &Who, a: &Lot| Row::Local {
+            name: p.name.clone(),
+            city: p.city.clone(),
+            state: p.state.clone(),
+            id: a.id,
+        })
+}
+
+fn lot(a: &weir_io::nexmark::Auction) -> Lot {
+    Lot {
+        id: a.id,
+        seller: a.seller,
+        category: a.category,
+        date_time: a.date_time,
+        expires: a.expires,
+    }
+}
+
+/// A closed auction with its closing price.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct Closed {
+    id: u64,
+    seller: u64,
+    category: u64,
+    expires: i64,
+    price: u64,
+}
+
+/// Per auction: the auction once seen, its highest bid in
+/// `[dateTime, expires]`, and bids that arrived before the auction.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Bidding {
+    lot: Option<Lot>,
+    best: Option<u64>,
+    /// `(dateTime, price)` of bids that came before their auction.
+    early: Vec<(i64, u64)>,
+}
+
+/// The closing price of each auction, emitted when the watermark passes
+/// its `expires`.
+#[derive(Clone)]
+struct Closing;
+
+impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing {
+    type State = Bidding;
+    // Bids of a hot auction may precede it by up to a ring's worth of
+    // events when sources run in parallel.
+    const MAX_STATE_BYTES: usize = 64 * 1024;
+
+    fn process(&mut self, e: Either<Lot, (u64, i64, u64)>, st: &mut Bidding, ctx: &mut TimerContext<'_, u64, Closed>) {
+        match e {
+            Either::Left(a) => {
+                let in_range = |&(ts, _): &(i64, u64)| a.date_time <= ts && ts <= a.expires;
+                st.best = st.early.iter().filter(|b| in_range(b)).map(|b| b.1).max();
+                st.early = Vec::new();
+                st.lot = Some(a);
+                ctx.register_event_timer(a.expires);
+            }
+            Either::Right((_, ts, price)) => match st.lot {
+                Some(a) => {
+                    if a.date_time <= ts && ts <= a.expires {
+                        st.best = Some(st.best.map_or(price, |b| b.max(price)));
+                    }
+                }
+                None => {
+                    // Kept until the watermark rules the auction out.
+                    st.early.push((ts, price));
+                    ctx.register_event_timer(ts);
+                }
+            },
+        }
+    }
+
+    fn on_timer(&mut self, time: i64, _: TimeDomain, st: &mut Bidding, ctx: &mut TimerContext<'_, u64, Closed>) {
+        match st.lot {
+            Some(a) if time >= a.expires => {
+                if let Some(price) = st.best {
+                    ctx.emit(Closed {
+                        id: a.id,
+                        seller: a.seller,
+                        category: a.category,
+                        expires: a.expires,
+                        price,
+                    });
+                }
+                ctx.clear_state();
+            }
+            Some(_) => {}
+            None => {
+                // An auction arriving from now on has dateTime above the
+                // watermark: it cannot take bids at or below it.
+                let wm = ctx.watermark();
+                st.early.retain(|&(ts, _)| ts > wm);
+                if st.early.is_empty() {
+                    ctx.clear_state();
+                }
+            }
+        }
+    }
+}
+
+fn closing_prices(events: Stream<Event>, parallelism: usize) -> Stream<Closed> {
+    events
+        .flat_map(|e: Event| match e {
+            Event::Auction(a) => Some(Either::Left(lot(&a))),
+            Event::Bid(b) => Some(Either::Right((b.auction, b.date_time, b.price))),
+            Event::Person(_) => None,
+        })
+        .name("project")
+        .key_by(|e: &Either<Lot, (u64, i64, u64)>| match e {
+            Either::Left(a) => a.id,
+            Either::Right(b) => b.0,
+        })
+        .parallelism(parallelism)
+        .process_function(Closing)
+        .name("closing_price")
+}
+
+/// Sum and count per key, emitted at end of input (q4).
+#[derive(Clone)]
+struct Average;
+
+impl KeyedProcessFunction<u64, Closed, Row> for Average {
+    type State = (u64, u64);
+    fn process(&mut self, c: Closed, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
+        st.0 += c.price;
+        st.1 += 1;
+        ctx.register_event_timer(MAX_WATERMARK);
+    }
+    fn on_timer(&mut self, _: i64, _: TimeDomain, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
+        ctx.emit(Row::Average {
+            key: *ctx.key(),
+            sum: st.0,
+            count: st.1,
+        });
+    }
+}
+
+/// A seller's last ten closing prices by `(expires, id)` (q6).
+#[derive(Clone)]
+struct LastTen;
+
+impl KeyedProcessFunction<u64, Closed, Row> for LastTen {
+    type State = Vec<(i64, u64, u64)>;
+    fn process(&mut self, c: Closed, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, Row>) {
+        st.push((c.expires, c.id, c.price));
+        st.sort_unstable();
+        if st.len() > 10 {
+            st.remove(0);
+        }
+        ctx.register_event_timer(MAX_WATERMARK);
+    }
+    fn on_timer(&mut self, _: i64, _: TimeDomain, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, Row>) {
+        ctx.emit(Row::Average {
+            key: *ctx.key(),
+            sum: st.iter().map(|c| c.2).sum(),
+            count: st.len() as u64,
+        });
+    }
+}
+
+#[derive(Clone)]
+struct Count;
+
+impl<T> AggregateFunction<T> for Count {
+    type Acc = u64;
+    type Output = u64;
+    fn add(&self, acc: &mut u64, _: &T) {
+        *acc += 1;
+    }
+    fn result(&self, acc: &u64) -> u64 {
+        *acc
+    }
+    fn merge(&self, acc: &mut u64, other: u64) {
+        *acc += other;
+    }
+}
+
+/// `(auction, count, start, end)` of one window.
+type Counted = (u64, u64, i64, i64);
+
+fn q5(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    events
+        .flat_map(|e: Event| match e {
+            Event::Bid(b) => Some((b.auction, b.date_time)),
+            _ => None,
+        })
+        .name("project")
+        .key_by(|b: &(u64, i64)| b.0)
+        .parallelism(parallelism)
+        .window(Windows::sliding(WINDOW_MS, SLIDE_MS), |b: &(u64, i64)| b.1)
+        .aggregate(Count, |a: &u64, w: Window, n: u64| (*a, n, w.start, w.end))
+        .flat_map(on_time)
+        .name("on_time")
+        // Each sliding window's counts meet in one window of its own:
+        // the slide-long tumbling window holding `end - 1`.
+        .key_by(|c: &Counted| c.2)
+        .parallelism(parallelism)
+        .window(Windows::tumbling(SLIDE_MS), |c: &Counted| c.3 - 1)
+        .process(|_: &i64, _: Window, counts: &[Counted], out: &mut Vec<Row>| {
+            let max = counts.iter().map(|c| c.1).max().unwrap_or(0);
+            out.extend(counts.iter().filter(|c| c.1 == max).map(|&(auction, num, start, end)| Row::Hot {
+                auction,
+                num,
+                start,
+                end,
+            }));
+        })
+        .flat_map(on_time)
+        .name("on_time")
+}
+
+/// The highest price in a window and the bids at it: `(auction, bidder,
+/// dateTime)`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct Top {
+    price: u64,
+    bids: Vec<(u64, u64, i64)>,
+}
+
+#[derive(Clone)]
+struct Highest;
+
+impl AggregateFunction<(u64, u64, u64, i64)> for Highest {
+    type Acc = Top;
+    type Output = Top;
+    // Ties at the top price within one auction and window are rare.
+    const MAX_ACC_BYTES: usize = 16 * 1024;
+    fn add(&self, acc: &mut Top, &(auction, bidder, price, ts): &(u64, u64, u64, i64)) {
+        if acc.bids.is_empty() || price > acc.price {
+            acc.price = price;
+            acc.bids.clear();
+        }
+        if price == acc.price {
+            acc.bids.push((auction, bidder, ts));
+        }
+    }
+    fn result(&self, acc: &Top) -> Top {
+        acc.clone()
+    }
+    fn merge(&self, acc: &mut Top, other: Top) {
+        if acc.bids.is_empty() || other.price > acc.price {
+            *acc = other;
+        } else if other.price == acc.price {
+            acc.bids.extend(other.bids);
+        }
+    }
+}
+
+fn q7(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    events
+        .flat_map(|e: Event| match e {
+            Event::Bid(b) => Some((b.auction, b.bidder, b.price, b.date_time)),
+            _ => None,
+        })
+        .name("project")
+        .key_by(|b: &(u64, u64, u64, i64)| b.0)
+        .parallelism(parallelism)
+        .window(Windows::tumbling(WINDOW_MS), |b: &(u64, u64, u64, i64)| b.3)
+        .aggregate(Highest, |_: &u64, w: Window, top: Top| (w.start, top))
+        .flat_map(on_time)
+        .name("on_time")
+        .key_by(|t: &(i64, Top)| t.0)
+        .parallelism(parallelism)
+        .window(Windows::tumbling(WINDOW_MS), |t: &(i64, Top)| t.0)
+        .max_element_bytes(16 * 1024)
+        .process(|_: &i64, _: Window, tops: &[(i64, Top)], out: &mut Vec<Row>| {
+            let max = tops.iter().map(|t| t.1.price).max().unwrap_or(0);
+            for (_, top) in tops.iter().filter(|t| t.1.price == max) {
+                out.extend(top.bids.iter().map(|&(auction, bidder, date_time)| Row::Bid {
+                    auction,
+                    bidder,
+                    price: top.price,
+                    date_time,
+                    price_first: true,
+                }));
+            }
+        })
+        .flat_map(on_time)
+        .name("on_time")
+}
+
+fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    events
+        .flat_map(|e: Event| match e {
+            Event::Person(p) => Some(Either::Left((p.id, p.name, p.date_time))),
+            Event::Auction(a) => Some(Either::Right((a.seller, a.date_time))),
+            Event::Bid(_) => None,
+        })
+        .name("project")
+        .key_by(|e: &Either<(u64, Arc<str>, i64), (u64, i64)>| match e {
+            Either::Left(p) => p.0,
+            Either::Right(a) => a.0,
+        })
+        .parallelism(parallelism)
+        .window(Windows::tumbling(WINDOW_MS), |e: &Either<(u64, Arc<str>, i64), (u64, i64)>| match e {
+            Either::Left(p) => p.2,
+            Either::Right(a) => a.1,
+        })
+        .process(
+            |id: &u64, w: Window, records: &[Either<(u64, Arc<str>, i64), (u64, i64)>], out: &mut Vec<Row>| {
+                let opened = records.iter().any(|r| matches!(r, Either::Right(_)));
+                let person = records.iter().find_map(|r| match r {
+                    Either::Left(p) => Some(p),
+                    Either::Right(_) => None,
+                });
+                if let (true, Some(p)) = (opened, person) {
+                    out.push(Row::NewUser {
+                        id: *id,
+                        name: p.1.clone(),
+                        start: w.start,
+                    });
+                }
+            },
+        )
+        .flat_map(on_time)
+        .name("on_time")
+}
