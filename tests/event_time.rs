@@ -377,6 +377,7 @@ struct Delayed;
 
 impl KeyedProcessFunction<u64, Ev, (u64, i64, u64, u64)> for Delayed {
     type State = (i64, u64, u64); // (timer, count, sum)
+    type Buffered = ();
     fn process(&mut self, e: Ev, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, (u64, i64, u64, u64)>) {
         if st.1 == 0 {
             st.0 = e.1 - e.1.rem_euclid(50) + 49;
@@ -457,6 +458,7 @@ fn processing_time_timer_due_during_downtime_fires_after_recovery() {
     struct Remind(Arc<AtomicU32>);
     impl KeyedProcessFunction<u64, u64, (u64, i64)> for Remind {
         type State = u8;
+        type Buffered = ();
         fn process(&mut self, v: u64, st: &mut u8, ctx: &mut TimerContext<'_, u64, (u64, i64)>) {
             if v == 500 {
                 // Due 150 ms from now: after the failure below (100 ms
@@ -701,6 +703,7 @@ struct Totals;
 
 impl KeyedProcessFunction<u64, Either<Rec, Rec>, (u64, u64, u64)> for Totals {
     type State = (u64, u64);
+    type Buffered = ();
     fn process(&mut self, r: Either<Rec, Rec>, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, (u64, u64, u64)>) {
         match r {
             Either::Left(_) => st.0 += 1,

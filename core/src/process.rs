@@ -34,17 +34,95 @@ enum TimerOp {
     Delete(TimeDomain, i64),
 }
 
+/// The per-key buffers of a [`KeyedProcessFunction`]: any number of
+/// values per key, each its own entry of a [`MapStore`] under a sequence
+/// number (arrival order), so that a key's small state stays small.
+pub(crate) struct Buffers<K, B> {
+    store: MapStore<K, u64, B, SerdeCodec>,
+    seq: u64,
+    scratch: Vec<u64>,
+    /// A failed append, reported after the user call.
+    error: Option<String>,
+}
+
+impl<K: StateKey, B: Data> Buffers<K, B> {
+    fn new(store: MapStore<K, u64, B, SerdeCodec>) -> Self {
+        let mut seq = 0;
+        store.for_each(|_, &s, _| seq = seq.max(s));
+        Buffers {
+            store,
+            seq,
+            scratch: Vec::new(),
+            error: None,
+        }
+    }
+
+    /// The sequence numbers of `key`'s values, in arrival order.
+    fn sorted(&mut self, key: &K) {
+        self.scratch.clear();
+        let scratch = &mut self.scratch;
+        self.store.user_keys_in(key, |&s| scratch.push(s));
+        self.scratch.sort_unstable();
+    }
+}
+
 /// What a [`KeyedProcessFunction`] can do while it handles one record or
 /// one timer of `key`.
-pub struct TimerContext<'a, K, O> {
+pub struct TimerContext<'a, K, O, B = ()> {
     key: &'a K,
     watermark: i64,
     out: &'a mut Vec<O>,
     ops: &'a mut Vec<TimerOp>,
+    buffers: &'a mut Buffers<K, B>,
     clear: bool,
 }
 
-impl<K, O> TimerContext<'_, K, O> {
+impl<K: StateKey, O, B: Data> TimerContext<'_, K, O, B> {
+    /// Appends `value` to this key's buffer (see
+    /// [`KeyedProcessFunction::Buffered`]).
+    pub fn buffer_push(&mut self, value: &B) {
+        self.buffers.seq += 1;
+        if let Err(e) = self.buffers.store.put(self.key, &self.buffers.seq, value) {
+            self.buffers.error.get_or_insert_with(|| e.to_string());
+        }
+    }
+
+    /// Calls `f` with every value of this key's buffer, in arrival order.
+    pub fn buffer_for_each(&mut self, mut f: impl FnMut(B)) {
+        self.buffers.sorted(self.key);
+        for s in &self.buffers.scratch {
+            if let Some(v) = self.buffers.store.get(self.key, s) {
+                f(v);
+            }
+        }
+    }
+
+    /// Keeps the values of this key's buffer for which `f` is true.
+    pub fn buffer_retain(&mut self, mut f: impl FnMut(&B) -> bool) {
+        self.buffers.sorted(self.key);
+        for s in &self.buffers.scratch {
+            if let Some(v) = self.buffers.store.get(self.key, s) {
+                if !f(&v) {
+                    self.buffers.store.remove(self.key, s);
+                }
+            }
+        }
+    }
+
+    /// Empties this key's buffer.
+    pub fn buffer_clear(&mut self) {
+        self.buffers.store.clear(self.key);
+    }
+
+    /// Whether this key's buffer is empty.
+    pub fn buffer_is_empty(&mut self) -> bool {
+        let mut empty = true;
+        self.buffers.store.user_keys_in(self.key, |_| empty = false);
+        empty
+    }
+}
+
+impl<K, O, B> TimerContext<'_, K, O, B> {
     /// The key of the record or timer being handled.
     pub fn key(&self) -> &K {
         self.key
@@ -91,7 +169,8 @@ impl<K, O> TimerContext<'_, K, O> {
         self.ops.push(TimerOp::Delete(TimeDomain::ProcessingTime, time));
     }
 
-    /// Drops this key's state after the call (instead of storing it).
+    /// Drops this key's state and buffer after the call (instead of
+    /// storing the state).
     pub fn clear_state(&mut self) {
         self.clear = true;
     }
@@ -110,6 +189,7 @@ impl<K, O> TimerContext<'_, K, O> {
 ///
 /// impl KeyedProcessFunction<u64, (u64, i64, i64), (u64, i64, i64)> for TenSecondSums {
 ///     type State = Vec<(i64, i64)>; // (bucket end, sum)
+///     type Buffered = ();
 ///     fn process(&mut self, (_, ts, v): (u64, i64, i64), st: &mut Self::State,
 ///                ctx: &mut TimerContext<'_, u64, (u64, i64, i64)>) {
 ///         let end = ts - ts.rem_euclid(10_000) + 10_000;
@@ -130,15 +210,25 @@ impl<K, O> TimerContext<'_, K, O> {
 /// ```
 pub trait KeyedProcessFunction<K, T, O>: Clone + Send + 'static {
     /// The state of one key: created by `Default` on first use, encoded
-    /// with serde into the memory-mapped backend after every call.
+    /// with serde into the memory-mapped backend after every call. Keep it
+    /// small (a slot holds [`Self::MAX_STATE_BYTES`]); put collections that
+    /// grow in the buffer.
     type State: Data + Default;
+
+    /// The values of the per-key buffer (`()` if unused): an append-only
+    /// list per key in the memory-mapped backend, each value its own entry
+    /// ([`TimerContext::buffer_push`] and friends).
+    type Buffered: Data;
 
     /// Most bytes one key's encoded state may take (a slot of the backend
     /// holds that much); a larger state fails the job with a clear error.
     const MAX_STATE_BYTES: usize = 256;
 
+    /// Most bytes one encoded buffered value may take.
+    const MAX_BUFFERED_BYTES: usize = 256;
+
     /// Handles one record of key `ctx.key()`.
-    fn process(&mut self, record: T, state: &mut Self::State, ctx: &mut TimerContext<'_, K, O>);
+    fn process(&mut self, record: T, state: &mut Self::State, ctx: &mut TimerContext<'_, K, O, Self::Buffered>);
 
     /// A timer of `ctx.key()` registered for `time` fired.
     fn on_timer(
@@ -146,7 +236,7 @@ pub trait KeyedProcessFunction<K, T, O>: Clone + Send + 'static {
         _time: i64,
         _domain: TimeDomain,
         _state: &mut Self::State,
-        _ctx: &mut TimerContext<'_, K, O>,
+        _ctx: &mut TimerContext<'_, K, O, Self::Buffered>,
     ) {
     }
 }
@@ -157,8 +247,10 @@ pub(crate) struct ProcessOperator<T, K, O, KF, F: KeyedProcessFunction<K, T, O>>
     f: F,
     state: Option<MapStore<K, u8, F::State, SerdeCodec>>,
     timers: Option<TimerService<K>>,
+    buffers: Option<Buffers<K, F::Buffered>>,
     state_opts: StoreOptions,
     timer_opts: StoreOptions,
+    buffer_opts: StoreOptions,
     lifecycle: StoreLifecycle,
     watermark: i64,
     out: Vec<O>,
@@ -178,20 +270,31 @@ where
     fn with_key(
         &mut self,
         key: &K,
-        call: impl FnOnce(&mut F, &mut F::State, &mut TimerContext<'_, K, O>),
+        call: impl FnOnce(&mut F, &mut F::State, &mut TimerContext<'_, K, O, F::Buffered>),
     ) -> Result<(), BoxError> {
         let store = self.state.as_mut().expect("the store exists from construction to drop");
+        let buffers = self.buffers.as_mut().expect("buffers exist from construction to drop");
         let mut st = store.get(key, &0).unwrap_or_default();
         let mut ctx = TimerContext {
             key,
             watermark: self.watermark,
             out: &mut self.out,
             ops: &mut self.ops,
+            buffers,
             clear: false,
         };
         call(&mut self.f, &mut st, &mut ctx);
-        if ctx.clear {
+        let clear = ctx.clear;
+        if let Some(e) = buffers.error.take() {
+            return Err(format!(
+                "{e} (a buffered value may take at most {} bytes: raise KeyedProcessFunction::MAX_BUFFERED_BYTES)",
+                F::MAX_BUFFERED_BYTES
+            )
+            .into());
+        }
+        if clear {
             store.remove(key, &0);
+            buffers.store.clear(key);
         } else {
             store.put(key, &0, &st).map_err(|e| {
                 format!(
@@ -232,10 +335,11 @@ where
         Ok(())
     }
 
-    fn stores(&mut self) -> [&mut dyn Snapshottable; 2] {
+    fn stores(&mut self) -> [&mut dyn Snapshottable; 3] {
         [
             self.state.as_mut().expect("state exists"),
             &mut self.timers.as_mut().expect("timers exist").store,
+            &mut self.buffers.as_mut().expect("buffers exist").store,
         ]
     }
 }
@@ -275,9 +379,15 @@ where
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let root = crate::stores::checkpoint_root(ctx, "keyed state")?;
-        let handles = StoreLifecycle::handles(r, self.op, 2)?;
+        let handles = StoreLifecycle::handles(r, self.op, 3)?;
         drop(self.state.take());
         drop(self.timers.take());
+        drop(self.buffers.take());
+        self.buffers = Some(Buffers::new(MapStore::restore(
+            restore_options(&self.buffer_opts, r),
+            &root,
+            &handles[2],
+        )?));
         self.state = Some(MapStore::restore(
             restore_options(&self.state_opts, r),
             &root,
@@ -351,13 +461,16 @@ where
             let inputs = ctx.inputs_from::<T>(&edges, j);
             let state_opts = store_options(ctx, j, q, F::MAX_STATE_BYTES)?;
             let timer_opts = store_options(ctx, j, q, 0)?;
+            let buffer_opts = store_options(ctx, j, q, F::MAX_BUFFERED_BYTES)?;
             let op = ProcessOperator {
                 key_fn: key_fn.clone(),
                 f: f.clone(),
                 state: Some(MapStore::create(state_opts.clone())?),
                 timers: Some(TimerService::create(timer_opts.clone())?),
+                buffers: Some(Buffers::new(MapStore::create(buffer_opts.clone())?)),
                 state_opts,
                 timer_opts,
+                buffer_opts,
                 lifecycle: StoreLifecycle::default(),
                 watermark: MIN_WATERMARK,
                 out: Vec::with_capacity(ctx.config.batch_size),

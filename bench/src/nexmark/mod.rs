@@ -149,7 +149,12 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
     let staged = staging.clone();
     let emitted = |_: &Row| 0;
     queries::build(q, events, args.parallelism).sink("csv", move |i| {
-        weir_io::two_phase_file_sink(staged.clone(), i, |r: &Row, out: &mut Vec<u8>| r.write_csv(out), emitted)
+        weir_io::two_phase_file_sink(
+            staged.clone(),
+            i,
+            |r: &Row, out: &mut Vec<u8>| r.write_csv(out),
+            emitted,
+        )
     });
     let config = RuntimeConfig {
         workers: weir_core::available_cores().min(2 * args.parallelism),
@@ -180,7 +185,8 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
         out_dir.join(format!("{}.csv", q.name())).display(),
         (clock::now_ns() - started) as f64 / 1e9,
         ck.completed,
-        ck.restored_from.map_or("nothing".to_string(), |id| format!("checkpoint {id}")),
+        ck.restored_from
+            .map_or("nothing".to_string(), |id| format!("checkpoint {id}")),
         ck.restarts.len()
     );
     Ok(())
@@ -200,7 +206,12 @@ fn assemble(q: Query, staging: &Path, out_dir: &Path) -> Result<u64, CliError> {
         if !bytes.is_empty() && !bytes.ends_with(b"\n") {
             return Err(CliError::Wrong(format!("{}: the last line is incomplete", f.display())));
         }
-        lines.extend(bytes.split(|&b| b == b'\n').filter(|l| !l.is_empty()).map(<[u8]>::to_vec));
+        lines.extend(
+            bytes
+                .split(|&b| b == b'\n')
+                .filter(|l| !l.is_empty())
+                .map(<[u8]>::to_vec),
+        );
     }
     lines.sort_unstable();
     let mut out = Vec::with_capacity(lines.iter().map(|l| l.len() + 1).sum::<usize>() + 64);

@@ -24,6 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use weir_core::join::Either;
 use weir_core::process::{KeyedProcessFunction, TimerContext};
+use weir_core::state::StateKey;
 use weir_core::time::MAX_WATERMARK;
 use weir_core::timers::TimeDomain;
 use weir_core::window::{AggregateFunction, Window, Windowed, Windows};
@@ -213,9 +214,9 @@ impl Row {
 fn on_time<O, T: std::fmt::Debug>(w: Windowed<O, T>) -> Option<O> {
     match w {
         Windowed::Result(o) => Some(o),
-        Windowed::Late(t) => panic!(
-            "late record {t:?}: the input is more out of order than --out-of-orderness-ms allows; raise it"
-        ),
+        Windowed::Late(t) => {
+            panic!("late record {t:?}: the input is more out of order than --out-of-orderness-ms allows; raise it")
+        }
     }
 }
 
@@ -327,14 +328,13 @@ struct Closed {
     price: u64,
 }
 
-/// Per auction: the auction once seen, its highest bid in
-/// `[dateTime, expires]`, and bids that arrived before the auction.
+/// Per auction: the auction once seen and its highest bid in
+/// `[dateTime, expires]`; bids that came before their auction wait in the
+/// key's buffer.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Bidding {
     lot: Option<Lot>,
     best: Option<u64>,
-    /// `(dateTime, price)` of bids that came before their auction.
-    early: Vec<(i64, u64)>,
 }
 
 /// The closing price of each auction, emitted when the watermark passes
@@ -344,16 +344,25 @@ struct Closing;
 
 impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing {
     type State = Bidding;
-    // Bids of a hot auction may precede it by up to a ring's worth of
-    // events when sources run in parallel.
-    const MAX_STATE_BYTES: usize = 64 * 1024;
+    /// `(dateTime, price)` of a bid that came before its auction.
+    type Buffered = (i64, u64);
 
-    fn process(&mut self, e: Either<Lot, (u64, i64, u64)>, st: &mut Bidding, ctx: &mut TimerContext<'_, u64, Closed>) {
+    fn process(
+        &mut self,
+        e: Either<Lot, (u64, i64, u64)>,
+        st: &mut Bidding,
+        ctx: &mut TimerContext<'_, u64, Closed, (i64, u64)>,
+    ) {
         match e {
             Either::Left(a) => {
-                let in_range = |&(ts, _): &(i64, u64)| a.date_time <= ts && ts <= a.expires;
-                st.best = st.early.iter().filter(|b| in_range(b)).map(|b| b.1).max();
-                st.early = Vec::new();
+                let mut best = None;
+                ctx.buffer_for_each(|(ts, price)| {
+                    if a.date_time <= ts && ts <= a.expires {
+                        best = Some(best.map_or(price, |b: u64| b.max(price)));
+                    }
+                });
+                ctx.buffer_clear();
+                st.best = best;
                 st.lot = Some(a);
                 ctx.register_event_timer(a.expires);
             }
@@ -365,14 +374,20 @@ impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing
                 }
                 None => {
                     // Kept until the watermark rules the auction out.
-                    st.early.push((ts, price));
+                    ctx.buffer_push(&(ts, price));
                     ctx.register_event_timer(ts);
                 }
             },
         }
     }
 
-    fn on_timer(&mut self, time: i64, _: TimeDomain, st: &mut Bidding, ctx: &mut TimerContext<'_, u64, Closed>) {
+    fn on_timer(
+        &mut self,
+        time: i64,
+        _: TimeDomain,
+        st: &mut Bidding,
+        ctx: &mut TimerContext<'_, u64, Closed, (i64, u64)>,
+    ) {
         match st.lot {
             Some(a) if time >= a.expires => {
                 if let Some(price) = st.best {
@@ -391,8 +406,8 @@ impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing
                 // An auction arriving from now on has dateTime above the
                 // watermark: it cannot take bids at or below it.
                 let wm = ctx.watermark();
-                st.early.retain(|&(ts, _)| ts > wm);
-                if st.early.is_empty() {
+                ctx.buffer_retain(|&(ts, _)| ts > wm);
+                if ctx.buffer_is_empty() {
                     ctx.clear_state();
                 }
             }
@@ -423,6 +438,7 @@ struct Average;
 
 impl KeyedProcessFunction<u64, Closed, Row> for Average {
     type State = (u64, u64);
+    type Buffered = ();
     fn process(&mut self, c: Closed, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
         st.0 += c.price;
         st.1 += 1;
@@ -443,6 +459,7 @@ struct LastTen;
 
 impl KeyedProcessFunction<u64, Closed, Row> for LastTen {
     type State = Vec<(i64, u64, u64)>;
+    type Buffered = ();
     fn process(&mut self, c: Closed, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, Row>) {
         st.push((c.expires, c.id, c.price));
         st.sort_unstable();
@@ -500,51 +517,125 @@ fn q5(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
         .window(Windows::tumbling(SLIDE_MS), |c: &Counted| c.3 - 1)
         .process(|_: &i64, _: Window, counts: &[Counted], out: &mut Vec<Row>| {
             let max = counts.iter().map(|c| c.1).max().unwrap_or(0);
-            out.extend(counts.iter().filter(|c| c.1 == max).map(|&(auction, num, start, end)| Row::Hot {
-                auction,
-                num,
-                start,
-                end,
-            }));
+            out.extend(
+                counts
+                    .iter()
+                    .filter(|c| c.1 == max)
+                    .map(|&(auction, num, start, end)| Row::Hot {
+                        auction,
+                        num,
+                        start,
+                        end,
+                    }),
+            );
         })
         .flat_map(on_time)
         .name("on_time")
 }
 
-/// The highest price in a window and the bids at it: `(auction, bidder,
-/// dateTime)`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct Top {
-    price: u64,
-    bids: Vec<(u64, u64, i64)>,
+/// A bid of q7: `(auction, bidder, dateTime)`.
+type BidRef = (u64, u64, i64);
+
+/// The highest price of a window among some bids, and the bids at it:
+/// `(window start, price, bids)`.
+type Top = (i64, u64, Vec<BidRef>);
+
+/// Keeps the highest price in `best` and the bids at it in the key's buffer.
+fn offer<K: StateKey, O>(best: &mut Option<u64>, price: u64, bid: BidRef, ctx: &mut TimerContext<'_, K, O, BidRef>) {
+    match *best {
+        Some(m) if price < m => {}
+        Some(m) if price == m => ctx.buffer_push(&bid),
+        _ => {
+            ctx.buffer_clear();
+            *best = Some(price);
+            ctx.buffer_push(&bid);
+        }
+    }
 }
 
-#[derive(Clone)]
-struct Highest;
+/// A record of window `start` arrived after the window was complete.
+fn check_on_time(start: i64, watermark: i64) {
+    assert!(
+        start + WINDOW_MS - 1 > watermark,
+        "a late bid for window {start}: the input is more out of order than --out-of-orderness-ms allows; raise it"
+    );
+}
 
-impl AggregateFunction<(u64, u64, u64, i64)> for Highest {
-    type Acc = Top;
-    type Output = Top;
-    // Ties at the top price within one auction and window are rare.
-    const MAX_ACC_BYTES: usize = 16 * 1024;
-    fn add(&self, acc: &mut Top, &(auction, bidder, price, ts): &(u64, u64, u64, i64)) {
-        if acc.bids.is_empty() || price > acc.price {
-            acc.price = price;
-            acc.bids.clear();
-        }
-        if price == acc.price {
-            acc.bids.push((auction, bidder, ts));
-        }
+/// Stage one of q7, keyed by (auction, window start): the auction's top
+/// bids in the window.
+#[derive(Clone)]
+struct TopOfAuction;
+
+impl KeyedProcessFunction<(u64, i64), (u64, u64, u64, i64), Top> for TopOfAuction {
+    type State = Option<u64>;
+    type Buffered = BidRef;
+    fn process(
+        &mut self,
+        (auction, bidder, price, ts): (u64, u64, u64, i64),
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, (u64, i64), Top, BidRef>,
+    ) {
+        let start = ctx.key().1;
+        check_on_time(start, ctx.watermark());
+        offer(best, price, (auction, bidder, ts), ctx);
+        ctx.register_event_timer(start + WINDOW_MS - 1);
     }
-    fn result(&self, acc: &Top) -> Top {
-        acc.clone()
-    }
-    fn merge(&self, acc: &mut Top, other: Top) {
-        if acc.bids.is_empty() || other.price > acc.price {
-            *acc = other;
-        } else if other.price == acc.price {
-            acc.bids.extend(other.bids);
+    fn on_timer(
+        &mut self,
+        _: i64,
+        _: TimeDomain,
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, (u64, i64), Top, BidRef>,
+    ) {
+        let mut bids = Vec::new();
+        ctx.buffer_for_each(|b| bids.push(b));
+        if let Some(price) = *best {
+            ctx.emit((ctx.key().1, price, bids));
         }
+        ctx.clear_state();
+    }
+}
+
+/// Stage two of q7, keyed by window start: the window's top bids over
+/// every auction.
+#[derive(Clone)]
+struct TopOfWindow;
+
+impl KeyedProcessFunction<i64, Top, Row> for TopOfWindow {
+    type State = Option<u64>;
+    type Buffered = BidRef;
+    fn process(
+        &mut self,
+        (start, price, bids): Top,
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, i64, Row, BidRef>,
+    ) {
+        for b in bids {
+            offer(best, price, b, ctx);
+        }
+        ctx.register_event_timer(start + WINDOW_MS - 1);
+    }
+    fn on_timer(
+        &mut self,
+        _: i64,
+        _: TimeDomain,
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, i64, Row, BidRef>,
+    ) {
+        if let Some(price) = *best {
+            let mut rows = Vec::new();
+            ctx.buffer_for_each(|(auction, bidder, date_time)| {
+                rows.push(Row::Bid {
+                    auction,
+                    bidder,
+                    price,
+                    date_time,
+                    price_first: true,
+                })
+            });
+            rows.into_iter().for_each(|r| ctx.emit(r));
+        }
+        ctx.clear_state();
     }
 }
 
@@ -555,31 +646,18 @@ fn q7(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
             _ => None,
         })
         .name("project")
-        .key_by(|b: &(u64, u64, u64, i64)| b.0)
+        .key_by(|b: &(u64, u64, u64, i64)| (b.0, b.3 - b.3.rem_euclid(WINDOW_MS)))
         .parallelism(parallelism)
-        .window(Windows::tumbling(WINDOW_MS), |b: &(u64, u64, u64, i64)| b.3)
-        .aggregate(Highest, |_: &u64, w: Window, top: Top| (w.start, top))
-        .flat_map(on_time)
-        .name("on_time")
-        .key_by(|t: &(i64, Top)| t.0)
+        .process_function(TopOfAuction)
+        .name("top_of_auction")
+        .key_by(|t: &Top| t.0)
         .parallelism(parallelism)
-        .window(Windows::tumbling(WINDOW_MS), |t: &(i64, Top)| t.0)
-        .max_element_bytes(16 * 1024)
-        .process(|_: &i64, _: Window, tops: &[(i64, Top)], out: &mut Vec<Row>| {
-            let max = tops.iter().map(|t| t.1.price).max().unwrap_or(0);
-            for (_, top) in tops.iter().filter(|t| t.1.price == max) {
-                out.extend(top.bids.iter().map(|&(auction, bidder, date_time)| Row::Bid {
-                    auction,
-                    bidder,
-                    price: top.price,
-                    date_time,
-                    price_first: true,
-                }));
-            }
-        })
-        .flat_map(on_time)
-        .name("on_time")
+        .process_function(TopOfWindow)
+        .name("top_of_window")
 }
+
+/// q8's input: a person `(id, name, dateTime)` or an auction `(seller, dateTime)`.
+type Q8In = Either<(u64, Arc<str>, i64), (u64, i64)>;
 
 fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
     events
@@ -589,31 +667,29 @@ fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
             Event::Bid(_) => None,
         })
         .name("project")
-        .key_by(|e: &Either<(u64, Arc<str>, i64), (u64, i64)>| match e {
+        .key_by(|e: &Q8In| match e {
             Either::Left(p) => p.0,
             Either::Right(a) => a.0,
         })
         .parallelism(parallelism)
-        .window(Windows::tumbling(WINDOW_MS), |e: &Either<(u64, Arc<str>, i64), (u64, i64)>| match e {
+        .window(Windows::tumbling(WINDOW_MS), |e: &Q8In| match e {
             Either::Left(p) => p.2,
             Either::Right(a) => a.1,
         })
-        .process(
-            |id: &u64, w: Window, records: &[Either<(u64, Arc<str>, i64), (u64, i64)>], out: &mut Vec<Row>| {
-                let opened = records.iter().any(|r| matches!(r, Either::Right(_)));
-                let person = records.iter().find_map(|r| match r {
-                    Either::Left(p) => Some(p),
-                    Either::Right(_) => None,
+        .process(|id: &u64, w: Window, records: &[Q8In], out: &mut Vec<Row>| {
+            let opened = records.iter().any(|r| matches!(r, Either::Right(_)));
+            let person = records.iter().find_map(|r| match r {
+                Either::Left(p) => Some(p),
+                Either::Right(_) => None,
+            });
+            if let (true, Some(p)) = (opened, person) {
+                out.push(Row::NewUser {
+                    id: *id,
+                    name: p.1.clone(),
+                    start: w.start,
                 });
-                if let (true, Some(p)) = (opened, person) {
-                    out.push(Row::NewUser {
-                        id: *id,
-                        name: p.1.clone(),
-                        start: w.start,
-                    });
-                }
-            },
-        )
+            }
+        })
         .flat_map(on_time)
         .name("on_time")
 }
