@@ -510,27 +510,47 @@ fn q5(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
         .aggregate(Count, |a: &u64, w: Window, n: u64| (*a, n, w.start, w.end))
         .flat_map(on_time)
         .name("on_time")
-        // Each sliding window's counts meet in one window of its own:
-        // the slide-long tumbling window holding `end - 1`.
         .key_by(|c: &Counted| c.2)
         .parallelism(parallelism)
-        .window(Windows::tumbling(SLIDE_MS), |c: &Counted| c.3 - 1)
-        .process(|_: &i64, _: Window, counts: &[Counted], out: &mut Vec<Row>| {
-            let max = counts.iter().map(|c| c.1).max().unwrap_or(0);
-            out.extend(
-                counts
-                    .iter()
-                    .filter(|c| c.1 == max)
-                    .map(|&(auction, num, start, end)| Row::Hot {
-                        auction,
-                        num,
-                        start,
-                        end,
-                    }),
-            );
-        })
-        .flat_map(on_time)
-        .name("on_time")
+        .process_function(MostBids)
+        .name("most_bids")
+}
+
+/// Stage two of q5, keyed by window start: the auctions with the most
+/// bids in the window (the count in the state, the auctions in the
+/// buffer), emitted when the window is complete.
+#[derive(Clone)]
+struct MostBids;
+
+impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
+    type State = Option<u64>;
+    type Buffered = u64;
+    fn process(
+        &mut self,
+        (auction, num, _, end): Counted,
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, i64, Row, u64>,
+    ) {
+        match *best {
+            Some(m) if num < m => {}
+            Some(m) if num == m => ctx.buffer_push(&auction),
+            _ => {
+                ctx.buffer_clear();
+                *best = Some(num);
+                ctx.buffer_push(&auction);
+            }
+        }
+        ctx.register_event_timer(end - 1);
+    }
+    fn on_timer(&mut self, time: i64, _: TimeDomain, best: &mut Option<u64>, ctx: &mut TimerContext<'_, i64, Row, u64>) {
+        if let Some(num) = *best {
+            let (start, end) = (*ctx.key(), time + 1);
+            let mut rows = Vec::new();
+            ctx.buffer_for_each(|auction| rows.push(Row::Hot { auction, num, start, end }));
+            rows.into_iter().for_each(|r| ctx.emit(r));
+        }
+        ctx.clear_state();
+    }
 }
 
 /// A bid of q7: `(auction, bidder, dateTime)`.
@@ -659,7 +679,47 @@ fn q7(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
 /// q8's input: a person `(id, name, dateTime)` or an auction `(seller, dateTime)`.
 type Q8In = Either<(u64, Arc<str>, i64), (u64, i64)>;
 
+/// Per (person, tumbling window): the person's name once they registered
+/// in it, whether they opened an auction in it, and whether the row went
+/// out. The row goes out as soon as both happened; the state goes when
+/// the window is complete.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+struct NewUser {
+    name: Option<Arc<str>>,
+    opened: bool,
+    emitted: bool,
+}
+
+#[derive(Clone)]
+struct NewUsers;
+
+impl KeyedProcessFunction<(u64, i64), Q8In, Row> for NewUsers {
+    type State = NewUser;
+    type Buffered = ();
+    fn process(&mut self, e: Q8In, st: &mut NewUser, ctx: &mut TimerContext<'_, (u64, i64), Row>) {
+        let (id, start) = *ctx.key();
+        check_on_time(start, ctx.watermark());
+        match e {
+            Either::Left((_, name, _)) => st.name = Some(name),
+            Either::Right(_) => st.opened = true,
+        }
+        if let (Some(name), true, false) = (&st.name, st.opened, st.emitted) {
+            ctx.emit(Row::NewUser {
+                id,
+                name: name.clone(),
+                start,
+            });
+            st.emitted = true;
+        }
+        ctx.register_event_timer(start + WINDOW_MS - 1);
+    }
+    fn on_timer(&mut self, _: i64, _: TimeDomain, _: &mut NewUser, ctx: &mut TimerContext<'_, (u64, i64), Row>) {
+        ctx.clear_state();
+    }
+}
+
 fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
+    let window = |ts: i64| ts - ts.rem_euclid(WINDOW_MS);
     events
         .flat_map(|e: Event| match e {
             Event::Person(p) => Some(Either::Left((p.id, p.name, p.date_time))),
@@ -667,29 +727,11 @@ fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
             Event::Bid(_) => None,
         })
         .name("project")
-        .key_by(|e: &Q8In| match e {
-            Either::Left(p) => p.0,
-            Either::Right(a) => a.0,
+        .key_by(move |e: &Q8In| match e {
+            Either::Left(p) => (p.0, window(p.2)),
+            Either::Right(a) => (a.0, window(a.1)),
         })
         .parallelism(parallelism)
-        .window(Windows::tumbling(WINDOW_MS), |e: &Q8In| match e {
-            Either::Left(p) => p.2,
-            Either::Right(a) => a.1,
-        })
-        .process(|id: &u64, w: Window, records: &[Q8In], out: &mut Vec<Row>| {
-            let opened = records.iter().any(|r| matches!(r, Either::Right(_)));
-            let person = records.iter().find_map(|r| match r {
-                Either::Left(p) => Some(p),
-                Either::Right(_) => None,
-            });
-            if let (true, Some(p)) = (opened, person) {
-                out.push(Row::NewUser {
-                    id: *id,
-                    name: p.1.clone(),
-                    start: w.start,
-                });
-            }
-        })
-        .flat_map(on_time)
-        .name("on_time")
+        .process_function(NewUsers)
+        .name("new_users")
 }
