@@ -33,7 +33,7 @@ pub enum Kind {
     NexmarkQ6,
     /// Nexmark q7 (highest bid: tumbling windows).
     NexmarkQ7,
-    /// Nexmark q8 (monitor new users: window join).
+    /// Nexmark q8 (monitor new users: person and auction in one window).
     NexmarkQ8,
 }
 

@@ -62,7 +62,8 @@ pub struct NexmarkArgs {
     /// Time between checkpoints, milliseconds.
     #[arg(long, default_value_t = 1_000)]
     pub checkpoint_interval_ms: u64,
-    /// Checkpoint folder [default: DIR/.qN-checkpoints, removed after success].
+    /// Checkpoint folder [default: DIR/.qN-checkpoints]; removed after
+    /// success (the output is final then, and a new run starts afresh).
     #[arg(long)]
     pub checkpoint_dir: Option<PathBuf>,
     /// Parallelism of the keyed operators.
@@ -123,7 +124,6 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
     let out_dir = &args.output;
     std::fs::create_dir_all(out_dir).map_err(io_err(out_dir))?;
     let staging = out_dir.join(format!(".{}-parts", q.name()));
-    let default_ckpt = args.checkpoint_dir.is_none();
     let ckpt_dir = args
         .checkpoint_dir
         .clone()
@@ -174,7 +174,7 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
     let n = assemble(q, &staging, out_dir)?;
     rows.store(n, Ordering::Relaxed);
     std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;
-    if default_ckpt && ckpt_dir.exists() {
+    if ckpt_dir.exists() {
         std::fs::remove_dir_all(&ckpt_dir).map_err(io_err(&ckpt_dir))?;
     }
     let ck = &result.metrics.checkpoints;

@@ -12,11 +12,11 @@
 //! | q1 | every bid, price × 0.908 | `flat_map` |
 //! | q2 | bids on auctions `id % 123 == 0` | `flat_map` |
 //! | q3 | category-10 auctions with their seller in OR, ID, CA | unwindowed `inner_join` |
-//! | q4 | average closing price per category | co-process with timers, then keyed aggregate to end of input |
-//! | q5 | most-bid auctions per sliding window (10 s / 2 s) | sliding window count, then per-window max |
+//! | q4 | average closing price per category | keyed process function over auctions and bids (`Either`) with timers and a buffer, then per-category sums to end of input |
+//! | q5 | most-bid auctions per sliding window (10 s / 2 s) | sliding window count, then per-window top counts (process function) |
 //! | q6 | average of each seller's last 10 closing prices | as q4, per seller |
-//! | q7 | highest bids per tumbling 10 s window | tumbling window max per auction, then per-window max |
-//! | q8 | people who opened an auction in their registration window | tumbling window over both inputs |
+//! | q7 | highest bids per tumbling 10 s window | top bids per (auction, window), then per window (process functions) |
+//! | q8 | people who opened an auction in their registration window | process function keyed by (person, window) over persons and auctions |
 
 use std::io::Write;
 use std::sync::Arc;
@@ -542,11 +542,24 @@ impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
         }
         ctx.register_event_timer(end - 1);
     }
-    fn on_timer(&mut self, time: i64, _: TimeDomain, best: &mut Option<u64>, ctx: &mut TimerContext<'_, i64, Row, u64>) {
+    fn on_timer(
+        &mut self,
+        time: i64,
+        _: TimeDomain,
+        best: &mut Option<u64>,
+        ctx: &mut TimerContext<'_, i64, Row, u64>,
+    ) {
         if let Some(num) = *best {
             let (start, end) = (*ctx.key(), time + 1);
             let mut rows = Vec::new();
-            ctx.buffer_for_each(|auction| rows.push(Row::Hot { auction, num, start, end }));
+            ctx.buffer_for_each(|auction| {
+                rows.push(Row::Hot {
+                    auction,
+                    num,
+                    start,
+                    end,
+                })
+            });
             rows.into_iter().for_each(|r| ctx.emit(r));
         }
         ctx.clear_state();
