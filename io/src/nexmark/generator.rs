@@ -544,25 +544,27 @@ impl NexmarkGenerator {
 /// [`NexmarkConfig::timestamp`] of `first, first + stride, ...` in turn.
 struct Clock {
     base: i64,
-    rate: u128,
-    /// `n * 1000 = quotient * rate + remainder` for the next n.
-    quotient: u128,
-    remainder: u128,
-    step_quotient: u128,
-    step_remainder: u128,
+    rate: u64,
+    /// `n * 1000 = quotient * rate + remainder` for the next n (the
+    /// quotient saturating, where the time saturates anyway).
+    quotient: u64,
+    remainder: u64,
+    step_quotient: u64,
+    step_remainder: u64,
 }
 
 impl Clock {
     fn new(cfg: &NexmarkConfig, first: u64, stride: u64) -> Self {
         let rate = u128::from(cfg.events_per_second);
         let (start, step) = (u128::from(first) * 1000, u128::from(stride) * 1000);
+        let saturate = |q: u128| u64::try_from(q).unwrap_or(u64::MAX);
         Clock {
             base: cfg.base_time_ms,
-            rate,
-            quotient: start / rate,
-            remainder: start % rate,
-            step_quotient: step / rate,
-            step_remainder: step % rate,
+            rate: cfg.events_per_second,
+            quotient: saturate(start / rate),
+            remainder: (start % rate) as u64,
+            step_quotient: saturate(step / rate),
+            step_remainder: (step % rate) as u64,
         }
     }
 
@@ -572,12 +574,17 @@ impl Clock {
         let ts = self
             .base
             .saturating_add(i64::try_from(self.quotient).unwrap_or(i64::MAX));
-        self.quotient += self.step_quotient;
-        self.remainder += self.step_remainder;
-        if self.remainder >= self.rate {
-            self.remainder -= self.rate;
-            self.quotient += 1;
-        }
+        // remainder + step_remainder >= rate, without overflow.
+        let carry = self.remainder >= self.rate - self.step_remainder;
+        self.remainder = if carry {
+            self.remainder - (self.rate - self.step_remainder)
+        } else {
+            self.remainder + self.step_remainder
+        };
+        self.quotient = self
+            .quotient
+            .saturating_add(self.step_quotient)
+            .saturating_add(u64::from(carry));
         ts
     }
 }
@@ -643,7 +650,7 @@ fn cold_auction(cfg: &NexmarkConfig, bits: u32, n: u64) -> u64 {
     first + ((u64::from(bits) * (last - first + 1)) >> 32)
 }
 
-#[inline]
+#[inline(never)]
 fn person(pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> Person {
     let (name, email) = r.pair();
     let (card, city) = r.pair();
@@ -660,7 +667,7 @@ fn person(pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> Person {
     }
 }
 
-#[inline]
+#[inline(never)]
 fn auction(cfg: &NexmarkConfig, pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> Auction {
     let (hot, cold) = r.pair();
     let seller = if below32(hot, cfg.hot_sellers_ratio) > 0 {
@@ -693,9 +700,7 @@ fn auction(cfg: &NexmarkConfig, pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> 
 
 #[inline]
 fn bid(cfg: &NexmarkConfig, pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> Bid {
-    // The channel comes from the first draw, so that a batch can find it
-    // ahead of time ([`cold_channel`]).
-    let (channel, url) = match channel_choice(r) {
+    let (channel, url) = match channel_choice(r.0) {
         Channel::Hot(i) => &pools.hot_channels[i],
         Channel::Cold(k) => &pools.channels[k],
     };
@@ -731,10 +736,12 @@ enum Channel {
     Cold(usize),
 }
 
-/// The first draw of a bid: its channel.
+/// A bid's channel, from the word that seeds its random stream (itself a
+/// SplitMix64 output, independent of the stream's draws for all practical
+/// purposes): so a batch finds it ahead of time with one mix.
 #[inline]
-fn channel_choice(r: &mut Rng) -> Channel {
-    let (hot, which) = r.pair();
+fn channel_choice(seed_word: u64) -> Channel {
+    let (hot, which) = (seed_word as u32, (seed_word >> 32) as u32);
     if below32(hot, HOT_CHANNELS_RATIO) > 0 {
         Channel::Hot(below32(which, HOT_CHANNELS.len() as u32) as usize)
     } else {
@@ -748,7 +755,7 @@ fn cold_channel(seed_mix: u64, n: u64) -> Option<usize> {
     if event_kind(n) != EventKind::Bid {
         return None;
     }
-    match channel_choice(&mut Rng::new(seed_mix, n)) {
+    match channel_choice(Rng::new(seed_mix, n).0) {
         Channel::Cold(k) => Some(k),
         Channel::Hot(_) => None,
     }
@@ -953,7 +960,17 @@ mod tests {
                 ..cfg(rate)
             })
             .unwrap();
-            for (first, stride, count) in [(0, 1, 2000), (5, 3, 700), (1 << 40, 7, 100), (17, 2, 9), (0, 1, 0)] {
+            for (first, stride, count) in [
+                (0, 1, 2000),
+                (5, 3, 700),
+                (1 << 40, 7, 100),
+                (17, 2, 9),
+                (0, 1, 0),
+                // n * 1000 overflows u64 from the 6th event on.
+                (u64::MAX / 1000 - 5, 1, 20),
+                (u64::MAX - 100, 2, 50),
+                (0, u64::MAX / 40, 30),
+            ] {
                 let mut batch = vec![g.event(999)];
                 g.events_into(first, stride, count, &mut batch);
                 let expected: Vec<Event> = std::iter::once(g.event(999))

@@ -597,7 +597,7 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
-    use crate::nexmark::generator::event;
+    use crate::nexmark::generator::{event, NexmarkGenerator};
 
     fn line_of(e: &Event) -> String {
         let mut out = Vec::new();
@@ -931,5 +931,44 @@ mod tests {
             prop_assert_eq!(line.matches('\n').count(), 1, "{}", line);
             prop_assert_eq!(parse_event(line.as_bytes()).unwrap(), e);
         }
+    }
+
+    /// Release-mode speed of writing and parsing event lines:
+    /// `cargo test --release -p weir-io nexmark_json_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "timing; run by hand in release mode"]
+    fn nexmark_json_speed() {
+        let g = NexmarkGenerator::new(NexmarkConfig::default()).unwrap();
+        let n = 2_000_000;
+        let mut events = Vec::with_capacity(n);
+        g.events_into(0, 1, n, &mut events);
+        let start = std::time::Instant::now();
+        let mut text = Vec::with_capacity(n * 200);
+        for e in &events {
+            write_event(e, &mut text);
+        }
+        let wrote = start.elapsed().as_secs_f64();
+        // Parsed events are checked and dropped at once, as a source's
+        // consumer would.
+        let start = std::time::Instant::now();
+        let mut lines = 0;
+        for (line, expected) in text.split(|&b| b == b'\n').zip(&events) {
+            assert!(parse_event(line).unwrap() == *expected);
+            lines += 1;
+        }
+        let read = start.elapsed().as_secs_f64();
+        assert_eq!(lines, n);
+        let start = std::time::Instant::now();
+        let _ = NexmarkGenerator::new(NexmarkConfig::default()).unwrap();
+        let pools = start.elapsed().as_secs_f64();
+        println!(
+            "nexmark JSON: {n} events, {:.0} bytes/event; write {:.2} M events/s ({:.0} MB/s), parse {:.2} M events/s ({:.0} MB/s); a generator's pools take {:.1} ms",
+            text.len() as f64 / n as f64,
+            n as f64 / wrote / 1e6,
+            text.len() as f64 / wrote / 1e6,
+            n as f64 / read / 1e6,
+            text.len() as f64 / read / 1e6,
+            pools * 1e3,
+        );
     }
 }
