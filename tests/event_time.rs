@@ -370,6 +370,49 @@ fn late_records_reach_the_side_output_and_lateness_refires() {
     );
 }
 
+/// Sliding windows kept in panes: a late record within the allowed
+/// lateness fires again every complete window holding it, and a record past
+/// it goes to the side output.
+#[test]
+fn sliding_panes_refire_late_records_and_route_later_ones_aside() {
+    // Sliding 10 ms every 5 ms, lateness 5 ms; watermark = newest - 1.
+    let items = Arc::new(vec![(1u64, 5i64, 1u64), (1, 15, 2), (1, 7, 3), (1, 30, 4), (1, 3, 5)]);
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let p = Pipeline::new("late-sliding");
+    p.source("in", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
+        .assign_watermarks(WatermarkStrategy::ascending(|e: &Ev| e.1))
+        .key_by(|e: &Ev| e.0)
+        .window(Windows::sliding(10, 5), |e: &Ev| e.1)
+        .allowed_lateness_ms(5)
+        .aggregate(CountSum, |_: &u64, w, (c, _)| (w.start, c))
+        .sink("collect", move |_| CollectSink::new(o.clone()));
+    let config = RuntimeConfig {
+        batch_size: 1,
+        ..RuntimeConfig::default()
+    };
+    p.run(config).unwrap().join().unwrap();
+    let got = out.lock().unwrap().clone();
+    assert_eq!(
+        got,
+        vec![
+            // ts 15 (watermark 14) completes [0, 10) and [5, 15).
+            Windowed::Result((0, 1)),
+            Windowed::Result((5, 1)),
+            // ts 7: [0, 10) is past its lateness, [5, 15) is not.
+            Windowed::Result((5, 2)),
+            // ts 30 (watermark 29) completes [10, 20) and [15, 25).
+            Windowed::Result((10, 1)),
+            Windowed::Result((15, 1)),
+            // ts 3: every window holding it is past its lateness.
+            Windowed::Late((1, 3, 5)),
+            // End of input.
+            Windowed::Result((25, 1)),
+            Windowed::Result((30, 1)),
+        ]
+    );
+}
+
 /// Per key, a running sum emitted by an event-time timer 50 ms after each
 /// key's first record: timers survive recovery and fire exactly once.
 #[derive(Clone)]

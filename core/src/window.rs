@@ -260,6 +260,8 @@ trait WindowBody<K, T, O>: Send {
     fn add(&mut self, key: &K, w: Window, record: &T) -> Result<(), BoxError>;
     fn merge_into(&mut self, key: &K, from: Window, into: Window) -> Result<(), BoxError>;
     fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>);
+    /// Emits window `w` made of the contents of `panes`.
+    fn emit_panes(&mut self, key: &K, panes: &[Window], w: Window, out: &mut Vec<Windowed<O, T>>);
     fn clear(&mut self, key: &K, w: Window);
     fn store(&mut self) -> &mut dyn Snapshottable;
     fn restore(&mut self, opts: StoreOptions, root: &Path, handles: &[StateHandle]) -> Result<(), BoxError>;
@@ -302,6 +304,20 @@ where
     }
     fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>) {
         if let Some(acc) = self.store.get(key, &w.key()) {
+            out.push(Windowed::Result((self.result)(key, w, self.agg.result(&acc))));
+        }
+    }
+    fn emit_panes(&mut self, key: &K, panes: &[Window], w: Window, out: &mut Vec<Windowed<O, T>>) {
+        let mut acc: Option<A::Acc> = None;
+        for p in panes {
+            if let Some(a) = self.store.get(key, &p.key()) {
+                match &mut acc {
+                    Some(total) => self.agg.merge(total, a),
+                    None => acc = Some(a),
+                }
+            }
+        }
+        if let Some(acc) = acc {
             out.push(Windowed::Result((self.result)(key, w, self.agg.result(&acc))));
         }
     }
@@ -368,7 +384,17 @@ where
         Ok(())
     }
     fn emit(&mut self, key: &K, w: Window, out: &mut Vec<Windowed<O, T>>) {
-        self.entries_of(key, w);
+        self.emit_panes(key, &[w], w, out);
+    }
+    fn emit_panes(&mut self, key: &K, panes: &[Window], w: Window, out: &mut Vec<Windowed<O, T>>) {
+        self.scratch.clear();
+        let scratch = &mut self.scratch;
+        self.store.user_keys_in(key, |&(s, (e, seq))| {
+            if panes.iter().any(|p| p.start == s && p.end == e) {
+                scratch.push((seq, (s, (e, seq))));
+            }
+        });
+        self.scratch.sort_unstable_by_key(|&(seq, _)| seq);
         self.records.clear();
         for (_, uk) in &self.scratch {
             if let Some(v) = self.store.get(key, uk) {
@@ -420,6 +446,15 @@ struct WindowOperator<T, K, O, KF, TF, B> {
     meta_opts: StoreOptions,
     body: B,
     body_opts: StoreOptions,
+    /// Sliding windows whose size is a multiple of the slide keep their
+    /// contents in panes of one slide (`(size, slide)`): a record updates
+    /// one pane instead of `size / slide` windows, and a window's result
+    /// merges its panes when it fires.
+    panes: Option<(i64, i64)>,
+    /// Pane mode: per key, the end of the latest window fired, so that a
+    /// restore does not fire it again while its panes are still kept.
+    fired_until: MapStore<K, u8, i64, PodCodec>,
+    fired_opts: StoreOptions,
     queue: BTreeMap<i64, Vec<(K, Window, Due)>>,
     watermark: i64,
     lifecycle: StoreLifecycle,
@@ -473,7 +508,85 @@ where
         Ok(())
     }
 
+    /// Pane mode: schedules the windows over `pane` not fired yet, and the
+    /// pane's cleanup.
+    fn schedule_pane(&mut self, key: &K, pane: Window, fired_until: i64) {
+        let Some((size, slide)) = self.panes else { return };
+        let mut end = pane.end;
+        while end <= pane.start.saturating_add(size) {
+            if end > fired_until {
+                let w = Window { start: end - size, end };
+                self.queue
+                    .entry(w.max_timestamp())
+                    .or_default()
+                    .push((key.clone(), w, Due::Fire));
+            }
+            end += slide;
+        }
+        let last = pane.start.saturating_add(size) - 1;
+        self.queue
+            .entry(last.saturating_add(self.lateness))
+            .or_default()
+            .push((key.clone(), pane, Due::Cleanup));
+    }
+
+    /// Pane mode: emits window `w` of `key` from its panes.
+    fn fire_panes(&mut self, key: &K, w: Window) -> Result<(), BoxError> {
+        let mut panes = Vec::new();
+        self.meta.user_keys_in(key, |&pk| {
+            let p = Window::from_key(pk);
+            if p.start >= w.start && p.end <= w.end {
+                panes.push(p);
+            }
+        });
+        self.body.emit_panes(key, &panes, w, &mut self.out);
+        let until = self.fired_until.get(key, &0).unwrap_or(i64::MIN);
+        if w.end > until {
+            self.fired_until.put(key, &0, &w.end)?;
+        }
+        Ok(())
+    }
+
+    fn add_to_pane(&mut self, key: K, record: T, ts: i64) -> Result<(), BoxError> {
+        let (size, slide) = self.panes.expect("pane mode");
+        let start = ts - ts.rem_euclid(slide);
+        let pane = Window {
+            start,
+            end: start.saturating_add(slide),
+        };
+        // The last window holding the record ends at `start + size`.
+        let last = Window {
+            start,
+            end: start.saturating_add(size),
+        };
+        if self.is_late(&last) {
+            self.out.push(Windowed::Late(record));
+            return Ok(());
+        }
+        if self.meta.get(&key, &pane.key()).is_none() {
+            self.meta.put(&key, &pane.key(), &0)?;
+            let until = self.fired_until.get(&key, &0).unwrap_or(i64::MIN);
+            self.schedule_pane(&key, pane, until);
+        }
+        self.body.add(&key, pane, &record)?;
+        if self.watermark >= pane.max_timestamp() {
+            // Late but within the allowed lateness: fire again every window
+            // holding the record that is already complete.
+            let mut end = pane.end;
+            while end <= last.end && end - 1 <= self.watermark {
+                if !self.is_late(&Window { start: end - size, end }) {
+                    self.fire_panes(&key, Window { start: end - size, end })?;
+                }
+                end += slide;
+            }
+        }
+        Ok(())
+    }
+
     fn add_record(&mut self, key: K, record: T, ts: i64) -> Result<(), BoxError> {
+        if self.panes.is_some() {
+            return self.add_to_pane(key, record, ts);
+        }
         self.assigned.clear();
         self.windows.assign(ts, &mut self.assigned);
         if let Windows::Session { .. } = self.windows {
@@ -537,7 +650,12 @@ where
             if *entry.key() > wm {
                 break;
             }
-            for (key, w, due) in entry.remove() {
+            let due_now = entry.remove();
+            if self.panes.is_some() {
+                self.advance_panes(due_now)?;
+                continue;
+            }
+            for (key, w, due) in due_now {
                 match (due, self.meta.get(&key, &w.key())) {
                     (Due::Fire, Some(0)) => self.fire(&key, w)?,
                     (Due::Cleanup, Some(_)) => {
@@ -547,6 +665,35 @@ where
                     // Merged away, cleared, or fired already.
                     _ => {}
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pane mode: fires the due windows (each once, though several of its
+    /// panes scheduled it), then drops the panes no window needs any more.
+    fn advance_panes(&mut self, due: Vec<(K, Window, Due)>) -> Result<(), BoxError> {
+        let mut fired: rustc_hash::FxHashSet<(K, i64)> = rustc_hash::FxHashSet::default();
+        for (key, w, d) in &due {
+            if *d != Due::Fire {
+                continue;
+            }
+            let until = self.fired_until.get(key, &0).unwrap_or(i64::MIN);
+            if w.end <= until || !fired.insert((key.clone(), w.end)) {
+                continue;
+            }
+            self.fire_panes(key, *w)?;
+        }
+        for (key, pane, d) in due {
+            if d != Due::Cleanup || self.meta.get(&key, &pane.key()).is_none() {
+                continue;
+            }
+            self.body.clear(&key, pane);
+            self.meta.remove(&key, &pane.key());
+            let mut any = false;
+            self.meta.user_keys_in(&key, |_| any = true);
+            if !any {
+                self.fired_until.remove(&key, &0);
             }
         }
         Ok(())
@@ -574,28 +721,34 @@ where
     crate::collector::forward_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
-        let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.meta, self.body.store()];
+        let mut stores: [&mut dyn Snapshottable; 3] = [&mut self.meta, self.body.store(), &mut self.fired_until];
         self.lifecycle.barrier(&mut stores, barrier.id, self.op, snap);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.meta, self.body.store()];
+        let mut stores: [&mut dyn Snapshottable; 3] = [&mut self.meta, self.body.store(), &mut self.fired_until];
         self.lifecycle.notify(&mut stores, notice);
         self.next.notify(notice, ctx)
     }
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let root = crate::stores::checkpoint_root(ctx, "window state")?;
-        let handles = StoreLifecycle::handles(r, self.op, 2)?;
+        let handles = StoreLifecycle::handles(r, self.op, 3)?;
         self.meta = MapStore::restore(restore_options(&self.meta_opts, r), &root, &handles[0])?;
         self.body
             .restore(restore_options(&self.body_opts, r), &root, &handles[1])?;
+        self.fired_until = MapStore::restore(restore_options(&self.fired_opts, r), &root, &handles[2])?;
         self.queue.clear();
         let mut windows = Vec::new();
         self.meta
             .for_each(|k, &wk, fired| windows.push((k.clone(), Window::from_key(wk), fired)));
         for (k, w, fired) in windows {
-            self.schedule(&k, w, fired != 0);
+            if self.panes.is_some() {
+                let until = self.fired_until.get(&k, &0).unwrap_or(i64::MIN);
+                self.schedule_pane(&k, w, until);
+            } else {
+                self.schedule(&k, w, fired != 0);
+            }
         }
         self.next.restore(r, ctx)
     }
@@ -781,6 +934,7 @@ where
             let inputs = ctx.inputs_from::<T>(&edges, j);
             let meta_opts = store_options(ctx, j, q, 0)?;
             let body_opts = store_options(ctx, j, q, value_bytes)?;
+            let fired_opts = store_options(ctx, j, q, 0)?;
             let op = WindowOperator {
                 key_fn: key_fn.clone(),
                 ts_fn: ts_fn.clone(),
@@ -790,6 +944,12 @@ where
                 meta_opts,
                 body: make_body(body_opts.clone())?,
                 body_opts,
+                panes: match windows {
+                    Windows::Sliding { size_ms, slide_ms } if size_ms % slide_ms == 0 => Some((size_ms, slide_ms)),
+                    _ => None,
+                },
+                fired_until: MapStore::create(fired_opts.clone())?,
+                fired_opts,
                 queue: BTreeMap::new(),
                 watermark: MIN_WATERMARK,
                 lifecycle: StoreLifecycle::default(),
