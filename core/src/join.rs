@@ -225,7 +225,7 @@ where
             Either::Left(a) => self.left.put(&key, &(ts, seq), &a),
             Either::Right(b) => self.right.put(&key, &(ts, seq), &b),
         }
-        .map_err(|e| format!("{e} (a joined record may take at most DEFAULT_MAX_RECORD_BYTES = {DEFAULT_MAX_RECORD_BYTES} encoded bytes)"))?;
+        .map_err(|e| format!("{e} (raise the join's KeyedStream::max_record_bytes)"))?;
         if let Some(e) = expires {
             self.expiry.entry(e).or_default().push((key, is_left, (ts, seq)));
         }
@@ -319,7 +319,7 @@ where
 }
 
 /// Default room for one encoded record kept by a join.
-pub const DEFAULT_MAX_RECORD_BYTES: usize = 512;
+pub const DEFAULT_MAX_RECORD_BYTES: usize = 128;
 
 impl<A, B, K, KF> KeyedStream<Either<A, B>, K, KF>
 where
@@ -415,14 +415,12 @@ where
         TB: Fn(&B) -> i64 + Clone + Send + 'static,
         F: FnMut(&A, &B) -> O + Clone + Send + 'static,
     {
+        let bytes = self.record_bytes.unwrap_or(DEFAULT_MAX_RECORD_BYTES);
         let (graph, p, q, key_fn, edges) = self.exchange(name);
         let edges_in = edges.clone();
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.inputs_from::<Either<A, B>>(&edges, j);
-            let opts = [
-                store_options(ctx, j, q, DEFAULT_MAX_RECORD_BYTES)?,
-                store_options(ctx, j, q, DEFAULT_MAX_RECORD_BYTES)?,
-            ];
+            let opts = [store_options(ctx, j, q, bytes)?, store_options(ctx, j, q, bytes)?];
             let op = JoinOperator {
                 kind,
                 key_fn: key_fn.clone(),

@@ -650,6 +650,7 @@ impl<T: Send + 'static> Stream<T> {
         KeyedStream {
             upstream: self,
             others: Vec::new(),
+            record_bytes: None,
             key_fn,
             parallelism,
             _k: std::marker::PhantomData,
@@ -716,6 +717,8 @@ pub struct KeyedStream<T, K, KF> {
     /// More streams partitioned by the same key into the same operator
     /// (the second input of a connected pair).
     others: Vec<Stream<T>>,
+    /// Room for one encoded record kept by a join ([`KeyedStream::max_record_bytes`]).
+    pub(crate) record_bytes: Option<usize>,
     key_fn: KF,
     parallelism: usize,
     _k: std::marker::PhantomData<fn() -> K>,
@@ -745,10 +748,25 @@ where
         KeyedStream {
             upstream,
             others,
+            record_bytes: None,
             key_fn,
             parallelism,
             _k: std::marker::PhantomData,
         }
+    }
+
+    /// Room for one encoded record kept in the state of a join (default
+    /// [`crate::join::DEFAULT_MAX_RECORD_BYTES`]); a larger record fails the
+    /// job with a clear error. Each kept record takes a slot of this size.
+    pub fn max_record_bytes(mut self, bytes: usize) -> Self {
+        if bytes == 0 || bytes > crate::state::MAX_VALUE_LEN {
+            self.record_error(format!(
+                "max_record_bytes = {bytes}: must be between 1 and {}",
+                crate::state::MAX_VALUE_LEN
+            ));
+        }
+        self.record_bytes = Some(bytes);
+        self
     }
 
     /// Records a build-time error, reported by [`Pipeline::run`].

@@ -800,6 +800,22 @@ impl<T: Data> Task for InputTask<T> {
                                 }
                             }
                         }
+                        Message::Watermark(wm) => {
+                            // In order with the data: hand on the records
+                            // before it, then the watermark, and read on.
+                            if !self.batch.is_empty() {
+                                ctx.records_in += self.batch.len() as u64;
+                                self.chain.collect(&mut self.batch, ctx)?;
+                                self.batch.clear();
+                            }
+                            match self.watermarks.on_watermark(i, wm) {
+                                WatermarkUpdate::None => {}
+                                WatermarkUpdate::Advance(w) | WatermarkUpdate::Active(w) => {
+                                    self.chain.watermark(w, ctx)?
+                                }
+                                WatermarkUpdate::Idle => self.chain.watermark(IDLE, ctx)?,
+                            }
+                        }
                         other => {
                             // Stop here: what follows the control message
                             // stays in the ring (an aligned input may block).
@@ -834,11 +850,7 @@ impl<T: Data> Task for InputTask<T> {
                     self.finish_recording_if_done(ctx);
                 }
                 Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
-                Some(Message::Watermark(wm)) => {
-                    let update = self.watermarks.on_watermark(i, wm);
-                    self.forward_watermark(update, ctx)?;
-                }
-                Some(Message::Data(_)) | None => {}
+                Some(Message::Watermark(_)) | Some(Message::Data(_)) | None => {}
             }
             if budget == 0 {
                 break;

@@ -276,7 +276,7 @@ pub fn bench_pipeline(q: Query, events: u64, seed: u64, parallelism: usize, tota
         .source("nexmark", parallelism, move |i, n| {
             NexmarkSource::new(cfg, Some(events), i, n).expect("the generator settings are valid")
         })
-        .assign_watermarks(WatermarkStrategy::ascending(|e: &Event| e.date_time()));
+        .assign_watermarks(WatermarkStrategy::ascending(|e: &Event| e.date_time()).periodic_ms(10));
     queries::build(q, stream, parallelism).sink("count", move |_| RowCount::new(total.clone()));
     pipeline
 }

@@ -344,8 +344,10 @@ struct Closing;
 
 impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing {
     type State = Bidding;
+    const MAX_STATE_BYTES: usize = 64;
     /// `(dateTime, price)` of a bid that came before its auction.
     type Buffered = (i64, u64);
+    const MAX_BUFFERED_BYTES: usize = 64;
 
     fn process(
         &mut self,
@@ -438,6 +440,7 @@ struct Average;
 
 impl KeyedProcessFunction<u64, Closed, Row> for Average {
     type State = (u64, u64);
+    const MAX_STATE_BYTES: usize = 64;
     type Buffered = ();
     fn process(&mut self, c: Closed, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
         st.0 += c.price;
@@ -524,7 +527,9 @@ struct MostBids;
 
 impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
     type State = Option<u64>;
+    const MAX_STATE_BYTES: usize = 64;
     type Buffered = u64;
+    const MAX_BUFFERED_BYTES: usize = 64;
     fn process(
         &mut self,
         (auction, num, _, end): Counted,
@@ -601,7 +606,9 @@ struct TopOfAuction;
 
 impl KeyedProcessFunction<(u64, i64), (u64, u64, u64, i64), Top> for TopOfAuction {
     type State = Option<u64>;
+    const MAX_STATE_BYTES: usize = 64;
     type Buffered = BidRef;
+    const MAX_BUFFERED_BYTES: usize = 64;
     fn process(
         &mut self,
         (auction, bidder, price, ts): (u64, u64, u64, i64),
@@ -636,7 +643,9 @@ struct TopOfWindow;
 
 impl KeyedProcessFunction<i64, Top, Row> for TopOfWindow {
     type State = Option<u64>;
+    const MAX_STATE_BYTES: usize = 64;
     type Buffered = BidRef;
+    const MAX_BUFFERED_BYTES: usize = 64;
     fn process(
         &mut self,
         (start, price, bids): Top,
@@ -708,6 +717,7 @@ struct NewUsers;
 
 impl KeyedProcessFunction<(u64, i64), Q8In, Row> for NewUsers {
     type State = NewUser;
+    const MAX_STATE_BYTES: usize = 64;
     type Buffered = ();
     fn process(&mut self, e: Q8In, st: &mut NewUser, ctx: &mut TimerContext<'_, (u64, i64), Row>) {
         let (id, start) = *ctx.key();
