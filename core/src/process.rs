@@ -210,10 +210,11 @@ impl<K, O, B> TimerContext<'_, K, O, B> {
 /// ```
 pub trait KeyedProcessFunction<K, T, O>: Clone + Send + 'static {
     /// The state of one key: created by `Default` on first use, encoded
-    /// with serde into the memory-mapped backend after every call. Keep it
+    /// with serde into the memory-mapped backend after every call that
+    /// changed it (compared with `PartialEq`). Keep it
     /// small (a slot holds [`Self::MAX_STATE_BYTES`]); put collections that
     /// grow in the buffer.
-    type State: Data + Default;
+    type State: Data + Default + Clone + PartialEq;
 
     /// The values of the per-key buffer (`()` if unused): an append-only
     /// list per key in the memory-mapped backend, each value its own entry
@@ -275,6 +276,9 @@ where
         let store = self.state.as_mut().expect("the store exists from construction to drop");
         let buffers = self.buffers.as_mut().expect("buffers exist from construction to drop");
         let mut st = store.get(key, &0).unwrap_or_default();
+        // Kept to skip the write-back when the call changed nothing: most
+        // records of many functions only read their key's state.
+        let before = st.clone();
         let mut ctx = TimerContext {
             key,
             watermark: self.watermark,
@@ -295,7 +299,7 @@ where
         if clear {
             store.remove(key, &0);
             buffers.store.clear(key);
-        } else {
+        } else if st != before {
             store.put(key, &0, &st).map_err(|e| {
                 format!(
                     "{e} (a key's state may take at most {} bytes: raise KeyedProcessFunction::MAX_STATE_BYTES)",
