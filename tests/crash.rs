@@ -76,7 +76,7 @@ fn weir(args: &[String]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
     c.args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .env("WEIR_LOG", "warn");
     c
 }
@@ -105,7 +105,7 @@ fn run_with_kills(args: &[String], kills: usize, rng: &mut Rng) -> usize {
             }
             match exited {
                 Some(status) => {
-                    assert!(status.success(), "weir run failed: {status}");
+                    assert!(status.success(), "weir run failed: {status}: {}", stderr_of(&mut child));
                     return landed;
                 }
                 None => {
@@ -116,10 +116,25 @@ fn run_with_kills(args: &[String], kills: usize, rng: &mut Rng) -> usize {
                 }
             }
         }
-        let status = child.wait().unwrap();
-        assert!(status.success(), "weir run failed after {landed} kills: {status}");
+        let out = child.wait_with_output().unwrap();
+        assert!(
+            out.status.success(),
+            "weir run failed after {landed} kills: {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
         return landed;
     }
+}
+
+/// What an exited child wrote to stderr (it logs warnings only).
+fn stderr_of(child: &mut std::process::Child) -> String {
+    use std::io::Read;
+    let mut s = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut s);
+    }
+    s
 }
 
 fn check(values: &HashMap<String, Vec<i64>>, rows: &[(String, u64, i64)], exactly_once: bool) {

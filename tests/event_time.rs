@@ -413,6 +413,99 @@ fn sliding_panes_refire_late_records_and_route_later_ones_aside() {
     );
 }
 
+/// A source subtask with nothing to emit is marked idle after the
+/// strategy's timeout, so the other input alone moves event time on and
+/// windows fire while the idle one is still open.
+#[test]
+fn an_idle_input_does_not_hold_windows_back() {
+    use weir_core::{Source, SourceContext, SourcePoll};
+
+    /// Emits one early record, then nothing until a window result was seen
+    /// (or 10 s passed), then ends.
+    struct Quiet {
+        sent: bool,
+        seen: Arc<std::sync::atomic::AtomicBool>,
+        started: std::time::Instant,
+    }
+    impl Source<Ev> for Quiet {
+        fn poll(&mut self, out: &mut Vec<Ev>, _: usize, _: &mut SourceContext<'_>) -> Result<SourcePoll, BoxError> {
+            if !self.sent {
+                self.sent = true;
+                out.push((1, 0, 0));
+                return Ok(SourcePoll::Ready);
+            }
+            if self.seen.load(Ordering::Relaxed) || self.started.elapsed() > Duration::from_secs(10) {
+                return Ok(SourcePoll::Done);
+            }
+            Ok(SourcePoll::Idle)
+        }
+    }
+
+    /// Records the first result, and whether the quiet source was still open then.
+    struct Watch {
+        seen: Arc<std::sync::atomic::AtomicBool>,
+        first_after: Arc<Mutex<Option<Duration>>>,
+        started: std::time::Instant,
+    }
+    impl Sink<WinRow> for Watch {
+        fn write(&mut self, batch: &mut Vec<WinRow>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+            if !batch.is_empty() && !self.seen.swap(true, Ordering::Relaxed) {
+                *self.first_after.lock().unwrap() = Some(self.started.elapsed());
+            }
+            batch.clear();
+            Ok(())
+        }
+    }
+
+    let seen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let first_after = Arc::new(Mutex::new(None));
+    let started = std::time::Instant::now();
+    let p = Pipeline::new("idle");
+    let wm = WatermarkStrategy::bounded(0, |e: &Ev| e.1).idle_after_ms(50);
+    let s2 = seen.clone();
+    let quiet = p
+        .source("quiet", 1, move |_, _| Quiet {
+            sent: false,
+            seen: s2.clone(),
+            started,
+        })
+        .assign_watermarks(wm.clone());
+    // A busy source: 200 ms of event time per 1000 records, slowly.
+    let gen = GeneratorConfig {
+        seed: 4,
+        events: Some(20_000),
+        rate: Some(20_000.0),
+        start_ns: None,
+    };
+    let busy = p
+        .source("busy", 1, move |i, q| {
+            Generator::new(gen, i, q, |c: GenContext| (c.seq % 3, (c.seq / 5) as i64, c.seq)).unwrap()
+        })
+        .assign_watermarks(wm);
+    let (s3, f2) = (seen.clone(), first_after.clone());
+    busy.union(vec![quiet])
+        .key_by(|e: &Ev| e.0)
+        .window(Windows::tumbling(100), |e: &Ev| e.1)
+        .aggregate(CountSum, |k: &u64, w, (c, sum)| (*k, w.start, w.end, c, sum))
+        .flat_map(Windowed::result)
+        .sink("watch", move |_| Watch {
+            seen: s3.clone(),
+            first_after: f2.clone(),
+            started,
+        });
+    p.run(RuntimeConfig {
+        workers: 2,
+        ..RuntimeConfig::default()
+    })
+    .unwrap()
+    .join()
+    .unwrap();
+    let first = first_after.lock().unwrap().expect("windows fired");
+    // Without idleness the quiet input would hold event time at its
+    // first record until it ended (10 s).
+    assert!(first < Duration::from_secs(5), "first window result after {first:?}");
+}
+
 /// Per key, a running sum emitted by an event-time timer 50 ms after each
 /// key's first record: timers survive recovery and fire exactly once.
 #[derive(Clone)]
