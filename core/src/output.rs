@@ -30,9 +30,18 @@ use crate::message::{Barrier, Message};
 pub(crate) const RESERVED_SLOTS: usize = 8;
 
 /// One outgoing ring and the records staged for it.
+///
+/// Invariant: `staged[..head]` were moved into the ring (logically
+/// uninitialised: never read, never dropped), `staged[head..]` are the
+/// pending messages; `head == 0` whenever nothing is pending. A partial
+/// flush advances `head` instead of moving the rest to the front, and the
+/// rest is compacted only once the moved prefix is at least as long, so a
+/// burst of output far larger than the ring (a window firing) drains in
+/// linear time.
 pub(crate) struct Outbox<T> {
     staged: Vec<Message<T>>,
-    /// Control messages among `staged`: zero on the fast path.
+    head: usize,
+    /// Control messages among the pending ones: zero on the fast path.
     controls: usize,
     ring: Producer<Message<T>>,
     /// The consumer's worker, woken after each transfer if it sleeps.
@@ -52,6 +61,7 @@ impl<T> Outbox<T> {
         );
         Outbox {
             staged: Vec::with_capacity(batch_size),
+            head: 0,
             controls: 0,
             ring,
             wake,
@@ -80,7 +90,32 @@ impl<T> Outbox<T> {
     pub(crate) fn stage_front(&mut self, m: Message<T>) {
         debug_assert!(!matches!(m, Message::Data(_)));
         self.controls += 1;
+        self.compact();
         self.staged.insert(0, m);
+    }
+
+    /// The messages not yet moved into the ring.
+    #[inline]
+    fn pending(&self) -> &[Message<T>] {
+        &self.staged[self.head..]
+    }
+
+    /// Moves the pending messages to the front of the vector.
+    fn compact(&mut self) {
+        if self.head == 0 {
+            return;
+        }
+        let rest = self.staged.len() - self.head;
+        // SAFETY: `staged[head..]` are `rest` initialised messages, moved
+        // bitwise to `staged[..rest]` (`copy` allows the overlap); the
+        // length then covers exactly them, and the moved-out prefix is
+        // overwritten or beyond the length, so each message is owned once.
+        unsafe {
+            let base = self.staged.as_mut_ptr();
+            std::ptr::copy(base.add(self.head), base, rest);
+            self.staged.set_len(rest);
+        }
+        self.head = 0;
     }
 
     /// Encodes the staged records (not control) into `out`; returns how many.
@@ -89,7 +124,7 @@ impl<T> Outbox<T> {
         T: Data,
     {
         let mut n = 0;
-        for m in &self.staged {
+        for m in self.pending() {
             if let Message::Data(r) = m {
                 encode_into(r, out)?;
                 n += 1;
@@ -104,11 +139,11 @@ impl<T> Outbox<T> {
     fn fitting(&self, free: usize) -> usize {
         let data_room = free.saturating_sub(RESERVED_SLOTS);
         if self.controls == 0 {
-            return self.staged.len().min(data_room);
+            return self.pending().len().min(data_room);
         }
         let mut n = 0;
         let mut data = 0;
-        for m in &self.staged {
+        for m in self.pending() {
             if n == free {
                 break;
             }
@@ -126,7 +161,7 @@ impl<T> Outbox<T> {
     /// Moves as much staged output as fits into the ring; true if all did.
     #[inline]
     pub(crate) fn flush(&mut self) -> bool {
-        if self.staged.is_empty() {
+        if self.pending().is_empty() {
             return true;
         }
         let n = self.fitting(self.ring.slots());
@@ -134,7 +169,7 @@ impl<T> Outbox<T> {
             return false;
         }
         if self.controls > 0 {
-            self.controls -= self.staged[..n].iter().filter(|m| !is_data_like(m)).count();
+            self.controls -= self.pending()[..n].iter().filter(|m| !is_data_like(m)).count();
         }
         let mut chunk = self
             .ring
@@ -142,31 +177,54 @@ impl<T> Outbox<T> {
             .expect("slots() promised n free slots and only this producer writes");
         let (first, second) = chunk.as_mut_slices();
         debug_assert_eq!(first.len() + second.len(), n);
-        let rest = self.staged.len() - n;
-        let src = self.staged.as_mut_ptr();
-        // SAFETY: `staged[..n]` holds n initialised messages; they are moved
-        // bitwise into the chunk's n uninitialised slots (first, then second
-        // part, which do not overlap the vector), then the remaining
-        // `staged[n..]` are moved to the front and the length is set to
-        // `rest`, so every message is owned exactly once: by the ring (after
-        // `commit_all`) or by `staged`. Nothing between the copies can panic.
-        // Measured: this replaces a per-item iterator that was 18% of the
-        // keyed benchmark's cycles.
+        let rest = self.staged.len() - self.head - n;
+        // SAFETY: `staged[head..head + n]` holds n initialised messages
+        // (the invariant of the type); they are moved bitwise into the
+        // chunk's n uninitialised slots (first, then second part, which do
+        // not overlap the vector) and `head` moves past them, so every
+        // message is owned exactly once: by the ring (after `commit_all`)
+        // or by `staged[head..]`. When nothing is left the length drops to
+        // 0 without dropping anything (all were moved). Nothing between the
+        // copies can panic. Measured: the bulk copy replaces a per-item
+        // iterator that was 18% of the keyed benchmark's cycles.
         unsafe {
+            let src = self.staged.as_mut_ptr().add(self.head);
             std::ptr::copy_nonoverlapping(src, first.as_mut_ptr().cast::<Message<T>>(), first.len());
             std::ptr::copy_nonoverlapping(
                 src.add(first.len()),
                 second.as_mut_ptr().cast::<Message<T>>(),
                 second.len(),
             );
-            std::ptr::copy(src.add(n), src, rest);
-            self.staged.set_len(rest);
+            self.head += n;
+            if rest == 0 {
+                self.staged.set_len(0);
+                self.head = 0;
+            }
             chunk.commit_all();
+        }
+        if rest > 0 && self.head >= rest {
+            // The moved prefix is at least as long as what is left:
+            // compacting now costs at most what was flushed (amortised O(1)).
+            self.compact();
         }
         if let Some(w) = &self.wake {
             w.wake();
         }
         rest == 0
+    }
+}
+
+impl<T> Drop for Outbox<T> {
+    fn drop(&mut self) {
+        let pending = self.staged.len() - self.head;
+        // SAFETY: only `staged[head..]` are owned (the type's invariant):
+        // the length is cleared first so the vector drops nothing, then the
+        // pending messages are dropped in place exactly once.
+        unsafe {
+            let p = self.staged.as_mut_ptr().add(self.head);
+            self.staged.set_len(0);
+            std::ptr::drop_in_place(std::ptr::slice_from_raw_parts_mut(p, pending));
+        }
     }
 }
 
@@ -405,6 +463,54 @@ mod tests {
         drop(received);
         drop(o);
         assert_eq!(Rc::strong_count(&token), 1);
+    }
+
+    #[test]
+    fn a_burst_far_larger_than_the_ring_drains_in_order_and_drops_once() {
+        // Partial flushes advance the head; a barrier staged in front
+        // compacts; dropping the outbox with messages pending (and a moved
+        // prefix) drops each pending one exactly once.
+        use std::rc::Rc;
+        let token = Rc::new(());
+        let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 16);
+        let mut o = Outbox::new(p, 8);
+        for i in 0..1000u64 {
+            o.stage(Message::Data((i, token.clone())));
+        }
+        let mut got = Vec::new();
+        for _ in 0..20 {
+            assert!(!o.flush());
+            while let Ok(Message::Data((v, _))) = c.pop() {
+                got.push(v);
+            }
+        }
+        let b = Barrier {
+            id: 1,
+            trigger_ns: 0,
+            unaligned: true,
+            is_final: false,
+        };
+        o.stage_front(Message::Barrier(b));
+        assert!(!o.flush());
+        let mut saw_barrier = false;
+        while let Ok(m) = c.pop() {
+            match m {
+                Message::Data((v, _)) => got.push(v),
+                Message::Barrier(_) => saw_barrier = true,
+                _ => unreachable!(),
+            }
+        }
+        assert!(saw_barrier);
+        assert_eq!(
+            got,
+            (0..got.len() as u64).collect::<Vec<_>>(),
+            "in order, none lost or repeated"
+        );
+        let pending = 1000 - got.len();
+        assert!(pending > 0);
+        assert_eq!(Rc::strong_count(&token), 1 + pending);
+        drop(o);
+        assert_eq!(Rc::strong_count(&token), 1, "pending messages dropped once");
     }
 
     #[test]

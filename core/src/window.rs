@@ -508,26 +508,47 @@ where
         Ok(())
     }
 
-    /// Pane mode: schedules the windows over `pane` not fired yet, and the
-    /// pane's cleanup.
+    /// Pane mode: schedules the first window over `pane` not fired yet (each
+    /// window that fires schedules the key's next one: one pending firing
+    /// per key instead of one per window and pane), and the pane's cleanup.
     fn schedule_pane(&mut self, key: &K, pane: Window, fired_until: i64) {
         let Some((size, slide)) = self.panes else { return };
+        let last_end = pane.start.saturating_add(size);
         let mut end = pane.end;
-        while end <= pane.start.saturating_add(size) {
-            if end > fired_until {
-                let w = Window { start: end - size, end };
-                self.queue
-                    .entry(w.max_timestamp())
-                    .or_default()
-                    .push((key.clone(), w, Due::Fire));
-            }
+        while end <= fired_until {
             end += slide;
         }
-        let last = pane.start.saturating_add(size) - 1;
+        if end <= last_end {
+            self.queue_fire(key, Window { start: end - size, end });
+        }
         self.queue
-            .entry(last.saturating_add(self.lateness))
+            .entry((last_end - 1).saturating_add(self.lateness))
             .or_default()
             .push((key.clone(), pane, Due::Cleanup));
+    }
+
+    fn queue_fire(&mut self, key: &K, w: Window) {
+        self.queue
+            .entry(w.max_timestamp())
+            .or_default()
+            .push((key.clone(), w, Due::Fire));
+    }
+
+    /// Pane mode: after window `fired` of `key`, schedules the next window
+    /// holding one of the key's panes, if any.
+    fn schedule_next(&mut self, key: &K, fired: Window) {
+        let Some((size, slide)) = self.panes else { return };
+        let mut next: Option<i64> = None;
+        self.meta.user_keys_in(key, |&pk| {
+            let p = Window::from_key(pk);
+            let end = p.end.max(fired.end + slide);
+            if end <= p.start.saturating_add(size) {
+                next = Some(next.map_or(end, |n| n.min(end)));
+            }
+        });
+        if let Some(end) = next {
+            self.queue_fire(key, Window { start: end - size, end });
+        }
     }
 
     /// Pane mode: emits window `w` of `key` from its panes.
@@ -683,6 +704,7 @@ where
                 continue;
             }
             self.fire_panes(key, *w)?;
+            self.schedule_next(key, *w);
         }
         for (key, pane, d) in due {
             if d != Due::Cleanup || self.meta.get(&key, &pane.key()).is_none() {
