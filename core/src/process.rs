@@ -430,7 +430,9 @@ pub(crate) fn store_options(
     q: usize,
     max_value_len: usize,
 ) -> crate::error::Result<StoreOptions> {
-    let max_value_len = max_value_len.max(crate::state::DEFAULT_MAX_VALUE_LEN);
+    // Slots hold exactly the largest value: a timer's or a flag's store
+    // takes a few bytes per entry, not a default-sized slot.
+    let max_value_len = max_value_len.max(1);
     // Room for a few slots of the largest value and key per page.
     let page_size = ((max_value_len + 2 * crate::state::MAX_KEY_BYTES) * 4)
         .next_power_of_two()
@@ -464,7 +466,7 @@ where
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.inputs_from::<T>(&edges, j);
             let state_opts = store_options(ctx, j, q, F::MAX_STATE_BYTES)?;
-            let timer_opts = store_options(ctx, j, q, 0)?;
+            let timer_opts = store_options(ctx, j, q, 1)?;
             let buffer_opts = store_options(ctx, j, q, F::MAX_BUFFERED_BYTES)?;
             let op = ProcessOperator {
                 key_fn: key_fn.clone(),

@@ -954,9 +954,9 @@ where
         let edges_in = edges.clone();
         let chain: ChainFn<Windowed<O, T>> = Box::new(move |ctx, j, down| {
             let inputs = ctx.inputs_from::<T>(&edges, j);
-            let meta_opts = store_options(ctx, j, q, 0)?;
+            let meta_opts = store_options(ctx, j, q, 1)?;
             let body_opts = store_options(ctx, j, q, value_bytes)?;
-            let fired_opts = store_options(ctx, j, q, 0)?;
+            let fired_opts = store_options(ctx, j, q, 8)?;
             let op = WindowOperator {
                 key_fn: key_fn.clone(),
                 ts_fn: ts_fn.clone(),
