@@ -209,9 +209,11 @@ impl<K, O, B> TimerContext<'_, K, O, B> {
 /// }
 /// ```
 pub trait KeyedProcessFunction<K, T, O>: Clone + Send + 'static {
-    /// The state of one key: created by `Default` on first use, encoded
-    /// with serde into the memory-mapped backend after every call that
-    /// changed it (compared with `PartialEq`). Keep it
+    /// The state of one key: created by `Default` on first use, decoded
+    /// for every call and encoded with serde into the memory-mapped backend
+    /// after every call that changed it (compared with `PartialEq`). A
+    /// state with heap parts (`Vec`, `String`) therefore allocates per
+    /// record; plain fields do not. Keep it
     /// small (a slot holds [`Self::MAX_STATE_BYTES`]); put collections that
     /// grow in the buffer.
     type State: Data + Default + Clone + PartialEq;
