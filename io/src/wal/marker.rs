@@ -12,8 +12,10 @@
 //! ```
 //!
 //! Both slots damaged is corruption and is reported; an all-zero slot was
-//! never written. The file is created (zeroed, fsynced, its folder fsynced)
-//! before the first marker is written into it.
+//! never written. The file is created zeroed before the first marker is
+//! written into it: under a temporary name, fsynced, renamed into place,
+//! its folder fsynced (a crash mid-creation leaves no marker, never a
+//! short one).
 
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -158,22 +160,28 @@ impl Marker {
             .ctx("write commit marker", &self.path)
     }
 
-    /// Opens the marker file, creating it zeroed and durable if absent.
+    /// Opens the marker file, creating it zeroed and durable if absent:
+    /// written in full under a temporary name, fsynced, renamed into place
+    /// and the folder fsynced, so a crash at any instant leaves either no
+    /// marker file or a whole zeroed one (never a short file).
     fn open_for_write(&self) -> Result<File> {
         if let Ok(f) = OpenOptions::new().write(true).open(&self.path) {
             return Ok(f);
         }
+        let temp = self.path.with_extension("tmp");
         let mut f = OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&self.path)
-            .ctx("create", &self.path)?;
+            .open(&temp)
+            .ctx("create", &temp)?;
         f.write_all(&[0; 2 * SLOT_BYTES])
             .and_then(|_| f.sync_all())
-            .ctx("initialize", &self.path)?;
+            .ctx("initialize", &temp)?;
+        drop(f);
+        std::fs::rename(&temp, &self.path).ctx(&format!("rename to {}", self.path.display()), &temp)?;
         sync_dir(self.path.parent().unwrap_or(Path::new(".")), FAULT_MARKER)?;
-        Ok(f)
+        OpenOptions::new().write(true).open(&self.path).ctx("open", &self.path)
     }
 }
 
