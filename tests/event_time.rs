@@ -3,7 +3,9 @@
 //! with a direct computation, in every checkpoint mode, with injected
 //! failures and recovery.
 
-use std::collections::{BTreeMap, HashSet};
+mod common;
+
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,6 +22,8 @@ use weir_core::{
     SinkContext, Stream,
 };
 use weir_io::{GenContext, Generator, GeneratorConfig};
+
+use common::{Target, TxSink};
 
 /// (key, event time ms, value)
 type Ev = (u64, i64, u64);
@@ -38,62 +42,6 @@ fn events(seed: u64, n: u64, keys: u64) -> Vec<Ev> {
             event(seq, random, keys)
         })
         .collect()
-}
-
-/// Committed (subtask, epoch) pairs and the committed records.
-type Committed<T> = Arc<Mutex<(HashSet<(usize, u64)>, Vec<T>)>>;
-
-/// Output of epoch `n` becomes visible when checkpoint `n` completes;
-/// recovery commits the pre-committed epochs again, idempotently.
-struct TxSink<T> {
-    subtask: usize,
-    open: Vec<T>,
-    pending: BTreeMap<u64, Vec<T>>,
-    target: Committed<T>,
-    checkpointing: bool,
-}
-
-impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> TxSink<T> {
-    fn commit_epoch(&self, epoch: u64, rows: &[T]) {
-        let mut t = self.target.lock().unwrap();
-        if t.0.insert((self.subtask, epoch)) {
-            t.1.extend_from_slice(rows);
-        }
-    }
-}
-
-impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSink<T> {
-    fn write(&mut self, batch: &mut Vec<T>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        self.open.append(batch);
-        Ok(())
-    }
-    fn finish(&mut self, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        if !self.checkpointing {
-            let rows = std::mem::take(&mut self.open);
-            self.commit_epoch(u64::MAX, &rows);
-        }
-        Ok(())
-    }
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        let rows = std::mem::take(&mut self.open);
-        self.pending.insert(checkpoint, rows);
-        Ok(postcard::to_stdvec(&self.pending)?)
-    }
-    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        let done: Vec<u64> = self.pending.range(..=checkpoint).map(|(&e, _)| e).collect();
-        for e in done {
-            let rows = self.pending.remove(&e).unwrap();
-            self.commit_epoch(e, &rows);
-        }
-        Ok(())
-    }
-    fn restore(&mut self, _checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        let pending: BTreeMap<u64, Vec<T>> = postcard::from_bytes(state)?;
-        for (e, rows) in pending {
-            self.commit_epoch(e, &rows);
-        }
-        Ok(())
-    }
 }
 
 /// Panics in a map after pseudo-random numbers of records, `failures` times.
@@ -204,7 +152,7 @@ fn run_windows(s: &Setup, windows: Windows, n: u64, keys: u64) -> (Vec<WinRow>, 
     let dir = tempfile::tempdir().unwrap();
     let chaos = Chaos::new(s.failures);
     let p = Pipeline::new("windows");
-    let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let target = Arc::new(Mutex::new(Target::default()));
     let t = target.clone();
     let ckpt = s.mode.is_some();
     sources(&p, n, keys, &chaos)
@@ -217,15 +165,9 @@ fn run_windows(s: &Setup, windows: Windows, n: u64, keys: u64) -> (Vec<WinRow>, 
             Windowed::Result(r) => Some(r),
             Windowed::Late(e) => panic!("late record {e:?} within the out-of-orderness bound"),
         })
-        .sink("tx", move |i| TxSink {
-            subtask: i,
-            open: Vec::new(),
-            pending: BTreeMap::new(),
-            target: t.clone(),
-            checkpointing: ckpt,
-        });
+        .sink("tx", move |i| TxSink::new(i, t.clone(), ckpt));
     let result = p.run(config(s, dir.path())).unwrap().join().unwrap();
-    let mut rows = std::mem::take(&mut target.lock().unwrap().1);
+    let mut rows = std::mem::take(&mut target.lock().unwrap().rows);
     rows.sort();
     (rows, result.metrics.checkpoints.restarts.len())
 }
@@ -335,12 +277,9 @@ fn at_least_once_windows_lose_nothing() {
     }
 }
 
-/// Late records come out on the side, and allowed lateness fires again.
-#[test]
-fn late_records_reach_the_side_output_and_lateness_refires() {
-    // One source, in this order: ts 5, 15 (wm 14: window [0,10) fires),
-    // 7 (late but within lateness 10: fires again with 2 records),
-    // 30 (wm 29: cleanup of [0,10) at 9+10 and fire of [10,20)), 3 (late).
+/// Counts per window of key 1 over the records at 5, 15, 7, 30, 3 ms, one
+/// record per batch (a watermark after each, newest - 1), with `lateness`.
+fn late_run(windows: Windows, lateness: i64) -> Vec<Windowed<(i64, u64), Ev>> {
     let items = Arc::new(vec![(1u64, 5i64, 1u64), (1, 15, 2), (1, 7, 3), (1, 30, 4), (1, 3, 5)]);
     let out = Arc::new(Mutex::new(Vec::new()));
     let o = out.clone();
@@ -348,8 +287,8 @@ fn late_records_reach_the_side_output_and_lateness_refires() {
     p.source("in", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
         .assign_watermarks(WatermarkStrategy::ascending(|e: &Ev| e.1))
         .key_by(|e: &Ev| e.0)
-        .window(Windows::tumbling(10), |e: &Ev| e.1)
-        .allowed_lateness_ms(10)
+        .window(windows, |e: &Ev| e.1)
+        .allowed_lateness_ms(lateness)
         .aggregate(CountSum, |_: &u64, w, (c, _)| (w.start, c))
         .sink("collect", move |_| CollectSink::new(o.clone()));
     let config = RuntimeConfig {
@@ -358,6 +297,16 @@ fn late_records_reach_the_side_output_and_lateness_refires() {
     };
     p.run(config).unwrap().join().unwrap();
     let got = out.lock().unwrap().clone();
+    got
+}
+
+/// Late records come out on the side, and allowed lateness fires again.
+#[test]
+fn late_records_reach_the_side_output_and_lateness_refires() {
+    // One source, in this order: ts 5, 15 (wm 14: window [0,10) fires),
+    // 7 (late but within lateness 10: fires again with 2 records),
+    // 30 (wm 29: cleanup of [0,10) at 9+10 and fire of [10,20)), 3 (late).
+    let got = late_run(Windows::tumbling(10), 10);
     assert_eq!(
         got,
         vec![
@@ -376,23 +325,7 @@ fn late_records_reach_the_side_output_and_lateness_refires() {
 #[test]
 fn sliding_panes_refire_late_records_and_route_later_ones_aside() {
     // Sliding 10 ms every 5 ms, lateness 5 ms; watermark = newest - 1.
-    let items = Arc::new(vec![(1u64, 5i64, 1u64), (1, 15, 2), (1, 7, 3), (1, 30, 4), (1, 3, 5)]);
-    let out = Arc::new(Mutex::new(Vec::new()));
-    let o = out.clone();
-    let p = Pipeline::new("late-sliding");
-    p.source("in", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
-        .assign_watermarks(WatermarkStrategy::ascending(|e: &Ev| e.1))
-        .key_by(|e: &Ev| e.0)
-        .window(Windows::sliding(10, 5), |e: &Ev| e.1)
-        .allowed_lateness_ms(5)
-        .aggregate(CountSum, |_: &u64, w, (c, _)| (w.start, c))
-        .sink("collect", move |_| CollectSink::new(o.clone()));
-    let config = RuntimeConfig {
-        batch_size: 1,
-        ..RuntimeConfig::default()
-    };
-    p.run(config).unwrap().join().unwrap();
-    let got = out.lock().unwrap().clone();
+    let got = late_run(Windows::sliding(10, 5), 5);
     assert_eq!(
         got,
         vec![
@@ -560,22 +493,16 @@ fn event_time_timers_fire_once_across_failures() {
         let dir = tempfile::tempdir().unwrap();
         let chaos = Chaos::new(s.failures);
         let p = Pipeline::new("timers");
-        let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+        let target = Arc::new(Mutex::new(Target::default()));
         let t = target.clone();
         sources(&p, n, keys, &chaos)
             .key_by(|e: &Ev| e.0)
             .parallelism(2)
             .process_function(Delayed)
-            .sink("tx", move |i| TxSink {
-                subtask: i,
-                open: Vec::new(),
-                pending: BTreeMap::new(),
-                target: t.clone(),
-                checkpointing: mode.is_some(),
-            });
+            .sink("tx", move |i| TxSink::new(i, t.clone(), mode.is_some()));
         let result = p.run(config(&s, dir.path())).unwrap().join().unwrap();
         assert_eq!(result.metrics.checkpoints.restarts.len(), s.failures as usize);
-        let rows = std::mem::take(&mut target.lock().unwrap().1);
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
         let mut got: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
         for (k, _, c, sum) in rows {
             let g = got.entry(k).or_default();
@@ -616,7 +543,7 @@ fn processing_time_timer_due_during_downtime_fires_after_recovery() {
     }
     let dir = tempfile::tempdir().unwrap();
     let p = Pipeline::new("ptimer");
-    let out = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let out = Arc::new(Mutex::new(Target::default()));
     let o = out.clone();
     let gen = GeneratorConfig {
         seed: 3,
@@ -629,13 +556,7 @@ fn processing_time_timer_due_during_downtime_fires_after_recovery() {
     })
     .key_by(|_: &u64| 7u64)
     .process_function(Remind(Arc::new(AtomicU32::new(0))))
-    .sink("tx", move |i| TxSink {
-        subtask: i,
-        open: Vec::new(),
-        pending: BTreeMap::new(),
-        target: o.clone(),
-        checkpointing: true,
-    });
+    .sink("tx", move |i| TxSink::new(i, o.clone(), true));
     let mut cfg = config(
         &Setup {
             mode: Some(CheckpointMode::Aligned),
@@ -649,7 +570,7 @@ fn processing_time_timer_due_during_downtime_fires_after_recovery() {
     };
     let result = p.run(cfg).unwrap().join().unwrap();
     assert_eq!(result.metrics.checkpoints.restarts.len(), 1);
-    let rows = out.lock().unwrap().1.clone();
+    let rows = out.lock().unwrap().rows.clone();
     assert_eq!(rows.len(), 1, "the timer fired exactly once: {rows:?}");
 }
 
@@ -700,22 +621,16 @@ where
             Generator::new(rc, i, q, move |c: GenContext| event(c.seq, c.random, keys)).unwrap()
         })
         .assign_watermarks(wm);
-    let target = Arc::new(Mutex::new((HashSet::new(), Vec::new())));
+    let target = Arc::new(Mutex::new(Target::default()));
     let t = target.clone();
-    build(left, right).sink("tx", move |i| TxSink {
-        subtask: i,
-        open: Vec::new(),
-        pending: BTreeMap::new(),
-        target: t.clone(),
-        checkpointing: mode.is_some(),
-    });
+    build(left, right).sink("tx", move |i| TxSink::new(i, t.clone(), mode.is_some()));
     let result = p
         .run(config(&Setup { mode, failures }, dir.path()))
         .unwrap()
         .join()
         .unwrap();
     assert_eq!(result.metrics.checkpoints.restarts.len(), failures as usize);
-    let mut rows = std::mem::take(&mut target.lock().unwrap().1);
+    let mut rows = std::mem::take(&mut target.lock().unwrap().rows);
     rows.sort();
     rows
 }

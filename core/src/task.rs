@@ -100,6 +100,19 @@ fn poll_notices<T>(chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Resul
     Ok(())
 }
 
+/// Passes a change of a task's combined input watermark to its chain.
+fn forward_watermark<T>(
+    chain: &mut dyn Collector<T>,
+    update: WatermarkUpdate,
+    ctx: &mut TaskContext,
+) -> Result<(), BoxError> {
+    match update {
+        WatermarkUpdate::None => Ok(()),
+        WatermarkUpdate::Advance(wm) | WatermarkUpdate::Active(wm) => chain.watermark(wm, ctx),
+        WatermarkUpdate::Idle => chain.watermark(IDLE, ctx),
+    }
+}
+
 /// The first steps of every turn: notices, then the phases that do not
 /// read input. `Some` ends the turn with that result.
 fn common_phase<T>(
@@ -692,15 +705,6 @@ impl<T: Data> InputTask<T> {
         self.start_unaligned(barrier, first_ns, ctx)
     }
 
-    /// Passes a change of the combined input watermark to the chain.
-    fn forward_watermark(&mut self, update: WatermarkUpdate, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        match update {
-            WatermarkUpdate::None => Ok(()),
-            WatermarkUpdate::Advance(wm) | WatermarkUpdate::Active(wm) => self.chain.watermark(wm, ctx),
-            WatermarkUpdate::Idle => self.chain.watermark(IDLE, ctx),
-        }
-    }
-
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         let n = self.replay.len().min(self.batch_size);
         self.batch.extend(self.replay.drain(..n));
@@ -808,13 +812,8 @@ impl<T: Data> Task for InputTask<T> {
                                 self.chain.collect(&mut self.batch, ctx)?;
                                 self.batch.clear();
                             }
-                            match self.watermarks.on_watermark(i, wm) {
-                                WatermarkUpdate::None => {}
-                                WatermarkUpdate::Advance(w) | WatermarkUpdate::Active(w) => {
-                                    self.chain.watermark(w, ctx)?
-                                }
-                                WatermarkUpdate::Idle => self.chain.watermark(IDLE, ctx)?,
-                            }
+                            let update = self.watermarks.on_watermark(i, wm);
+                            forward_watermark(&mut *self.chain, update, ctx)?;
                         }
                         other => {
                             // Stop here: what follows the control message
@@ -845,7 +844,7 @@ impl<T: Data> Task for InputTask<T> {
                     self.inputs[i].ended = true;
                     self.open_inputs -= 1;
                     let update = self.watermarks.on_end(i);
-                    self.forward_watermark(update, ctx)?;
+                    forward_watermark(&mut *self.chain, update, ctx)?;
                     self.complete_collecting(ctx)?;
                     self.finish_recording_if_done(ctx);
                 }

@@ -60,6 +60,23 @@ impl GeneratorConfig {
     }
 }
 
+/// Decodes the offset of a source that emits a local index sequence: the
+/// next index as 8 little-endian bytes, at most `end`.
+pub(crate) fn decode_index_offset(offset: &[u8], end: u64, source_name: &'static str) -> Result<u64> {
+    let bytes: [u8; 8] = offset.try_into().map_err(|_| Error::BadOffset {
+        source_name,
+        reason: format!("expected 8 bytes, got {}", offset.len()),
+    })?;
+    let k = u64::from_le_bytes(bytes);
+    if k > end {
+        return Err(Error::BadOffset {
+            source_name,
+            reason: format!("offset {k} is past the end {end}"),
+        });
+    }
+    Ok(k)
+}
+
 /// SplitMix64: a fast, well-mixed function of `(seed, seq)`.
 #[inline]
 pub fn splitmix64(x: u64) -> u64 {
@@ -185,19 +202,7 @@ where
     }
 
     fn seek(&mut self, offset: &[u8]) -> Result<(), BoxError> {
-        let bytes: [u8; 8] = offset.try_into().map_err(|_| Error::BadOffset {
-            source_name: "generator",
-            reason: format!("expected 8 bytes, got {}", offset.len()),
-        })?;
-        let k = u64::from_le_bytes(bytes);
-        if k > self.end {
-            return Err(Error::BadOffset {
-                source_name: "generator",
-                reason: format!("offset {k} is past the end {}", self.end),
-            }
-            .into());
-        }
-        self.next = k;
+        self.next = decode_index_offset(offset, self.end, "generator")?;
         Ok(())
     }
 

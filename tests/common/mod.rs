@@ -10,6 +10,9 @@
 #![allow(dead_code)] // each test binary uses a part of this module
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,21 +25,45 @@ use weir_io::{GenContext, Generator, GeneratorConfig};
 /// key, running count, running sum
 pub type Row = (u64, u64, u64);
 
-#[derive(Default)]
-pub struct Target {
+/// What a [`TxSink`] committed: the (subtask, epoch) transactions and
+/// their records.
+pub struct Target<T = Row> {
     pub committed: HashSet<(usize, u64)>,
-    pub rows: Vec<Row>,
+    pub rows: Vec<T>,
 }
 
-struct TxSink {
+impl<T> Default for Target<T> {
+    fn default() -> Self {
+        Target {
+            committed: HashSet::new(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+/// A transactional test sink: output of epoch `n` becomes visible when
+/// checkpoint `n` completes; recovery commits the pre-committed epochs
+/// again, idempotently. Without checkpointing it commits at the end.
+pub struct TxSink<T> {
     subtask: usize,
-    open: Vec<Row>,
-    pending: BTreeMap<u64, Vec<Row>>,
-    target: Arc<Mutex<Target>>,
+    open: Vec<T>,
+    pending: BTreeMap<u64, Vec<T>>,
+    target: Arc<Mutex<Target<T>>>,
+    checkpointing: bool,
 }
 
-impl TxSink {
-    fn commit_epoch(&self, epoch: u64, rows: &[Row]) {
+impl<T: Clone> TxSink<T> {
+    pub fn new(subtask: usize, target: Arc<Mutex<Target<T>>>, checkpointing: bool) -> Self {
+        TxSink {
+            subtask,
+            open: Vec::new(),
+            pending: BTreeMap::new(),
+            target,
+            checkpointing,
+        }
+    }
+
+    fn commit_epoch(&self, epoch: u64, rows: &[T]) {
         let mut t = self.target.lock().unwrap();
         if t.committed.insert((self.subtask, epoch)) {
             t.rows.extend_from_slice(rows);
@@ -44,9 +71,16 @@ impl TxSink {
     }
 }
 
-impl Sink<Row> for TxSink {
-    fn write(&mut self, batch: &mut Vec<Row>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSink<T> {
+    fn write(&mut self, batch: &mut Vec<T>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
         self.open.append(batch);
+        Ok(())
+    }
+    fn finish(&mut self, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        if !self.checkpointing {
+            let rows = std::mem::take(&mut self.open);
+            self.commit_epoch(u64::MAX, &rows);
+        }
         Ok(())
     }
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
@@ -64,7 +98,7 @@ impl Sink<Row> for TxSink {
         Ok(())
     }
     fn restore(&mut self, _checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        let pending: BTreeMap<u64, Vec<Row>> = postcard::from_bytes(state)?;
+        let pending: BTreeMap<u64, Vec<T>> = postcard::from_bytes(state)?;
         for (e, rows) in pending {
             self.commit_epoch(e, &rows);
         }
@@ -239,12 +273,7 @@ pub fn run_with(
     } else {
         counted
     };
-    counted.sink("tx", move |i| TxSink {
-        subtask: i,
-        open: Vec::new(),
-        pending: BTreeMap::new(),
-        target: t.clone(),
-    });
+    counted.sink("tx", move |i| TxSink::new(i, t.clone(), true));
     let config = RuntimeConfig {
         workers: 2,
         ring_capacity: job.ring,

@@ -536,15 +536,7 @@ impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
         best: &mut Option<u64>,
         ctx: &mut TimerContext<'_, i64, Row, u64>,
     ) {
-        match *best {
-            Some(m) if num < m => {}
-            Some(m) if num == m => ctx.buffer_push(&auction),
-            _ => {
-                ctx.buffer_clear();
-                *best = Some(num);
-                ctx.buffer_push(&auction);
-            }
-        }
+        offer(best, num, auction, ctx);
         ctx.register_event_timer(end - 1);
     }
     fn on_timer(
@@ -578,15 +570,21 @@ type BidRef = (u64, u64, i64);
 /// `(window start, price, bids)`.
 type Top = (i64, u64, Vec<BidRef>);
 
-/// Keeps the highest price in `best` and the bids at it in the key's buffer.
-fn offer<K: StateKey, O>(best: &mut Option<u64>, price: u64, bid: BidRef, ctx: &mut TimerContext<'_, K, O, BidRef>) {
+/// Keeps the highest value (price, bid count) in `best` and the items at
+/// it in the key's buffer.
+fn offer<K: StateKey, O, B: weir_core::Data>(
+    best: &mut Option<u64>,
+    value: u64,
+    item: B,
+    ctx: &mut TimerContext<'_, K, O, B>,
+) {
     match *best {
-        Some(m) if price < m => {}
-        Some(m) if price == m => ctx.buffer_push(&bid),
+        Some(m) if value < m => {}
+        Some(m) if value == m => ctx.buffer_push(&item),
         _ => {
             ctx.buffer_clear();
-            *best = Some(price);
-            ctx.buffer_push(&bid);
+            *best = Some(value);
+            ctx.buffer_push(&item);
         }
     }
 }

@@ -89,19 +89,7 @@ impl Source<Event> for NexmarkSource {
     }
 
     fn seek(&mut self, offset: &[u8]) -> Result<(), BoxError> {
-        let bytes: [u8; 8] = offset.try_into().map_err(|_| Error::BadOffset {
-            source_name: "nexmark",
-            reason: format!("expected 8 bytes, got {}", offset.len()),
-        })?;
-        let k = u64::from_le_bytes(bytes);
-        if k > self.end {
-            return Err(Error::BadOffset {
-                source_name: "nexmark",
-                reason: format!("offset {k} is past the end {}", self.end),
-            }
-            .into());
-        }
-        self.next = k;
+        self.next = crate::generator::decode_index_offset(offset, self.end, "nexmark")?;
         Ok(())
     }
 
