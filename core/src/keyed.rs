@@ -252,14 +252,10 @@ pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
     pub(crate) op: usize,
     /// Snapshots taken whose outcome the store has not been told yet.
     pub(crate) lifecycle: crate::stores::StoreLifecycle,
-    /// Keys of the records between the one updated and the one prefetched.
-    pub(crate) window: std::collections::VecDeque<K>,
+    /// The keys of the batch being applied; keeps its capacity.
+    pub(crate) keys: Vec<K>,
     pub(crate) _in: std::marker::PhantomData<fn(T)>,
 }
-
-/// How many records ahead a keyed update prefetches its slot: enough to
-/// cover a cache miss with the work of the records in between.
-const PREFETCH_AHEAD: usize = 8;
 
 impl<T, K, S, O, KF, F> Collector<T> for MappedKeyedProcess<T, K, S, O, KF, F>
 where
@@ -273,27 +269,18 @@ where
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let store = self.store.as_mut().expect("the store exists from construction to drop");
-        // Keys are computed once, PREFETCH_AHEAD records ahead of their
-        // update, and their slots prefetched: the cache misses of several
-        // updates overlap. `window` keeps its capacity: no allocation.
-        let window = &mut self.window;
-        window.clear();
-        for r in batch.iter().take(PREFETCH_AHEAD) {
-            let k = (self.key_fn)(r);
-            store.prefetch(&k);
-            window.push_back(k);
-        }
+        // Keys are computed once for the whole batch, then applied by
+        // `update_many`, which prefetches each key's slot several records
+        // ahead so that the cache misses of several updates overlap.
+        // `keys` keeps its capacity: no allocation.
+        self.keys.clear();
+        self.keys.extend(batch.iter().map(&self.key_fn));
+        let (f, out) = (&mut self.f, &mut self.out);
         let mut records = batch.drain(..);
-        while let Some(record) = records.next() {
-            if let Some(ahead) = records.as_slice().get(PREFETCH_AHEAD - 1) {
-                let k = (self.key_fn)(ahead);
-                store.prefetch(&k);
-                window.push_back(k);
-            }
-            let key = window.pop_front().expect("one key per record in the window");
-            let state = store.get_or_default(&key);
-            (self.f)(&key, state, record, &mut self.out);
-        }
+        store.update_many(&self.keys, |key, state| {
+            let record = records.next().expect("one record per key");
+            f(key, state, record, out)
+        });
         drop(records);
         self.next.collect(&mut self.out.buf, ctx)
     }

@@ -839,7 +839,7 @@ where
                 next: down,
                 op: 0,
                 lifecycle: crate::stores::StoreLifecycle::default(),
-                window: std::collections::VecDeque::with_capacity(16),
+                keys: Vec::new(),
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)

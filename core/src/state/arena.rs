@@ -176,12 +176,21 @@ impl Segment {
             .create_new(true)
             .open(&path)
             .map_err(io)?;
-        // Sparse: pages take disk and memory only once touched.
+        // Sparse: pages take disk and memory only once touched (in 2 MiB
+        // units where huge pages apply, see below).
         file.set_len(SEGMENT_BYTES as u64).map_err(io)?;
         // SAFETY: the file was created here (create_new) under a name unique
         // to this store in the subtask's private working directory; nothing
         // else opens, truncates or writes it while it is mapped.
         let mut map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
+        // Transparent huge pages where the kernel and filesystem offer
+        // them for file mappings (Linux 6.x, ext4/xfs large folios): a
+        // random update then misses in the TLB far less often, and a
+        // restore writes and maps 2 MiB at a time. On 1 GiB of state,
+        // batched updates went from 22-26 to 31-35 M/s and a restore from
+        // 1.7-2.1 s to 0.55 s (docs/state.md). Only a hint: where it is not
+        // offered the mapping keeps 4 KiB pages and works the same.
+        let _ = map.advise(memmap2::Advice::HugePage);
         let base = SegPtr(map.as_mut_ptr());
         Ok(Segment { base, map, file, path })
     }

@@ -390,6 +390,39 @@ proptest! {
     ) {
         run_model(ops, chain);
     }
+
+    /// `update_many` applies its keys in order, exactly like one
+    /// `get_or_default` per key: same values, same visits, across table
+    /// growth, removals and probe runs that cross pages (two key groups of
+    /// up to 1,500 keys each fill tables up to their 3/4 bound).
+    #[test]
+    fn update_many_equals_one_update_per_key(
+        batches in proptest::collection::vec(proptest::collection::vec(0u64..3000, 0..400), 1..8),
+        removes in proptest::collection::vec(0u64..3000, 0..200),
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let o = |name: &str| opts(dir.path(), name).with_max_parallelism(2).with_key_groups(0..2);
+        let mut many = Store::create(o("many")).unwrap();
+        let mut single = Store::create(o("single")).unwrap();
+        for (n, keys) in batches.iter().enumerate() {
+            let mut visited = Vec::new();
+            many.update_many(keys, |k, v| {
+                visited.push(*k);
+                v[0] += 1;
+                v[1] = v[1] * 31 + n as u64;
+            });
+            prop_assert_eq!(&visited, keys);
+            for k in keys {
+                let v = single.get_or_default(k);
+                v[0] += 1;
+                v[1] = v[1] * 31 + n as u64;
+            }
+            for k in removes.iter().skip(n * 25).take(25) {
+                prop_assert_eq!(many.remove(k), single.remove(k));
+            }
+        }
+        prop_assert_eq!(contents(&many), contents(&single));
+    }
 }
 
 // ---------------------------------------------------------- corruption

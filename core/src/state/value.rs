@@ -28,8 +28,9 @@ use crate::keyed::{key_group, stable_hash};
 struct Table {
     /// Page numbers by position; empty or a power of two long.
     pages: Vec<u32>,
-    /// The address of each page (`Arena::page_ptr`), for the hot path.
-    ptrs: Vec<SegPtr>,
+    /// The address and number of each page, for the hot path: one load
+    /// finds both.
+    ptrs: Vec<(SegPtr, u32)>,
     /// Occupied slots.
     count: usize,
     /// Generation, bumped by every growth (0: no table yet).
@@ -51,6 +52,11 @@ fn home(h: u64, pages: usize, slots_per_page: usize) -> (usize, usize) {
     let slot = ((h >> 16) as u32 as u64 * slots_per_page as u64) >> 32;
     (page, slot as usize)
 }
+
+/// How many keys ahead of its update [`ValueStore::update_many`] prefetches
+/// a key's slot: enough misses in flight to cover the memory latency, few
+/// enough that the prefetched lines are still in L1 when used.
+pub const UPDATE_AHEAD: usize = 16;
 
 enum Probe {
     Found(u64),
@@ -207,47 +213,51 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         }
     }
 
-    /// The slot of `key` if it lies in one of the first two slots from its
-    /// home (most keys do): its page, offset and address. `None` means
-    /// "look further", not "absent".
+    /// The slot of `key` if it lies in its home page at or after its home
+    /// slot (nearly all keys do): its page, offset and address. `None`
+    /// means "look elsewhere" (the key is absent or its probe run crosses
+    /// into the next page), not "absent".
     ///
     /// The hot path of every lookup, written for memory-level parallelism:
-    /// one page-base lookup, both slots read and the match picked without
-    /// branching on their contents, one well-predicted branch, and few
-    /// enough instructions that the processor keeps several updates'
-    /// cache misses in flight at once.
+    /// one load finds the page, the home slot decides most lookups with
+    /// one well-predicted branch, and few enough instructions run that the
+    /// processor keeps several updates' cache misses in flight at once.
+    /// (Reading the next slot unconditionally costs a second cache miss
+    /// whenever it lies in the next line, so it is read only when needed.)
     #[inline(always)]
     fn fast_find(&self, h: u64, ti: usize, key: &K) -> Option<(usize, u64, *mut u8)> {
         // SAFETY: `table_of` returned `ti < tables.len()`.
         let t = unsafe { self.tables.get_unchecked(ti) };
         let n = t.ptrs.len();
+        if n == 0 {
+            return None;
+        }
         let spp = self.slots_per_page;
-        let (pi, i) = home(h, n.max(1), spp);
-        if n == 0 || i + 1 >= spp {
-            return None;
+        let (pi, mut i) = home(h, n, spp);
+        // SAFETY: `pi = h & (n - 1) < n`.
+        let (base, page) = unsafe { t.ptrs.get_unchecked(pi) };
+        let (base, page) = (base.0, *page as usize);
+        loop {
+            // SAFETY: slot i < slots_per_page lies inside the page, a live
+            // mapping; reading it races with no writer (the task, which
+            // holds `&self`, is the only one).
+            let (occupied, hit) = unsafe {
+                let s = base.add(i * Self::SLOT_SIZE);
+                let occupied = s.add(4).cast::<u32>().read() != 0;
+                (
+                    occupied,
+                    occupied && key.eq_slot(std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES)),
+                )
+            };
+            if hit {
+                break;
+            }
+            i += 1;
+            if !occupied || i == spp {
+                return None;
+            }
         }
-        // SAFETY: `pi = h & (n - 1) < n`, and `ptrs` and `pages` have the
-        // same length.
-        let (base, page) = unsafe { (t.ptrs.get_unchecked(pi).0, *t.pages.get_unchecked(pi) as usize) };
-        // SAFETY: slots i and i + 1 < slots_per_page lie inside the page,
-        // a live mapping; reading them races with no writer (the task,
-        // which holds `&self`, is the only one).
-        let (hit0, hit1) = unsafe {
-            let s0 = base.add(i * Self::SLOT_SIZE);
-            let s1 = s0.add(Self::SLOT_SIZE);
-            let key_at = |s: *mut u8| std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES);
-            (
-                (s0.add(4).cast::<u32>().read() != 0) & key.eq_slot(key_at(s0)),
-                (s1.add(4).cast::<u32>().read() != 0) & key.eq_slot(key_at(s1)),
-            )
-        };
-        // Conditional moves, not branches: which slot matched is not
-        // predictable, whether one did is.
-        let at = std::hint::select_unpredictable(hit0, i, std::hint::select_unpredictable(hit1, i + 1, usize::MAX));
-        if at == usize::MAX {
-            return None;
-        }
-        let at = at * Self::SLOT_SIZE;
+        let at = i * Self::SLOT_SIZE;
         let off = ((page as u64) << self.page_shift) + at as u64;
         // SAFETY: slot `at` lies inside the page.
         Some((page, off, unsafe { base.add(at) }))
@@ -255,10 +265,15 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     /// Asks the processor to start loading `key`'s home slot. A batch of
     /// updates that prefetches a few keys ahead of the one it updates
-    /// overlaps their cache misses instead of waiting for each in turn.
+    /// overlaps their cache misses instead of waiting for each in turn
+    /// ([`ValueStore::update_many`] does this for a slice of keys).
     #[inline(always)]
     pub fn prefetch(&self, key: &K) {
-        let h = stable_hash(key);
+        self.prefetch_hashed(stable_hash(key));
+    }
+
+    #[inline(always)]
+    fn prefetch_hashed(&self, h: u64) {
         let kg = key_group(h, self.arena.opts.max_parallelism);
         let Some(t) = self.tables.get(kg.wrapping_sub(self.arena.opts.key_groups.start)) else {
             return;
@@ -268,7 +283,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             return;
         }
         let (pi, i) = home(h, n, self.slots_per_page);
-        let p = t.ptrs[pi].0.wrapping_add(i * Self::SLOT_SIZE);
+        let p = t.ptrs[pi].0 .0.wrapping_add(i * Self::SLOT_SIZE);
         #[cfg(target_arch = "x86_64")]
         // SAFETY: a prefetch is a hint: it never faults, reads nothing into
         // the program and has no effect on memory, whatever the address.
@@ -289,7 +304,52 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// files (disk full).
     #[inline(always)]
     pub fn get_or_default(&mut self, key: &K) -> &mut V {
-        let h = stable_hash(key);
+        self.get_or_default_hashed(stable_hash(key), key)
+    }
+
+    /// Calls `f` with each key of `keys` and its value (inserted as
+    /// `V::default()` if absent), in order: the same as calling
+    /// [`ValueStore::get_or_default`] for each key, but faster on a large
+    /// state, because each key's slot is prefetched [`UPDATE_AHEAD`] keys
+    /// before it is updated, so that the cache misses of several updates
+    /// overlap, and each key is hashed once.
+    ///
+    /// ```
+    /// use weir_core::state::{StoreOptions, ValueStore};
+    /// let dir = std::env::temp_dir().join(format!("weir-doc-many-{}", std::process::id()));
+    /// let mut counts: ValueStore<u64, u64> = ValueStore::create(StoreOptions::new(&dir))?;
+    /// counts.update_many(&[1, 2, 1], |_key, count| *count += 1);
+    /// assert_eq!((counts.get(&1), counts.get(&2)), (Some(&2), Some(&1)));
+    /// # drop(counts); std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), weir_core::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// As [`ValueStore::get_or_default`].
+    #[inline]
+    pub fn update_many(&mut self, keys: &[K], mut f: impl FnMut(&K, &mut V)) {
+        // Hashes of the keys between the one updated and the one
+        // prefetched, in a ring on the stack: no allocation.
+        let mut ahead = [0u64; UPDATE_AHEAD];
+        for (slot, key) in ahead.iter_mut().zip(keys) {
+            *slot = stable_hash(key);
+            self.prefetch_hashed(*slot);
+        }
+        for (j, key) in keys.iter().enumerate() {
+            let ring = j % UPDATE_AHEAD;
+            let h = ahead[ring];
+            if let Some(next) = keys.get(j + UPDATE_AHEAD) {
+                ahead[ring] = stable_hash(next);
+                self.prefetch_hashed(ahead[ring]);
+            }
+            f(key, self.get_or_default_hashed(h, key));
+        }
+    }
+
+    #[inline(always)]
+    fn get_or_default_hashed(&mut self, h: u64, key: &K) -> &mut V {
+        debug_assert_eq!(h, stable_hash(key));
         let ti = self.table_of(h);
         let p = match self.fast_find(h, ti, key) {
             Some((page, off, p)) => {
@@ -350,7 +410,10 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let pages: Vec<u32> = (0..n)
             .map(|pos| self.arena.new_page(kg, gen, pos as u32) as u32)
             .collect();
-        let ptrs = pages.iter().map(|&p| SegPtr(self.arena.page_ptr(p as usize))).collect();
+        let ptrs = pages
+            .iter()
+            .map(|&p| (SegPtr(self.arena.page_ptr(p as usize)), p))
+            .collect();
         self.tables[ti] = Table {
             pages,
             ptrs,
@@ -521,7 +584,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             t.ptrs = t
                 .pages
                 .iter()
-                .map(|&p| SegPtr(store.arena.page_ptr(p as usize)))
+                .map(|&p| (SegPtr(store.arena.page_ptr(p as usize)), p))
                 .collect();
         }
         // Count and check every key, in parallel.
