@@ -158,11 +158,19 @@ fn list_inspect_verify_and_detect_corruption() {
     ] {
         assert!(out.contains(needle), "missing '{needle}' in\n{out}");
     }
+    // Source tasks' small state is inline in the manifest; the keyed tasks'
+    // (memory-mapped backend) is in task files.
+    assert!(last.tasks[..2].iter().all(|t| t.inline_offset.is_some()), "{last:?}");
+    assert!(last.tasks[2..].iter().all(|t| t.inline_offset.is_none()), "{last:?}");
     for t in &last.tasks {
+        let needle = match t.inline_offset {
+            Some(off) => format!("inline @{off} "),
+            None => t.file.path.clone(),
+        };
         let row = out
             .lines()
-            .find(|l| l.contains(&t.file.path))
-            .unwrap_or_else(|| panic!("no row for {} in\n{out}", t.file.path));
+            .find(|l| l.contains(&needle))
+            .unwrap_or_else(|| panic!("no row for {needle} in\n{out}"));
         assert!(row.contains(&format!("{:08x}", t.file.crc32)), "{row}");
         assert!(row.contains("magic \"WEIRTSK1\""), "{row}");
         assert!(row.contains(&format!("payload {} B", t.file.size - 20)), "{row}");
@@ -188,7 +196,7 @@ fn list_inspect_verify_and_detect_corruption() {
 
     // Corrupt one byte of a task file's payload in the latest checkpoint,
     // and cut another task file of the oldest one.
-    let flipped = &last.tasks[1].file;
+    let flipped = &last.tasks[3].file;
     let flipped_path = dir.join(&flipped.path);
     let mut bytes = std::fs::read(&flipped_path).unwrap();
     bytes[16] ^= 0x5a;
@@ -239,9 +247,22 @@ fn list_inspect_verify_and_detect_corruption() {
     let row = out.lines().find(|l| l.contains(&flipped.path)).unwrap();
     assert!(row.contains("crc MISMATCH") && row.contains("[BAD]"), "{row}");
 
-    // A manifest with a flipped byte: listed as corrupt, fails verify.
+    // A manifest with a flipped byte in an inline task state (its last
+    // byte: the second source task's frame), then in its JSON: listed as
+    // corrupt, fails verify, naming what and where.
     let m_path = storage::checkpoint_dir(dir, ids[1]).join(storage::MANIFEST);
-    let mut bytes = std::fs::read(&m_path).unwrap();
+    let good = std::fs::read(&m_path).unwrap();
+    let mut bytes = good.clone();
+    *bytes.last_mut().unwrap() ^= 0x01;
+    std::fs::write(&m_path, &bytes).unwrap();
+    let (code, out, _) = checkpoints(&["verify", d, &ids[1].to_string()]);
+    assert_eq!(code, 1);
+    assert!(
+        out.contains("CRC mismatch in the inline state of task 0/1 at bytes")
+            && out.contains(&format!("..{}", good.len())),
+        "{out}"
+    );
+    let mut bytes = good;
     bytes[10] ^= 0x01;
     std::fs::write(&m_path, &bytes).unwrap();
     let (code, out, _) = checkpoints(&["list", d]);

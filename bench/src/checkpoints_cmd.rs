@@ -5,9 +5,10 @@
 //! made of (see `docs/checkpointing.md`):
 //!
 //! - the manifest (`chk-NNNNNNNNNN/MANIFEST`): one line of JSON, then a line
-//!   `crc32 <8 hex digits>`; parsed and checked by
-//!   [`storage::read_manifest`];
-//! - a task state file (`task-GGG-SSS.state`): `WEIRTSK1` magic (bytes
+//!   `crc32 <8 hex digits>`, then the inline task states; parsed and checked
+//!   (every inline state's CRC32 included) by [`storage::read_manifest`];
+//! - a task state frame, in a task state file (`task-GGG-SSS.state`) or
+//!   inline in the manifest: `WEIRTSK1` magic (bytes
 //!   0..8), payload length `L` as u64 LE (bytes 8..16), the payload (bytes
 //!   `16..16+L`), then the CRC32 of the payload as u32 LE (bytes
 //!   `16+L..20+L`); decoded here, because the core decodes it only on
@@ -224,15 +225,19 @@ fn print_manifest(dir: &Path, m: &Manifest) {
         "chain", "subtask", "file", "size", "crc32", "state B", "channel B", "sync µs", "async µs", "align µs"
     );
     for t in &m.tasks {
-        let header = match fs::read(dir.join(&t.file.path)) {
+        let header = match t.state_bytes_in(dir, m) {
             Ok(bytes) => TaskHeader::parse(&bytes).summary(),
             Err(e) => format!("unreadable: {e}"),
+        };
+        let file = match t.inline_offset {
+            Some(off) => format!("inline @{off}"),
+            None => t.file.path.clone(),
         };
         println!(
             "  {:>5} {:>7}  {:<32} {:>10}  {:08x}  {:>10} {:>10} {:>9} {:>9} {:>9}  {header}",
             t.group,
             t.subtask,
-            t.file.path,
+            file,
             t.file.size,
             t.file.crc32,
             t.state_bytes,
@@ -384,20 +389,27 @@ fn check_checkpoint(dir: &Path, id: u64, m: &Manifest) -> Vec<String> {
         }
     }
     for t in &m.tasks {
-        if !m.files.contains(&t.file) {
+        if t.inline_offset.is_none() && !m.files.contains(&t.file) {
             problems.push(format!(
                 "task {}/{}: file {} is not among the manifest's files",
                 t.group, t.subtask, t.file.path
             ));
         }
-        let path = dir.join(&t.file.path);
-        // A missing or unreadable file was reported above.
-        if let Ok(bytes) = fs::read(&path) {
+        let what = match t.inline_offset {
+            Some(off) => format!(
+                "inline state of task {}/{} at {off} in the manifest",
+                t.group, t.subtask
+            ),
+            None => format!("task file {}", dir.join(&t.file.path).display()),
+        };
+        // A missing or unreadable file was reported above; inline states
+        // were verified when the manifest was read.
+        if let Ok(bytes) = t.state_bytes_in(dir, m) {
             problems.extend(
                 TaskHeader::parse(&bytes)
                     .problems()
                     .into_iter()
-                    .map(|p| format!("checkpoint {id}: task file {}: {p}", path.display())),
+                    .map(|p| format!("checkpoint {id}: {what}: {p}")),
             );
         }
     }

@@ -19,7 +19,7 @@
 use rtrb::Consumer;
 
 use crate::checkpoint::signals::Event;
-use crate::checkpoint::snapshot::{complete_async, TaskSnapshot};
+use crate::checkpoint::snapshot::{complete, TaskSnapshot};
 use crate::checkpoint::CheckpointMode;
 use crate::clock;
 use crate::collector::{Collector, Notice, RestoreCtx};
@@ -183,7 +183,7 @@ fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> 
 
 fn send_snapshot(snap: TaskSnapshot, ctx: &TaskContext) {
     if let Some(ck) = &ctx.ckpt {
-        complete_async(snap, ck.clone());
+        complete(snap, ck);
     }
 }
 

@@ -13,15 +13,15 @@
 //! once (at most `max_concurrent` still applies) and nothing after it.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use super::config::{CheckpointConfig, RetainOnCancel};
 use super::signals::{Event, Signals};
-use super::snapshot::TaskAck;
+use super::snapshot::{AckedState, TaskAck};
 use super::stats::{CheckpointRecord, CheckpointStats, TaskCheckpointStats};
-use super::storage::{self, Manifest, ManifestGroup, ManifestTask};
+use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask};
 use crate::clock;
 
 struct Pending {
@@ -174,6 +174,13 @@ impl Coordinator {
         );
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
+        // The checkpoint's folder, made while the barriers travel, so that
+        // creating it (and syncing its parent) is not on the way from the
+        // last acknowledgement to the durable manifest. If it fails, the
+        // first file written creates it.
+        if let Err(e) = storage::create_checkpoint_dir(&self.root, id) {
+            tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+        }
     }
 
     /// Handles one event from a task.
@@ -225,6 +232,47 @@ impl Coordinator {
         let p = self.pending.remove(&id).expect("completing a pending checkpoint");
         let acks: Vec<TaskAck> = p.acks.into_iter().map(|a| a.expect("every task acked")).collect();
         let duration = p.trigger.elapsed();
+        // Inline states go one after another into the manifest's inline
+        // part; the others are files of their own.
+        let manifest_path = storage::checkpoint_dir(Path::new(""), id)
+            .join(storage::MANIFEST)
+            .to_string_lossy()
+            .into_owned();
+        let mut inline = Vec::new();
+        let mut task_files = Vec::new();
+        let tasks = acks
+            .iter()
+            .map(|a| {
+                let (file, inline_offset) = match &a.state {
+                    AckedState::File(f) => {
+                        task_files.push(f.clone());
+                        (f.clone(), None)
+                    }
+                    AckedState::Inline(frame) => {
+                        let offset = inline.len() as u64;
+                        inline.extend_from_slice(frame);
+                        let file = FileRef {
+                            path: manifest_path.clone(),
+                            size: frame.len() as u64,
+                            crc32: crc32fast::hash(frame),
+                        };
+                        (file, Some(offset))
+                    }
+                };
+                ManifestTask {
+                    group: self.tasks[a.task].group,
+                    subtask: self.tasks[a.task].subtask,
+                    file,
+                    inline_offset,
+                    state_bytes: a.state_bytes,
+                    channel_state_bytes: a.channel_state_bytes,
+                    sync_us: a.sync_ns / 1000,
+                    async_us: a.async_ns / 1000,
+                    alignment_us: a.alignment_ns / 1000,
+                }
+            })
+            .collect();
+        let files_written = !task_files.is_empty();
         let manifest = Manifest {
             version: 1,
             job: self.job.clone(),
@@ -235,29 +283,18 @@ impl Coordinator {
             trigger_unix_ms: p.trigger_unix_ms,
             duration_us: duration.as_micros() as u64,
             groups: self.groups.clone(),
-            tasks: acks
-                .iter()
-                .map(|a| ManifestTask {
-                    group: self.tasks[a.task].group,
-                    subtask: self.tasks[a.task].subtask,
-                    file: a.file.clone(),
-                    state_bytes: a.state_bytes,
-                    channel_state_bytes: a.channel_state_bytes,
-                    sync_us: a.sync_ns / 1000,
-                    async_us: a.async_ns / 1000,
-                    alignment_us: a.alignment_ns / 1000,
-                })
-                .collect(),
+            tasks,
             files: {
-                let mut files: Vec<_> = acks.iter().map(|a| a.file.clone()).collect();
+                let mut files = task_files;
                 let mut shared: Vec<_> = acks.iter().flat_map(|a| a.shared_files.iter().cloned()).collect();
                 shared.sort_by(|a, b| a.path.cmp(&b.path));
                 shared.dedup_by(|a, b| a.path == b.path);
                 files.extend(shared);
                 files
             },
+            inline,
         };
-        if let Err(e) = manifest.commit(&self.root) {
+        if let Err(e) = manifest.commit(&self.root, files_written) {
             // Put it back so that abort() accounts for it.
             self.pending.insert(
                 id,

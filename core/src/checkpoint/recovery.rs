@@ -46,9 +46,14 @@ pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Re
     let mut states: Vec<Vec<TaskState>> = (0..groups).map(|_| Vec::new()).collect();
     for t in &manifest.tasks {
         let path = root.join(&t.file.path);
-        let bytes = std::fs::read(&path).map_err(|e| Error::Restore(format!("{}: {e}", path.display())))?;
-        let state =
-            TaskState::decode(&bytes, &format!("checkpoint {id}: {}", path.display())).map_err(Error::Restore)?;
+        let what = match t.inline_offset {
+            Some(off) => format!("checkpoint {id}: {} (inline state at {off})", path.display()),
+            None => format!("checkpoint {id}: {}", path.display()),
+        };
+        let bytes = t
+            .state_bytes_in(root, &manifest)
+            .map_err(|e| Error::Restore(format!("{what}: {e}")))?;
+        let state = TaskState::decode(&bytes, &what).map_err(Error::Restore)?;
         let g = states
             .get_mut(t.group)
             .ok_or_else(|| Error::Restore(format!("checkpoint {id}: chain {} does not exist in this job", t.group)))?;

@@ -1,16 +1,19 @@
-//! One task's part of a checkpoint: what it collects at the barrier, the
-//! file it writes, and the acknowledgement it sends.
+//! One task's part of a checkpoint: what it collects at the barrier, where
+//! that goes, and the acknowledgement it sends.
 //!
 //! At the barrier (synchronous part) each operator of the chain adds its
 //! state: the source its offset, keyed operators their state (as bytes, or
 //! as an asynchronous job for the memory-mapped backend), sinks what they
-//! pre-committed, exchanges the records an unaligned barrier overtook. The
-//! asynchronous part runs on the rayon pool: it runs the state jobs and
-//! writes the task's state file durably, then acknowledges.
+//! pre-committed, exchanges the records an unaligned barrier overtook. A
+//! small state with no asynchronous job is framed at once and acknowledged
+//! inline (it goes into the manifest). Otherwise the asynchronous part runs
+//! on the rayon pool: it runs the state jobs and writes the task's state
+//! file, then acknowledges.
 //!
-//! Task state file: `WEIRTSK1` magic, payload length (u64 LE), payload
-//! (postcard-encoded [`TaskState`]), CRC32 of the payload (u32 LE). The
-//! manifest also records the file's size and whole-file CRC32.
+//! Task state frame (a task file's contents, or an inline state): `WEIRTSK1`
+//! magic, payload length (u64 LE), payload (postcard-encoded [`TaskState`]),
+//! CRC32 of the payload (u32 LE). The manifest also records the frame's
+//! size and whole-frame CRC32.
 
 use std::path::Path;
 use std::time::Instant;
@@ -166,11 +169,21 @@ impl TaskSnapshot {
 }
 
 /// A task's acknowledgement of a checkpoint.
+/// Where an acknowledged task state is.
+#[derive(Debug, Clone)]
+pub(crate) enum AckedState {
+    /// In its own file, written (durability deferred to the coordinator's
+    /// filesystem sync).
+    File(FileRef),
+    /// Framed, to go into the manifest's inline part.
+    Inline(Vec<u8>),
+}
+
 #[derive(Debug, Clone)]
 pub(crate) struct TaskAck {
     pub(crate) id: u64,
     pub(crate) task: usize,
-    pub(crate) file: FileRef,
+    pub(crate) state: AckedState,
     /// Files in `shared/` (state backend) this task's state relies on.
     pub(crate) shared_files: Vec<FileRef>,
     pub(crate) state_bytes: u64,
@@ -183,7 +196,34 @@ pub(crate) struct TaskAck {
 /// Finishes a snapshot off the task thread: runs the asynchronous state
 /// jobs, writes the task state file durably, and acknowledges (or declines
 /// on error).
-pub(crate) fn complete_async(snapshot: TaskSnapshot, ck: TaskCheckpointing) {
+/// Finishes a task's part of a checkpoint after its synchronous part.
+///
+/// A small state with no state-backend work left (the common case: source
+/// offsets, sink transactions, small heap state) is framed here, on the
+/// task's thread, and acknowledged at once: it goes inline into the
+/// manifest, with no file and no hand-off to another thread, each of which
+/// costs the checkpoint time on a machine whose cores are busy. Anything
+/// else is written to files on the snapshot pool (rayon) and acknowledged
+/// from there.
+pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
+    let small = snapshot.state.state_bytes() + snapshot.state.channel_bytes();
+    if snapshot.async_jobs.is_empty() && small <= storage::INLINE_TASK_STATE_MAX as u64 {
+        let start = Instant::now();
+        let frame = snapshot.state.encode();
+        ck.send(Event::Ack(Box::new(TaskAck {
+            id: snapshot.id(),
+            task: ck.task,
+            state: AckedState::Inline(frame),
+            shared_files: Vec::new(),
+            state_bytes: snapshot.state.state_bytes(),
+            channel_state_bytes: snapshot.state.channel_bytes(),
+            sync_ns: snapshot.sync_ns,
+            async_ns: start.elapsed().as_nanos() as u64,
+            alignment_ns: snapshot.alignment_ns,
+        })));
+        return;
+    }
+    let ck = ck.clone();
     rayon::spawn(move || {
         let id = snapshot.id();
         let task = ck.task;
@@ -213,7 +253,7 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
     Ok(TaskAck {
         id,
         task: ck.task,
-        file,
+        state: AckedState::File(file),
         shared_files,
         state_bytes: snapshot.state.state_bytes() + backend_bytes,
         channel_state_bytes: snapshot.state.channel_bytes(),

@@ -3,7 +3,7 @@
 //! ```text
 //! <dir>/
 //!   chk-0000000042/            one folder per checkpoint
-//!     task-003-001.state       task state of chain 3, subtask 1
+//!     task-003-001.state       task state of chain 3, subtask 1 (large ones only)
 //!     MANIFEST                 written last: its presence makes 42 complete
 //!   shared/                    files shared between checkpoints (state backend)
 //! ```
@@ -15,7 +15,14 @@
 //! manifest is garbage from an unfinished checkpoint and is never restored.
 //!
 //! Manifest format: one line of JSON ([`Manifest`]), then a line
-//! `crc32 <8 hex digits>` holding the CRC32 of the JSON line's bytes.
+//! `crc32 <8 hex digits>` holding the CRC32 of the JSON line's bytes, then
+//! the *inline* task states: a task whose whole state is small (at most
+//! [`INLINE_TASK_STATE_MAX`] bytes, and no state-backend files) does not get
+//! a file of its own; its state frame (the same bytes a task file would
+//! hold) follows the CRC line, and its [`ManifestTask`] gives the offset,
+//! size and CRC32 of the frame. A checkpoint made of inline states only is
+//! one durable file write: no other file has to be made durable first, which
+//! is most of a small job's checkpoint time.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -27,6 +34,13 @@ use serde::{Deserialize, Serialize};
 pub const MANIFEST: &str = "MANIFEST";
 /// Folder for files shared between checkpoints.
 pub const SHARED: &str = "shared";
+/// The largest task state kept inline in the manifest rather than in a
+/// file of its own: 256 KiB. An inline state is framed on the task's own
+/// thread at the barrier (a copy and a CRC32: tens of µs at this size);
+/// larger states (big heap state, much channel state) get a task file,
+/// written off the task's thread. The bound also keeps the manifest quick
+/// to read for retention and garbage collection.
+pub const INLINE_TASK_STATE_MAX: usize = 256 << 10;
 const CHK_PREFIX: &str = "chk-";
 
 /// A file a checkpoint relies on.
@@ -47,8 +61,14 @@ pub struct ManifestTask {
     pub group: usize,
     /// Subtask index.
     pub subtask: usize,
-    /// The task's state file.
+    /// The task's state: its own file, or (with `inline_offset`) the bytes
+    /// `inline_offset..inline_offset + size` of the manifest's inline part,
+    /// `path` then naming the manifest.
     pub file: FileRef,
+    /// Where the task's state starts in the manifest's inline part, for an
+    /// inline state; `None` for a state in its own file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inline_offset: Option<u64>,
     /// Bytes of operator state.
     pub state_bytes: u64,
     /// Bytes of channel state (unaligned).
@@ -93,8 +113,45 @@ pub struct Manifest {
     pub groups: Vec<ManifestGroup>,
     /// Per-task entries.
     pub tasks: Vec<ManifestTask>,
-    /// Every file this checkpoint relies on, with size and CRC32.
+    /// Every file this checkpoint relies on, with size and CRC32 (inline
+    /// task states are not files and are not listed).
     pub files: Vec<FileRef>,
+    /// The inline task states: the manifest's bytes after its CRC line,
+    /// each frame verified against its task's CRC32 by [`Manifest::decode`].
+    #[serde(skip)]
+    pub inline: Vec<u8>,
+}
+
+impl ManifestTask {
+    /// The task's state frame: a slice of the manifest's inline part, or
+    /// the contents of its file under `root` (not verified here: see
+    /// [`verify_files`]).
+    pub fn state_bytes_in<'m>(
+        &self,
+        root: &Path,
+        manifest: &'m Manifest,
+    ) -> std::io::Result<std::borrow::Cow<'m, [u8]>> {
+        match self.inline_offset {
+            Some(off) => {
+                let range = off as usize..(off + self.file.size) as usize;
+                manifest
+                    .inline
+                    .get(range)
+                    .map(std::borrow::Cow::Borrowed)
+                    .ok_or_else(|| {
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            format!(
+                                "inline state at {off}+{} lies outside the manifest's {} inline bytes",
+                                self.file.size,
+                                manifest.inline.len()
+                            ),
+                        )
+                    })
+            }
+            None => fs::read(root.join(&self.file.path)).map(std::borrow::Cow::Owned),
+        }
+    }
 }
 
 /// The folder of checkpoint `id`.
@@ -152,6 +209,17 @@ pub(crate) fn sync_filesystem(dir: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Creates the folder of checkpoint `id` durably (the folder, then its
+/// parent synced), unless it exists.
+pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
+    let dir = checkpoint_dir(root, id);
+    if !dir.exists() {
+        fs::create_dir_all(&dir)?;
+        sync_dir(root)?;
+    }
+    Ok(())
+}
+
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
 /// fsync folder now or deferred); returns the file's reference relative
 /// to `root`.
@@ -197,23 +265,31 @@ pub(crate) fn write_durable(
 }
 
 impl Manifest {
-    /// The manifest file's bytes.
+    /// The manifest file's bytes: the JSON line, its CRC line, the inline
+    /// task states.
     pub fn encode(&self) -> Vec<u8> {
         let json = serde_json::to_string(self).expect("manifest always serialises");
-        format!("{json}\ncrc32 {:08x}\n", crc32fast::hash(json.as_bytes())).into_bytes()
+        let mut out = format!("{json}\ncrc32 {:08x}\n", crc32fast::hash(json.as_bytes())).into_bytes();
+        out.extend_from_slice(&self.inline);
+        out
     }
 
-    /// Parses and verifies a manifest's bytes; `path` names it in errors.
+    /// Parses and verifies a manifest's bytes, inline task states included;
+    /// `path` names it in errors, with the byte position of what is wrong.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Manifest, String> {
         let p = path.display();
-        let text = std::str::from_utf8(bytes).map_err(|e| format!("{p}: not UTF-8 at byte {}", e.valid_up_to()))?;
-        let (json, rest) = text
-            .split_once('\n')
+        let json_end = bytes
+            .iter()
+            .position(|&b| b == b'\n')
             .ok_or_else(|| format!("{p}: truncated ({} bytes, no line end)", bytes.len()))?;
-        let crc_hex = rest
-            .strip_prefix("crc32 ")
-            .and_then(|r| r.strip_suffix('\n'))
-            .ok_or_else(|| format!("{p}: missing or malformed crc32 line at byte {}", json.len() + 1))?;
+        let json = std::str::from_utf8(&bytes[..json_end])
+            .map_err(|e| format!("{p}: not UTF-8 at byte {}", e.valid_up_to()))?;
+        // "crc32 " + 8 hex digits + "\n"
+        let crc_line = bytes
+            .get(json_end + 1..json_end + 16)
+            .filter(|l| l.starts_with(b"crc32 ") && l[14] == b'\n')
+            .ok_or_else(|| format!("{p}: missing or malformed crc32 line at byte {}", json_end + 1))?;
+        let crc_hex = std::str::from_utf8(&crc_line[6..14]).unwrap_or("?");
         let expected = u32::from_str_radix(crc_hex, 16).map_err(|_| format!("{p}: bad crc32 value '{crc_hex}'"))?;
         let actual = crc32fast::hash(json.as_bytes());
         if expected != actual {
@@ -222,16 +298,56 @@ impl Manifest {
                 json.len()
             ));
         }
-        serde_json::from_str(json).map_err(|e| format!("{p}: manifest does not parse: {e}"))
+        let mut m: Manifest = serde_json::from_str(json).map_err(|e| format!("{p}: manifest does not parse: {e}"))?;
+        let inline_start = json_end + 16;
+        m.inline = bytes[inline_start..].to_vec();
+        let mut covered = 0u64;
+        for t in &m.tasks {
+            let Some(off) = t.inline_offset else { continue };
+            let at = inline_start as u64 + off;
+            let frame = t.state_bytes_in(Path::new(""), &m).map_err(|_| {
+                format!(
+                    "{p}: inline state of task {}/{} at bytes {at}..{} lies past the end ({} bytes): truncated",
+                    t.group,
+                    t.subtask,
+                    at + t.file.size,
+                    bytes.len()
+                )
+            })?;
+            let actual = crc32fast::hash(&frame);
+            if actual != t.file.crc32 {
+                return Err(format!(
+                    "{p}: CRC mismatch in the inline state of task {}/{} at bytes {at}..{}: expected {:08x}, actual {actual:08x}",
+                    t.group,
+                    t.subtask,
+                    at + t.file.size,
+                    t.file.crc32
+                ));
+            }
+            covered += t.file.size;
+        }
+        if covered != m.inline.len() as u64 {
+            return Err(format!(
+                "{p}: {} bytes after the CRC line (from byte {inline_start}), the inline states account for {covered}",
+                m.inline.len()
+            ));
+        }
+        Ok(m)
     }
 
     /// Makes the manifest durable: the checkpoint is complete afterwards.
-    pub(crate) fn commit(&self, root: &Path) -> std::io::Result<()> {
+    /// `files_written`: some task or state-backend file of this checkpoint
+    /// was written (with its durability deferred); they are made durable by
+    /// one filesystem sync first. A checkpoint of inline states only skips
+    /// that sync: the manifest is then its only new file.
+    pub(crate) fn commit(&self, root: &Path, files_written: bool) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
         crate::fault::hit("checkpoint.manifest.before")?;
-        // One filesystem sync makes every task file (data and rename)
-        // durable before the manifest that names them exists.
-        sync_filesystem(&dir)?;
+        if files_written {
+            // One filesystem sync makes every task file (data and rename)
+            // durable before the manifest that names them exists.
+            sync_filesystem(&dir)?;
+        }
         write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
         crate::fault::hit("checkpoint.manifest.after")?;
         Ok(())
@@ -346,22 +462,93 @@ mod tests {
             groups: vec![],
             tasks: vec![],
             files: vec![],
+            inline: vec![],
         }
+    }
+
+    fn task(subtask: usize, file: FileRef, inline_offset: Option<u64>) -> ManifestTask {
+        ManifestTask {
+            group: 0,
+            subtask,
+            file,
+            inline_offset,
+            state_bytes: 0,
+            channel_state_bytes: 0,
+            sync_us: 0,
+            async_us: 0,
+            alignment_us: 0,
+        }
+    }
+
+    /// A manifest with two inline task states and one in a file.
+    fn manifest_with_inline(id: u64) -> Manifest {
+        let mut m = manifest(id);
+        let (a, b) = (b"first state".to_vec(), b"second, longer state".to_vec());
+        let path = format!("chk-{id:010}/MANIFEST");
+        let at = |bytes: &[u8]| FileRef {
+            path: path.clone(),
+            size: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        };
+        let own = FileRef {
+            path: format!("chk-{id:010}/task-000-002.state"),
+            size: 9,
+            crc32: 7,
+        };
+        m.tasks = vec![
+            task(0, at(&a), Some(0)),
+            task(1, at(&b), Some(a.len() as u64)),
+            task(2, own.clone(), None),
+        ];
+        m.files = vec![own];
+        m.inline = [a, b].concat();
+        m
     }
 
     #[test]
     fn manifest_detects_every_flipped_byte_and_truncation() {
-        let bytes = manifest(3).encode();
-        let p = Path::new("M");
-        assert_eq!(Manifest::decode(&bytes, p).unwrap(), manifest(3));
-        for i in 0..bytes.len() {
-            let mut b = bytes.clone();
-            b[i] ^= 0x01;
-            assert!(Manifest::decode(&b, p).is_err(), "flip at {i}");
+        for m in [manifest(3), manifest_with_inline(4)] {
+            let bytes = m.encode();
+            let p = Path::new("M");
+            assert_eq!(Manifest::decode(&bytes, p).unwrap(), m);
+            for i in 0..bytes.len() {
+                let mut b = bytes.clone();
+                b[i] ^= 0x01;
+                assert!(Manifest::decode(&b, p).is_err(), "flip at {i}");
+            }
+            for len in 0..bytes.len() {
+                assert!(Manifest::decode(&bytes[..len], p).is_err(), "truncated to {len}");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(Manifest::decode(&longer, p).is_err(), "a byte appended");
         }
-        for len in 0..bytes.len() {
-            assert!(Manifest::decode(&bytes[..len], p).is_err(), "truncated to {len}");
-        }
+    }
+
+    #[test]
+    fn inline_states_read_back_and_corruption_names_the_task_and_position() {
+        let m = manifest_with_inline(4);
+        let bytes = m.encode();
+        let read = Manifest::decode(&bytes, Path::new("M")).unwrap();
+        let root = Path::new("/nonexistent");
+        assert_eq!(&*read.tasks[0].state_bytes_in(root, &read).unwrap(), b"first state");
+        assert_eq!(
+            &*read.tasks[1].state_bytes_in(root, &read).unwrap(),
+            b"second, longer state"
+        );
+        assert!(
+            read.tasks[2].state_bytes_in(root, &read).is_err(),
+            "a file task reads its file"
+        );
+        let mut b = bytes.clone();
+        let last = b.len() - 1;
+        b[last] ^= 0xff;
+        let e = Manifest::decode(&b, Path::new("M")).unwrap_err();
+        let start = bytes.len() - 20;
+        assert!(
+            e.contains("inline state of task 0/1") && e.contains(&format!("bytes {start}..{}", bytes.len())),
+            "{e}"
+        );
     }
 
     #[test]
@@ -372,7 +559,7 @@ mod tests {
         assert_eq!(f.path, "chk-0000000005/a.state");
         let mut m = manifest(5);
         m.files.push(f.clone());
-        m.commit(root.path()).unwrap();
+        m.commit(root.path(), true).unwrap();
         assert_eq!(list_ids(root.path()).unwrap(), vec![5]);
         let read = read_manifest(root.path(), 5).unwrap().unwrap();
         verify_files(root.path(), &read).unwrap();
