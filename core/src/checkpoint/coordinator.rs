@@ -174,10 +174,9 @@ impl Coordinator {
         );
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
-        // The checkpoint's folder, made while the barriers travel, so that
-        // creating it (and syncing its parent) is not on the way from the
-        // last acknowledgement to the durable manifest. If it fails, the
-        // first file written creates it.
+        // The checkpoint's folder, made while the barriers travel (synced
+        // with the manifest, see `create_checkpoint_dir`). If this fails,
+        // the first file written creates it.
         if let Err(e) = storage::create_checkpoint_dir(&self.root, id) {
             tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
         }
