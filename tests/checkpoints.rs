@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
-use weir_core::{CheckpointMode, Error, RestartStrategy};
+use weir_core::{CheckpointMode, Error, RestartStrategy, RuntimeConfig};
 
 #[test]
 fn aligned_survives_failures_exactly_once() {
@@ -186,27 +186,47 @@ fn a_checkpoint_of_another_job_graph_is_refused() {
 
 #[test]
 fn a_corrupt_checkpoint_is_never_restored_silently() {
-    let dir = tempfile::tempdir().unwrap();
-    let target = Arc::new(Mutex::new(Target::default()));
-    let job = Job { failures: 0, ..BASE };
-    run_with(job, dir.path(), &target, |_| {}).unwrap();
-    // Flip one byte of a task file of the latest checkpoint.
-    let ids = weir_core::checkpoint::storage::list_ids(dir.path()).unwrap();
-    let latest = weir_core::checkpoint::storage::checkpoint_dir(dir.path(), *ids.last().unwrap());
-    let file = std::fs::read_dir(&latest)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.extension().is_some_and(|e| e == "state"))
-        .unwrap();
-    let mut bytes = std::fs::read(&file).unwrap();
-    let last = bytes.len() - 6;
-    bytes[last] ^= 0x10;
-    std::fs::write(&file, bytes).unwrap();
-    let err = run_with(job, dir.path(), &target, |c| c.restart = RestartStrategy::None).expect_err("refused");
-    let msg = err.to_string();
-    let name = file.file_name().unwrap().to_string_lossy().into_owned();
-    assert!(matches!(err, Error::Restore(_)), "{msg}");
-    assert!(msg.contains(&name) && msg.contains("CRC mismatch"), "{msg}");
+    // Task states in task files (inline_state_max 0), then inline in the
+    // manifest (the default): one flipped byte is refused either way, with
+    // the file named.
+    for inline in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        let job = Job { failures: 0, ..BASE };
+        let files_only = |c: &mut RuntimeConfig| {
+            if !inline {
+                c.checkpointing.as_mut().unwrap().inline_state_max = 0;
+            }
+        };
+        run_with(job, dir.path(), &target, files_only).unwrap();
+        let ids = weir_core::checkpoint::storage::list_ids(dir.path()).unwrap();
+        let latest = weir_core::checkpoint::storage::checkpoint_dir(dir.path(), *ids.last().unwrap());
+        let file = std::fs::read_dir(&latest)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| match inline {
+                false => p.extension().is_some_and(|e| e == "state"),
+                true => p.ends_with(weir_core::checkpoint::storage::MANIFEST),
+            })
+            .unwrap();
+        let mut bytes = std::fs::read(&file).unwrap();
+        // In a task file's payload, or in the last inline state.
+        let last = bytes.len() - 6;
+        bytes[last] ^= 0x10;
+        std::fs::write(&file, bytes).unwrap();
+        let err = run_with(job, dir.path(), &target, |c| {
+            files_only(c);
+            c.restart = RestartStrategy::None;
+        })
+        .expect_err("refused");
+        let msg = err.to_string();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(matches!(err, Error::Restore(_)), "{msg}");
+        assert!(msg.contains(&name) && msg.contains("CRC mismatch"), "{msg}");
+        if inline {
+            assert!(msg.contains("inline state of task"), "{msg}");
+        }
+    }
 }
 
 #[test]

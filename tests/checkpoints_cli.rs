@@ -51,6 +51,10 @@ fn make_checkpoints(dir: &Path) {
         checkpointing: Some(CheckpointConfig {
             interval: Duration::from_millis(5),
             retained: RETAINED,
+            // The sources' 38-byte states inline in the manifest, the keyed
+            // tasks' larger ones in task files: both kinds are inspected
+            // and corrupted below.
+            inline_state_max: 64,
             ..CheckpointConfig::new(CheckpointMode::Aligned, dir)
         }),
         ..RuntimeConfig::default()
@@ -159,7 +163,7 @@ fn list_inspect_verify_and_detect_corruption() {
         assert!(out.contains(needle), "missing '{needle}' in\n{out}");
     }
     // Source tasks' small state is inline in the manifest; the keyed tasks'
-    // (memory-mapped backend) is in task files.
+    // (over `inline_state_max`) is in task files.
     assert!(last.tasks[..2].iter().all(|t| t.inline_offset.is_some()), "{last:?}");
     assert!(last.tasks[2..].iter().all(|t| t.inline_offset.is_none()), "{last:?}");
     for t in &last.tasks {

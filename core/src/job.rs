@@ -284,6 +284,7 @@ fn prepare(
                 task: k,
                 group: g,
                 root: Arc::from(root),
+                inline_max: ckpt.map_or(crate::checkpoint::DEFAULT_INLINE_STATE_MAX, |c| c.inline_state_max),
             });
         }
         if let Some(r) = restored {

@@ -106,6 +106,14 @@ pub struct CheckpointConfig {
     pub alignment_timeout: Option<Duration>,
     /// Which checkpoint to start from. Default: the latest.
     pub restore: RestoreFrom,
+    /// A task's checkpoint state of at most this many bytes goes into the
+    /// manifest instead of a file of its own: one durable write per
+    /// checkpoint instead of one per task. `0` puts every task state in a
+    /// file. Default 256 KiB ([`DEFAULT_INLINE_STATE_MAX`]); at most 16 MiB
+    /// ([`MAX_INLINE_STATE`]). A state with no state-backend work is framed
+    /// on the task's own thread at the barrier, so this also bounds that
+    /// pause.
+    pub inline_state_max: usize,
 }
 
 /// Shortest accepted checkpoint interval: below it, barriers would be
@@ -115,6 +123,12 @@ pub const MIN_INTERVAL: Duration = Duration::from_millis(1);
 pub const MAX_CONCURRENT: usize = 16;
 /// Most completed checkpoints retained.
 pub const MAX_RETAINED: usize = 1000;
+/// Default [`CheckpointConfig::inline_state_max`]: 256 KiB, framed in tens
+/// of µs.
+pub const DEFAULT_INLINE_STATE_MAX: usize = 256 << 10;
+/// Largest accepted [`CheckpointConfig::inline_state_max`]: 16 MiB, so that
+/// manifests, read whole for retention and garbage collection, stay small.
+pub const MAX_INLINE_STATE: usize = 16 << 20;
 
 impl CheckpointConfig {
     /// Defaults for `mode`, storing into `dir`.
@@ -131,6 +145,7 @@ impl CheckpointConfig {
             retain_on_cancel: RetainOnCancel::Keep,
             alignment_timeout: None,
             restore: RestoreFrom::Latest,
+            inline_state_max: DEFAULT_INLINE_STATE_MAX,
         }
     }
 
@@ -162,6 +177,13 @@ impl CheckpointConfig {
                 "checkpoint.retained",
                 self.retained,
                 "must be between 1 and 1000",
+            ));
+        }
+        if self.inline_state_max > MAX_INLINE_STATE {
+            return Err(Error::config(
+                "checkpoint.inline_state_max",
+                self.inline_state_max,
+                "must be at most 16 MiB (16777216 bytes)",
             ));
         }
         if self.dir.as_os_str().is_empty() {
@@ -300,6 +322,13 @@ mod tests {
                     ..ok.clone()
                 },
                 "checkpoint.alignment_timeout",
+            ),
+            (
+                CheckpointConfig {
+                    inline_state_max: MAX_INLINE_STATE + 1,
+                    ..ok.clone()
+                },
+                "checkpoint.inline_state_max",
             ),
         ];
         for (cfg, name) in cases {

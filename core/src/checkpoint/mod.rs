@@ -22,7 +22,7 @@ pub(crate) mod stats;
 pub mod storage;
 
 pub use config::{
-    CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, MAX_CONCURRENT, MAX_RETAINED,
-    MIN_INTERVAL,
+    CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, DEFAULT_INLINE_STATE_MAX,
+    MAX_CONCURRENT, MAX_INLINE_STATE, MAX_RETAINED, MIN_INTERVAL,
 };
 pub use stats::{CheckpointRecord, CheckpointStats, RestartRecord, TaskCheckpointStats, MAX_HISTORY};

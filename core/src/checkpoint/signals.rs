@@ -139,6 +139,8 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) group: usize,
     /// Root of the job's checkpoint directory.
     pub(crate) root: Arc<std::path::Path>,
+    /// `CheckpointConfig::inline_state_max`.
+    pub(crate) inline_max: usize,
 }
 
 impl TaskCheckpointing {

@@ -231,9 +231,13 @@ pub(crate) struct TaskAck {
 /// from there.
 pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let small = snapshot.state.state_bytes() + snapshot.state.channel_bytes();
-    if snapshot.async_jobs.is_empty() && small <= storage::INLINE_TASK_STATE_MAX as u64 {
+    if snapshot.async_jobs.is_empty() && small <= ck.inline_max as u64 {
         let start = Instant::now();
         let frame = snapshot.state.encode();
+        if frame.len() > ck.inline_max {
+            // The framing took it over the bound: a file after all.
+            return write_off_thread(snapshot, ck);
+        }
         ck.send(Event::Ack(Box::new(TaskAck {
             id: snapshot.id(),
             task: ck.task,
@@ -247,6 +251,11 @@ pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
         })));
         return;
     }
+    write_off_thread(snapshot, ck);
+}
+
+/// Runs the state jobs and writes the task state on the snapshot pool.
+fn write_off_thread(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let ck = ck.clone();
     rayon::spawn(move || {
         let id = snapshot.id();
@@ -270,14 +279,21 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
         backend_bytes += out.state_bytes;
     }
     let bytes = snapshot.state.encode();
-    let dir = storage::checkpoint_dir(&ck.root, id);
-    let name = storage::task_file_name(snapshot.state.group as usize, snapshot.state.subtask as usize);
-    let file = storage::write_durable(&ck.root, &dir, &name, &bytes, storage::DirSync::Deferred)
-        .map_err(|e| format!("writing {}: {e}", dir.join(&name).display()))?;
+    // What the state jobs left (their handles, channel state) is usually
+    // small: inline too, which saves a file and its sync.
+    let state = if bytes.len() <= ck.inline_max {
+        AckedState::Inline(bytes)
+    } else {
+        let dir = storage::checkpoint_dir(&ck.root, id);
+        let name = storage::task_file_name(snapshot.state.group as usize, snapshot.state.subtask as usize);
+        let file = storage::write_durable(&ck.root, &dir, &name, &bytes, storage::DirSync::Deferred)
+            .map_err(|e| format!("writing {}: {e}", dir.join(&name).display()))?;
+        AckedState::File(file)
+    };
     Ok(TaskAck {
         id,
         task: ck.task,
-        state: AckedState::File(file),
+        state,
         shared_files,
         state_bytes: snapshot.state.state_bytes() + backend_bytes,
         channel_state_bytes: snapshot.state.channel_bytes(),
