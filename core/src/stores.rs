@@ -74,7 +74,9 @@ impl StoreLifecycle {
                 let mut files = Vec::new();
                 let mut state_bytes = 0;
                 for job in jobs {
-                    let h = job.write(root)?;
+                    // The coordinator fsyncs `shared/` once before the
+                    // manifest (`AsyncOutput::wrote_shared`).
+                    let h = job.write_deferring_dir_sync(root)?;
                     files.extend(h.files.iter().map(|f| FileRef {
                         path: f.path.clone(),
                         size: f.size,
@@ -87,6 +89,7 @@ impl StoreLifecycle {
                     state: postcard::to_stdvec(&handles)?,
                     files,
                     state_bytes,
+                    wrote_shared: !handles.is_empty(),
                 })
             }),
         );

@@ -272,6 +272,7 @@ impl Coordinator {
             })
             .collect();
         let files_written = !task_files.is_empty();
+        let shared_written = acks.iter().any(|a| a.wrote_shared);
         let manifest = Manifest {
             version: 1,
             job: self.job.clone(),
@@ -293,7 +294,7 @@ impl Coordinator {
             },
             inline,
         };
-        if let Err(e) = manifest.commit(&self.root, files_written) {
+        if let Err(e) = manifest.commit(&self.root, files_written, shared_written) {
             // Put it back so that abort() accounts for it.
             self.pending.insert(
                 id,

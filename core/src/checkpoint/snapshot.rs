@@ -145,6 +145,9 @@ pub(crate) struct AsyncOutput {
     pub(crate) files: Vec<FileRef>,
     /// Logical size of the state.
     pub(crate) state_bytes: u64,
+    /// Files were renamed into `shared/` whose folder entries are not yet
+    /// durable: the coordinator fsyncs `shared/` before the manifest.
+    pub(crate) wrote_shared: bool,
 }
 
 /// What a task collects while handling a barrier.
@@ -210,6 +213,8 @@ pub(crate) struct TaskAck {
     pub(crate) state: AckedState,
     /// Files in `shared/` (state backend) this task's state relies on.
     pub(crate) shared_files: Vec<FileRef>,
+    /// See [`AsyncOutput::wrote_shared`].
+    pub(crate) wrote_shared: bool,
     pub(crate) state_bytes: u64,
     pub(crate) channel_state_bytes: u64,
     pub(crate) sync_ns: u64,
@@ -243,6 +248,7 @@ pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
             task: ck.task,
             state: AckedState::Inline(frame),
             shared_files: Vec::new(),
+            wrote_shared: false,
             state_bytes: snapshot.state.state_bytes(),
             channel_state_bytes: snapshot.state.channel_bytes(),
             sync_ns: snapshot.sync_ns,
@@ -271,11 +277,13 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
     let async_start = Instant::now();
     let id = snapshot.id();
     let mut shared_files = Vec::new();
+    let mut wrote_shared = false;
     let mut backend_bytes = 0;
     for (op, job) in std::mem::take(&mut snapshot.async_jobs) {
         let out = job(&ck.root).map_err(|e| format!("operator {op}: asynchronous snapshot failed: {e}"))?;
         snapshot.state.operators.push((op, out.state));
         shared_files.extend(out.files);
+        wrote_shared |= out.wrote_shared;
         backend_bytes += out.state_bytes;
     }
     let bytes = snapshot.state.encode();
@@ -295,6 +303,7 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
         task: ck.task,
         state,
         shared_files,
+        wrote_shared,
         state_bytes: snapshot.state.state_bytes() + backend_bytes,
         channel_state_bytes: snapshot.state.channel_bytes(),
         sync_ns: snapshot.sync_ns,

@@ -297,21 +297,24 @@ impl Manifest {
     }
 
     /// Makes the manifest durable: the checkpoint is complete afterwards.
-    /// `files_written`: task files of this checkpoint were written (data
-    /// synced by their writers, folder entries deferred); the folder is
-    /// fsynced first, so that they are durable before the manifest that
-    /// names them exists. (State-backend files in `shared/` are made
-    /// durable, folder included, by their writer.) A checkpoint of inline
-    /// states only skips that sync: the manifest is then its only new file.
+    /// `task_files`: task files of this checkpoint were written (data synced
+    /// by their writers, folder entries deferred); `shared`: state-backend
+    /// files were renamed into `shared/` the same way. Those folders are
+    /// fsynced first, so that every file the manifest names is durable
+    /// before the manifest exists. A checkpoint of inline states only skips
+    /// both: the manifest is then its only new file.
     ///
     /// This replaced one `syncfs(2)` for all task files: that also flushed
     /// everything else dirty on the filesystem (the memory-mapped state's
     /// working files, sinks' logs), 3-10 ms per checkpoint under load.
-    pub(crate) fn commit(&self, root: &Path, files_written: bool) -> std::io::Result<()> {
+    pub(crate) fn commit(&self, root: &Path, task_files: bool, shared: bool) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
         crate::fault::hit("checkpoint.manifest.before")?;
-        if files_written {
+        if task_files {
             sync_dir(&dir)?;
+        }
+        if shared {
+            sync_dir(&root.join(SHARED))?;
         }
         write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
         // The folder's own entry (created ahead, unsynced).
@@ -548,7 +551,7 @@ mod tests {
         assert_eq!(f.path, "chk-0000000005/a.state");
         let mut m = manifest(5);
         m.files.push(f.clone());
-        m.commit(root.path(), true).unwrap();
+        m.commit(root.path(), true, false).unwrap();
         assert_eq!(list_ids(root.path()).unwrap(), vec![5]);
         let read = read_manifest(root.path(), 5).unwrap().unwrap();
         verify_files(root.path(), &read).unwrap();

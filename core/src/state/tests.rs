@@ -719,7 +719,7 @@ fn a_crash_during_the_write_leaves_the_previous_checkpoint_intact() {
         for k in 0..3000u64 {
             s.get_or_default(&k)[1] = 2;
         }
-        let err = s.snapshot(2).write_with(&root, Some(fail)).unwrap_err();
+        let err = s.snapshot(2).write_with(&root, Some(fail), true).unwrap_err();
         assert!(err.to_string().contains("injected fault"), "{fail:?}: {err}");
         s.snapshot_done(2, false);
         // Earlier files are byte-for-byte untouched and restore.
