@@ -274,7 +274,7 @@ impl Coordinator {
         let files_written = !task_files.is_empty();
         let shared_written = acks.iter().any(|a| a.wrote_shared);
         let manifest = Manifest {
-            version: 1,
+            version: storage::MANIFEST_VERSION,
             job: self.job.clone(),
             fingerprint: self.fingerprint.clone(),
             id,

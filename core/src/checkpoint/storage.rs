@@ -32,6 +32,9 @@ use serde::{Deserialize, Serialize};
 
 /// Name of a checkpoint's manifest inside its folder.
 pub const MANIFEST: &str = "MANIFEST";
+/// The manifest format written: 2 (1 had no inline task states; both are
+/// read).
+pub const MANIFEST_VERSION: u32 = 2;
 /// Folder for files shared between checkpoints.
 pub const SHARED: &str = "shared";
 const CHK_PREFIX: &str = "chk-";
@@ -86,7 +89,7 @@ pub struct ManifestGroup {
 /// The description of one completed checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Format version (1).
+    /// Format version ([`MANIFEST_VERSION`] when written; 1 and 2 are read).
     pub version: u32,
     /// Job name.
     pub job: String,
@@ -260,6 +263,12 @@ impl Manifest {
             ));
         }
         let mut m: Manifest = serde_json::from_str(json).map_err(|e| format!("{p}: manifest does not parse: {e}"))?;
+        if m.version == 0 || m.version > MANIFEST_VERSION {
+            return Err(format!(
+                "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
+                m.version
+            ));
+        }
         let inline_start = json_end + 16;
         m.inline = bytes[inline_start..].to_vec();
         let mut covered = 0u64;
@@ -515,6 +524,14 @@ mod tests {
             longer.push(0);
             assert!(Manifest::decode(&longer, p).is_err(), "a byte appended");
         }
+    }
+
+    #[test]
+    fn a_manifest_of_an_unknown_version_is_refused() {
+        let mut m = manifest(3);
+        m.version = MANIFEST_VERSION + 1;
+        let e = Manifest::decode(&m.encode(), Path::new("M")).unwrap_err();
+        assert!(e.contains("format version 3") && e.contains("newer weir"), "{e}");
     }
 
     #[test]
