@@ -1,5 +1,6 @@
 //! Crash consistency of checkpoint files: a fault injected at every durable
-//! step of writing a checkpoint (task state files and the manifest) fails
+//! step of writing a checkpoint (task state files, inline states in the
+//! manifest, and the manifest) fails
 //! that checkpoint; the job, stopped right there as if it had crashed, is
 //! resumed by a new run from the same directory, and the committed output
 //! of both runs together is exactly-once.
@@ -28,54 +29,68 @@ const POINTS: &[(&str, u32)] = &[
 
 #[test]
 fn a_fault_at_any_durable_step_leaves_the_previous_checkpoint_restorable() {
-    for &(point, skip) in POINTS {
-        for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
-            let job = Job {
-                mode,
-                failures: 0,
-                events: 30_000,
-                // Long enough (0.3 s at 5 ms intervals) for the fault to hit.
-                rate: 100_000.0,
-                ..BASE
-            };
-            let dir = tempfile::tempdir().unwrap();
-            let target = Arc::new(Mutex::new(Target::default()));
-            // Let a few checkpoints succeed, then fail one step; with no
-            // tolerance and no restart the job stops there.
-            fault::arm(point, Action::FailAfter(skip));
-            let first = run_with(job, dir.path(), &target, |c| {
-                c.restart = RestartStrategy::None;
-                if let Some(ck) = c.checkpointing.as_mut() {
-                    ck.tolerable_failures = 0;
-                }
-            });
-            fault::disarm_all();
-            match first {
-                Err(Error::Checkpoint(msg)) => assert!(msg.contains("injected fault"), "{point}: {msg}"),
-                other => panic!(
-                    "{point} {mode:?}: expected a checkpoint failure, got {:?}",
-                    other.map(|r| r.outcome)
-                ),
+    // Task states inline in the manifest (the default: the write points
+    // are hit by the manifest's write), and in task files of their own.
+    for inline_state_max in [weir_core::checkpoint::DEFAULT_INLINE_STATE_MAX, 0] {
+        for &(point, skip) in POINTS {
+            for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+                one_fault(point, skip, mode, inline_state_max);
             }
-            // Every complete checkpoint on disk verifies.
-            let ids = storage::list_ids(dir.path()).unwrap();
-            let mut complete = 0;
-            for id in &ids {
-                if let Some(m) = storage::read_manifest(dir.path(), *id).unwrap() {
-                    storage::verify_files(dir.path(), &m).unwrap();
-                    complete += 1;
-                }
-            }
-            assert!(complete >= 1, "{point}: a previous checkpoint remains ({ids:?})");
-            // Resume: the new run restores the latest complete checkpoint
-            // and the two runs' committed output is exactly-once.
-            let second = run_with(job, dir.path(), &target, |_| {}).unwrap();
-            assert!(
-                second.metrics.checkpoints.restored_from.is_some(),
-                "{point}: resumed from a checkpoint"
-            );
-            let rows = std::mem::take(&mut target.lock().unwrap().rows);
-            assert_exactly_once(job, &rows);
         }
     }
+}
+
+fn one_fault(point: &str, skip: u32, mode: CheckpointMode, inline_state_max: usize) {
+    let job = Job {
+        mode,
+        failures: 0,
+        events: 30_000,
+        // Long enough (0.3 s at 5 ms intervals) for the fault to hit.
+        rate: 100_000.0,
+        ..BASE
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let target = Arc::new(Mutex::new(Target::default()));
+    // Let a few checkpoints succeed, then fail one step; with no
+    // tolerance and no restart the job stops there.
+    fault::arm(point, Action::FailAfter(skip));
+    let first = run_with(job, dir.path(), &target, |c| {
+        c.restart = RestartStrategy::None;
+        if let Some(ck) = c.checkpointing.as_mut() {
+            ck.tolerable_failures = 0;
+            ck.inline_state_max = inline_state_max;
+        }
+    });
+    fault::disarm_all();
+    match first {
+        Err(Error::Checkpoint(msg)) => assert!(msg.contains("injected fault"), "{point}: {msg}"),
+        other => panic!(
+            "{point} {mode:?}: expected a checkpoint failure, got {:?}",
+            other.map(|r| r.outcome)
+        ),
+    }
+    // Every complete checkpoint on disk verifies.
+    let ids = storage::list_ids(dir.path()).unwrap();
+    let mut complete = 0;
+    for id in &ids {
+        if let Some(m) = storage::read_manifest(dir.path(), *id).unwrap() {
+            storage::verify_files(dir.path(), &m).unwrap();
+            complete += 1;
+        }
+    }
+    assert!(complete >= 1, "{point}: a previous checkpoint remains ({ids:?})");
+    // Resume: the new run restores the latest complete checkpoint
+    // and the two runs' committed output is exactly-once.
+    let second = run_with(job, dir.path(), &target, |c| {
+        if let Some(ck) = c.checkpointing.as_mut() {
+            ck.inline_state_max = inline_state_max;
+        }
+    })
+    .unwrap();
+    assert!(
+        second.metrics.checkpoints.restored_from.is_some(),
+        "{point}: resumed from a checkpoint"
+    );
+    let rows = std::mem::take(&mut target.lock().unwrap().rows);
+    assert_exactly_once(job, &rows);
 }
