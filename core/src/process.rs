@@ -64,6 +64,16 @@ impl<K: StateKey, B: Data> Buffers<K, B> {
         self.store.user_keys_in(key, |&s| scratch.push(s));
         self.scratch.sort_unstable();
     }
+
+    /// Calls `f` with every value of `key`, in arrival order.
+    fn for_each(&mut self, key: &K, mut f: impl FnMut(B)) {
+        self.sorted(key);
+        for s in &self.scratch {
+            if let Some(v) = self.store.get(key, s) {
+                f(v);
+            }
+        }
+    }
 }
 
 /// What a [`KeyedProcessFunction`] can do while it handles one record or
@@ -88,13 +98,16 @@ impl<K: StateKey, O, B: Data> TimerContext<'_, K, O, B> {
     }
 
     /// Calls `f` with every value of this key's buffer, in arrival order.
-    pub fn buffer_for_each(&mut self, mut f: impl FnMut(B)) {
-        self.buffers.sorted(self.key);
-        for s in &self.buffers.scratch {
-            if let Some(v) = self.buffers.store.get(self.key, s) {
-                f(v);
-            }
-        }
+    pub fn buffer_for_each(&mut self, f: impl FnMut(B)) {
+        self.buffers.for_each(self.key, f);
+    }
+
+    /// Emits `f(value)` for every value of this key's buffer, in arrival
+    /// order (what [`TimerContext::buffer_for_each`] cannot do, `ctx` being
+    /// borrowed while it runs).
+    pub fn emit_buffered(&mut self, mut f: impl FnMut(B) -> O) {
+        let out = &mut *self.out;
+        self.buffers.for_each(self.key, |v| out.push(f(v)));
     }
 
     /// Keeps the values of this key's buffer for which `f` is true.

@@ -548,16 +548,12 @@ impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
     ) {
         if let Some(num) = *best {
             let (start, end) = (*ctx.key(), time + 1);
-            let mut rows = Vec::new();
-            ctx.buffer_for_each(|auction| {
-                rows.push(Row::Hot {
-                    auction,
-                    num,
-                    start,
-                    end,
-                })
+            ctx.emit_buffered(|auction| Row::Hot {
+                auction,
+                num,
+                start,
+                end,
             });
-            rows.into_iter().for_each(|r| ctx.emit(r));
         }
         ctx.clear_state();
     }
@@ -663,17 +659,13 @@ impl KeyedProcessFunction<i64, Top, Row> for TopOfWindow {
         ctx: &mut TimerContext<'_, i64, Row, BidRef>,
     ) {
         if let Some(price) = *best {
-            let mut rows = Vec::new();
-            ctx.buffer_for_each(|(auction, bidder, date_time)| {
-                rows.push(Row::Bid {
-                    auction,
-                    bidder,
-                    price,
-                    date_time,
-                    price_first: true,
-                })
+            ctx.emit_buffered(|(auction, bidder, date_time)| Row::Bid {
+                auction,
+                bidder,
+                price,
+                date_time,
+                price_first: true,
             });
-            rows.into_iter().for_each(|r| ctx.emit(r));
         }
         ctx.clear_state();
     }

@@ -128,25 +128,29 @@ impl ManifestTask {
         manifest: &'m Manifest,
     ) -> std::io::Result<std::borrow::Cow<'m, [u8]>> {
         match self.inline_offset {
-            Some(off) => {
-                let range = off as usize..(off + self.file.size) as usize;
-                manifest
-                    .inline
-                    .get(range)
-                    .map(std::borrow::Cow::Borrowed)
-                    .ok_or_else(|| {
-                        std::io::Error::new(
-                            std::io::ErrorKind::InvalidData,
-                            format!(
-                                "inline state at {off}+{} lies outside the manifest's {} inline bytes",
-                                self.file.size,
-                                manifest.inline.len()
-                            ),
-                        )
-                    })
-            }
+            Some(off) => self
+                .inline_frame(&manifest.inline)
+                .map(std::borrow::Cow::Borrowed)
+                .ok_or_else(|| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!(
+                            "inline state at {off}+{} lies outside the manifest's {} inline bytes",
+                            self.file.size,
+                            manifest.inline.len()
+                        ),
+                    )
+                }),
             None => fs::read(root.join(&self.file.path)).map(std::borrow::Cow::Owned),
         }
+    }
+
+    /// This inline state's frame in `inline`; `None` if it is not inline or
+    /// does not lie inside.
+    fn inline_frame<'i>(&self, inline: &'i [u8]) -> Option<&'i [u8]> {
+        let start = usize::try_from(self.inline_offset?).ok()?;
+        let end = start.checked_add(usize::try_from(self.file.size).ok()?)?;
+        inline.get(start..end)
     }
 }
 
@@ -274,27 +278,26 @@ impl Manifest {
         let mut covered = 0u64;
         for t in &m.tasks {
             let Some(off) = t.inline_offset else { continue };
-            let at = inline_start as u64 + off;
-            let frame = t.state_bytes_in(Path::new(""), &m).map_err(|_| {
+            let at = (inline_start as u64).saturating_add(off);
+            let end = at.saturating_add(t.file.size);
+            let frame = t.inline_frame(&m.inline).ok_or_else(|| {
                 format!(
-                    "{p}: inline state of task {}/{} at bytes {at}..{} lies past the end ({} bytes): truncated",
+                    "{p}: inline state of task {}/{} at bytes {at}..{end} lies past the end ({} bytes): truncated",
                     t.group,
                     t.subtask,
-                    at + t.file.size,
                     bytes.len()
                 )
             })?;
-            let actual = crc32fast::hash(&frame);
+            let actual = crc32fast::hash(frame);
             if actual != t.file.crc32 {
                 return Err(format!(
-                    "{p}: CRC mismatch in the inline state of task {}/{} at bytes {at}..{}: expected {:08x}, actual {actual:08x}",
+                    "{p}: CRC mismatch in the inline state of task {}/{} at bytes {at}..{end}: expected {:08x}, actual {actual:08x}",
                     t.group,
                     t.subtask,
-                    at + t.file.size,
                     t.file.crc32
                 ));
             }
-            covered += t.file.size;
+            covered = covered.saturating_add(t.file.size);
         }
         if covered != m.inline.len() as u64 {
             return Err(format!(
