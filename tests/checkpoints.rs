@@ -32,6 +32,28 @@ fn unaligned_survives_failures_exactly_once() {
     assert_exactly_once(job, &out.rows);
 }
 
+/// The tests above take small keyed states whole and inline at each
+/// barrier (the default for stores up to `inline_state_max`); with
+/// `inline_state_max` 0 the same job writes incremental state files to
+/// `shared/` on the snapshot pool, and still restores exactly.
+#[test]
+fn exactly_once_with_incremental_state_files() {
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let job = Job { mode, ..BASE };
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        let result = run_with(job, dir.path(), &target, |c| {
+            c.checkpointing.as_mut().unwrap().inline_state_max = 0;
+        })
+        .unwrap();
+        assert_eq!(result.metrics.checkpoints.restarts.len(), 3, "{mode:?}");
+        let shared = std::fs::read_dir(dir.path().join("shared")).map_or(0, |d| d.count());
+        assert!(shared > 0, "{mode:?}: state files in shared/");
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
+        assert_exactly_once(job, &rows);
+    }
+}
+
 #[test]
 fn at_least_once_loses_nothing() {
     let job = Job {

@@ -16,6 +16,8 @@ use crate::state::{ListStore, MapStore, SnapshotJob, StateHandle, StoreOptions, 
 /// A store of the memory-mapped backend, as its operator's lifecycle sees it.
 pub(crate) trait Snapshottable {
     fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob;
+    fn snapshot_inline(&mut self, checkpoint_id: u64) -> StateHandle;
+    fn full_snapshot_bytes(&self) -> usize;
     fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool);
 }
 
@@ -24,6 +26,12 @@ impl<K: crate::state::StateKey, UK: crate::state::StateKey, V, C: crate::state::
 {
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         MapStore::snapshot(self, id)
+    }
+    fn snapshot_inline(&mut self, id: u64) -> StateHandle {
+        MapStore::snapshot_inline(self, id)
+    }
+    fn full_snapshot_bytes(&self) -> usize {
+        MapStore::full_snapshot_bytes(self)
     }
     fn snapshot_done(&mut self, id: u64, completed: bool) {
         MapStore::snapshot_done(self, id, completed)
@@ -34,6 +42,12 @@ impl<K: crate::state::StateKey, V, C: crate::state::Codec<V>> Snapshottable for 
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         ListStore::snapshot(self, id)
     }
+    fn snapshot_inline(&mut self, id: u64) -> StateHandle {
+        ListStore::snapshot_inline(self, id)
+    }
+    fn full_snapshot_bytes(&self) -> usize {
+        ListStore::full_snapshot_bytes(self)
+    }
     fn snapshot_done(&mut self, id: u64, completed: bool) {
         ListStore::snapshot_done(self, id, completed)
     }
@@ -42,6 +56,12 @@ impl<K: crate::state::StateKey, V, C: crate::state::Codec<V>> Snapshottable for 
 impl<K: crate::state::StateKey, V: crate::state::StateValue> Snapshottable for ValueStore<K, V> {
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         ValueStore::snapshot(self, id)
+    }
+    fn snapshot_inline(&mut self, id: u64) -> StateHandle {
+        ValueStore::snapshot_inline(self, id)
+    }
+    fn full_snapshot_bytes(&self) -> usize {
+        ValueStore::full_snapshot_bytes(self)
     }
     fn snapshot_done(&mut self, id: u64, completed: bool) {
         ValueStore::snapshot_done(self, id, completed)
@@ -56,8 +76,13 @@ pub(crate) struct StoreLifecycle {
 }
 
 impl StoreLifecycle {
-    /// Synchronous part of the barrier: freezes every store and adds one
-    /// asynchronous job writing them all to the snapshot of operator `op`.
+    /// Synchronous part of the barrier. Stores whose full snapshots
+    /// together fit the task's inline budget
+    /// ([`TaskSnapshot::inline_max`]) are copied whole, now, into the
+    /// operator's state, which then goes inline into the manifest with the
+    /// rest of the task's state: no job, no file, no sync of their own.
+    /// Otherwise every store is frozen and one asynchronous job writes them
+    /// all (incrementally) to files.
     pub(crate) fn barrier(
         &mut self,
         stores: &mut [&mut dyn Snapshottable],
@@ -65,8 +90,14 @@ impl StoreLifecycle {
         op: usize,
         snap: &mut TaskSnapshot,
     ) {
-        let jobs: Vec<SnapshotJob> = stores.iter_mut().map(|s| s.snapshot(id)).collect();
         self.pending.push_back(id);
+        let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
+        if whole <= snap.inline_max {
+            let handles: Vec<StateHandle> = stores.iter_mut().map(|s| s.snapshot_inline(id)).collect();
+            snap.put_operator(op, postcard::to_stdvec(&handles).expect("state handles always encode"));
+            return;
+        }
+        let jobs: Vec<SnapshotJob> = stores.iter_mut().map(|s| s.snapshot(id)).collect();
         snap.put_async(
             op,
             Box::new(move |root| {

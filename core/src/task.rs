@@ -175,8 +175,8 @@ fn snapshot_chain<T>(
 }
 
 fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> TaskSnapshot {
-    let group = ctx.ckpt.as_ref().map_or(0, |c| c.group);
-    let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism);
+    let (group, inline_max) = ctx.ckpt.as_ref().map_or((0, 0), |c| (c.group, c.inline_max));
+    let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism, inline_max);
     s.first_barrier_ns = first_barrier_ns;
     s
 }

@@ -160,10 +160,14 @@ pub(crate) struct TaskSnapshot {
     pub(crate) sync_ns: u64,
     /// The final checkpoint of a bounded job.
     pub(crate) is_final: bool,
+    /// The largest task state that goes inline into the manifest
+    /// (`CheckpointConfig::inline_state_max`); state-backend stores whose
+    /// full snapshots fit are snapshotted whole at the barrier.
+    pub(crate) inline_max: usize,
 }
 
 impl TaskSnapshot {
-    pub(crate) fn new(id: u64, group: usize, subtask: usize, parallelism: usize) -> Self {
+    pub(crate) fn new(id: u64, group: usize, subtask: usize, parallelism: usize, inline_max: usize) -> Self {
         TaskSnapshot {
             state: TaskState {
                 checkpoint: id,
@@ -177,6 +181,7 @@ impl TaskSnapshot {
             alignment_ns: 0,
             sync_ns: 0,
             is_final: false,
+            inline_max,
         }
     }
 
@@ -195,7 +200,6 @@ impl TaskSnapshot {
     }
 }
 
-/// A task's acknowledgement of a checkpoint.
 /// Where an acknowledged task state is.
 #[derive(Debug, Clone)]
 pub(crate) enum AckedState {
@@ -206,6 +210,7 @@ pub(crate) enum AckedState {
     Inline(Vec<u8>),
 }
 
+/// A task's acknowledgement of a checkpoint.
 #[derive(Debug, Clone)]
 pub(crate) struct TaskAck {
     pub(crate) id: u64,
@@ -222,9 +227,6 @@ pub(crate) struct TaskAck {
     pub(crate) alignment_ns: u64,
 }
 
-/// Finishes a snapshot off the task thread: runs the asynchronous state
-/// jobs, writes the task state file durably, and acknowledges (or declines
-/// on error).
 /// Finishes a task's part of a checkpoint after its synchronous part.
 ///
 /// A small state with no state-backend work left (the common case: source

@@ -47,8 +47,10 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memmap2::MmapMut;
 
-use super::handle::{SlotLayout, StateFile, StateKind};
+use super::format::{self, Chunk, RecordKind};
+use super::handle::{SlotLayout, StateFile, StateHandle, StateKind};
 use super::options::StoreOptions;
+use super::pack;
 use super::snapshot::{JobShared, SnapshotJob};
 use crate::error::{Error, Result};
 
@@ -230,8 +232,8 @@ struct Pending {
     checkpoint: u64,
     epoch: u32,
     base_files: Vec<StateFile>,
-    /// Where the job puts the file it wrote.
-    output: Arc<Mutex<Option<StateFile>>>,
+    /// Where the job puts the file it wrote; `None` for an inline snapshot.
+    output: Option<Arc<Mutex<Option<StateFile>>>>,
 }
 
 /// A unique name for a store instance: files of two stores never collide,
@@ -663,23 +665,7 @@ impl Arena {
     pub(crate) fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob {
         let start = Instant::now();
         self.retire_finished();
-        let epoch = self.epoch;
-        assert!(epoch < u32::MAX - 1, "state store epoch overflow");
-        let (dirty_len, log_len) = (self.dirty.len(), self.log.len());
-        let pages = std::mem::replace(&mut self.dirty, Vec::with_capacity(dirty_len));
-        let slots = if self.log_full {
-            None
-        } else {
-            Some(std::mem::replace(&mut self.log, Vec::with_capacity(log_len)))
-        };
-        self.log_full = false;
-        self.history.push_back(Arc::new(EpochChanges { epoch, pages, slots }));
-        if self.history.len() > MAX_HISTORY {
-            // Nothing completed for too long: stop building on the old base.
-            self.base = None;
-            self.history.clear();
-            self.horizon = epoch;
-        }
+        let epoch = self.close_epoch();
         let chain_ok = |b: &&Base| b.files.len() <= self.opts.max_delta_chain;
         let (full, base_epoch, base_files, lists) = match self.base.as_ref().filter(chain_ok) {
             None => (true, 0, Vec::new(), Vec::new()),
@@ -691,17 +677,12 @@ impl Arena {
         let n_pages = self.pages();
         let shared = Arc::new(JobShared::new(epoch, base_epoch, full, n_pages, self.opts.page_size));
         self.in_flight.push(shared.clone());
-        if self.pending.len() == MAX_PENDING {
-            self.pending.remove(0);
-        }
-        self.pending.push(Pending {
+        self.add_pending(Pending {
             checkpoint: checkpoint_id,
             epoch,
             base_files: base_files.clone(),
-            output: shared.output.clone(),
+            output: Some(shared.output.clone()),
         });
-        self.epoch += 1;
-        self.snapshots += 1;
         let name = format!(
             "shared/{}-c{checkpoint_id}-s{}.{}.pages",
             self.uid,
@@ -723,9 +704,117 @@ impl Arena {
         }
     }
 
+    /// Closes the current epoch for a snapshot taken now: its change lists
+    /// join the history (incremental snapshots read them), and the next
+    /// writes carry the next epoch's stamp. Returns the closed epoch.
+    fn close_epoch(&mut self) -> u32 {
+        let epoch = self.epoch;
+        assert!(epoch < u32::MAX - 1, "state store epoch overflow");
+        let (dirty_len, log_len) = (self.dirty.len(), self.log.len());
+        let pages = std::mem::replace(&mut self.dirty, Vec::with_capacity(dirty_len));
+        let slots = if self.log_full {
+            None
+        } else {
+            Some(std::mem::replace(&mut self.log, Vec::with_capacity(log_len)))
+        };
+        self.log_full = false;
+        self.history.push_back(Arc::new(EpochChanges { epoch, pages, slots }));
+        if self.history.len() > MAX_HISTORY {
+            // Nothing completed for too long: stop building on the old base.
+            self.base = None;
+            self.history.clear();
+            self.horizon = epoch;
+        }
+        self.epoch += 1;
+        self.snapshots += 1;
+        epoch
+    }
+
+    fn add_pending(&mut self, p: Pending) {
+        if self.pending.len() == MAX_PENDING {
+            self.pending.remove(0);
+        }
+        self.pending.push(p);
+    }
+
+    /// Bytes of a full snapshot of this arena: the size of
+    /// [`Arena::snapshot_inline`]'s image.
+    pub(crate) fn image_bytes(&self) -> usize {
+        format::image_bytes(self.pages(), self.opts.page_size)
+    }
+
+    /// A full snapshot taken whole, now, on the calling (task) thread: every
+    /// page copied (packed, when that is smaller) into one snapshot-file
+    /// image carried by the handle (no file, no job). For small stores, where a copy of everything
+    /// costs less than handing a job to another thread and syncing a file;
+    /// the task thread is the only writer, so the pages are read as they
+    /// are at the barrier without any claim.
+    ///
+    /// An inline snapshot is never the base of an incremental one: once it
+    /// completes, the next file snapshot is full.
+    pub(crate) fn snapshot_inline(&mut self, checkpoint_id: u64) -> StateHandle {
+        let start = Instant::now();
+        self.retire_finished();
+        let epoch = self.close_epoch();
+        self.add_pending(Pending {
+            checkpoint: checkpoint_id,
+            epoch,
+            base_files: Vec::new(),
+            output: None,
+        });
+        let ps = self.opts.page_size;
+        let mut chunk = Chunk::default();
+        chunk.bytes.reserve(self.pages() * (ps / 2 + format::RECORD_HEADER_LEN));
+        for page in 0..self.pages() {
+            // SAFETY: `page` is allocated, so its `ps` bytes lie in a live
+            // mapping; this thread is the store's only writer and is not
+            // writing now. Jobs in flight only read it.
+            let src = unsafe { std::slice::from_raw_parts(self.page_ptr(page), ps) };
+            let kg = u32::from_le_bytes(
+                src[ps - PAGE_TRAILER..ps - PAGE_TRAILER + 4]
+                    .try_into()
+                    .expect("4 bytes"),
+            );
+            // Packed when smaller (free slots and small numbers are zeros).
+            let at = chunk.push_record(page as u32, kg, RecordKind::Packed(0), &[]);
+            pack::pack(src, &mut chunk.bytes);
+            let packed = chunk.bytes.len() - at - format::RECORD_HEADER_LEN;
+            if packed < ps {
+                chunk.set_record_count(at, packed as u32);
+            } else {
+                chunk.bytes.truncate(at);
+                chunk.push_record(page as u32, kg, RecordKind::Full, &[src]);
+            }
+            chunk.seal_record(at);
+        }
+        chunk.finish();
+        let header = format::FileHeader {
+            full: true,
+            layout: self.layout,
+            checkpoint: checkpoint_id,
+            epoch,
+            base_epoch: 0,
+        };
+        let image = format::image(&header, &chunk);
+        StateHandle {
+            checkpoint_id,
+            max_parallelism: self.opts.max_parallelism,
+            key_groups: self.opts.key_groups.clone(),
+            layout: self.layout,
+            files: Vec::new(),
+            state_bytes: self.pages() as u64 * ps as u64,
+            written_bytes: image.len() as u64,
+            sync_micros: start.elapsed().as_micros() as u64,
+            async_micros: 0,
+            full: true,
+            inline: Some(image),
+        }
+    }
+
     /// Records the outcome of checkpoint `checkpoint_id`: a completed one
     /// whose file was written becomes the base of the next incremental
-    /// snapshot; anything else is forgotten. Also frees retired jobs.
+    /// snapshot (a completed inline one leaves no base: the next is full);
+    /// anything else is forgotten. Also frees retired jobs.
     pub(crate) fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool) {
         self.retired.clear();
         let Some(i) = self.pending.iter().position(|p| p.checkpoint == checkpoint_id) else {
@@ -735,7 +824,14 @@ impl Arena {
         if !completed || p.epoch < self.horizon || self.base.as_ref().is_some_and(|b| b.epoch >= p.epoch) {
             return;
         }
-        let Some(file) = p.output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
+        let Some(output) = p.output else {
+            // Inline: restores need nothing older, and nothing builds on it.
+            self.base = None;
+            self.history.retain(|c| c.epoch > p.epoch);
+            self.pending.retain(|q| q.epoch > p.epoch);
+            return;
+        };
+        let Some(file) = output.lock().unwrap_or_else(|e| e.into_inner()).clone() else {
             // Completed without a written file: the coordinator and the job
             // disagree; building on it would lose data, so keep the old base.
             debug_assert!(

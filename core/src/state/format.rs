@@ -7,11 +7,14 @@
 //!                bits 8..16: state kind) | page_size u32 | slot_size u32 |
 //!                checkpoint u64 | epoch u32 | base_epoch u32 | key_bytes u32 |
 //!                crc32 of the 44 bytes before
-//! record*        page u32 | key_group u32 | kind u32 (0 full, 1 delta) |
-//!                count u32 (full: page_size; delta: slots) |
-//!                crc32 of the 16 bytes before and the payload |
+//! record*        page u32 | key_group u32 | kind u32 (0 full, 1 delta,
+//!                2 packed) | count u32 (full: page_size; delta: slots;
+//!                packed: payload bytes) | crc32 of the 16 bytes before and
+//!                the payload |
 //!                payload: full = the page image (page_size bytes);
-//!                         delta = count x (slot index u32, slot bytes)
+//!                         delta = count x (slot index u32, slot bytes);
+//!                         packed = the page image packed (see `pack.rs`),
+//!                         fewer than page_size bytes
 //! trailer  24 B  magic "WEIREND1" | records u64 | crc32 of every byte
 //!                before the trailer | crc32 of the 20 trailer bytes before
 //! ```
@@ -49,6 +52,9 @@ pub(crate) enum RecordKind {
     Full,
     /// This many changed slots, each with its index.
     Delta(u32),
+    /// The whole page image, packed into this many bytes (fewer than a
+    /// page; see [`super::pack`]). Written by inline snapshots.
+    Packed(u32),
 }
 
 /// A run of encoded page records with the CRC of its bytes.
@@ -73,6 +79,7 @@ impl Chunk {
         let (k, count) = match kind {
             RecordKind::Full => (0u32, payload.iter().map(|p| p.len()).sum::<usize>() as u32),
             RecordKind::Delta(n) => (1, n),
+            RecordKind::Packed(n) => (2, n),
         };
         for w in [page, kg, k, count, 0] {
             self.bytes.extend_from_slice(&w.to_le_bytes());
@@ -81,6 +88,12 @@ impl Chunk {
             self.bytes.extend_from_slice(p);
         }
         start
+    }
+
+    /// Sets the count field of the record starting at `start` (a packed
+    /// record's payload length, known once it is packed).
+    pub(crate) fn set_record_count(&mut self, start: usize, count: u32) {
+        self.bytes[start + 12..start + 16].copy_from_slice(&count.to_le_bytes());
     }
 
     /// Computes and stores the CRC of the record starting at `start`.
@@ -187,6 +200,36 @@ fn injected(what: &str) -> Error {
     }
 }
 
+fn encode_trailer(records: u64, body_crc: u32) -> [u8; TRAILER_LEN] {
+    let mut trailer = [0u8; TRAILER_LEN];
+    trailer[0..8].copy_from_slice(TRAILER_MAGIC);
+    trailer[8..16].copy_from_slice(&records.to_le_bytes());
+    trailer[16..20].copy_from_slice(&body_crc.to_le_bytes());
+    let tc = crc(&trailer[..20]);
+    trailer[20..24].copy_from_slice(&tc.to_le_bytes());
+    trailer
+}
+
+/// Bytes of a full snapshot file of `pages` pages of `page_size` bytes.
+pub(crate) fn image_bytes(pages: usize, page_size: usize) -> usize {
+    HEADER_LEN + pages * (RECORD_HEADER_LEN + page_size) + TRAILER_LEN
+}
+
+/// The bytes of a whole snapshot file holding `chunk`'s sealed records,
+/// built in memory: what a small store's snapshot carries inline in its
+/// handle instead of writing a file (same format, same checks on restore).
+pub(crate) fn image(header: &FileHeader, chunk: &Chunk) -> Vec<u8> {
+    let head = header.encode();
+    let mut out = Vec::with_capacity(HEADER_LEN + chunk.bytes.len() + TRAILER_LEN);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(&chunk.bytes);
+    let mut body = crc32fast::Hasher::new();
+    body.update(&head);
+    body.combine(&chunk.crc);
+    out.extend_from_slice(&encode_trailer(chunk.records, body.finalize()));
+    out
+}
+
 /// Writes one snapshot file durably, chunk by chunk; see the module docs.
 pub(crate) struct FileWriter {
     file: File,
@@ -259,12 +302,7 @@ impl FileWriter {
     /// Writes the trailer, fsyncs, renames into place and fsyncs the
     /// directory; returns the file as a handle lists it.
     pub(crate) fn finish(mut self) -> Result<StateFile> {
-        let mut trailer = [0u8; TRAILER_LEN];
-        trailer[0..8].copy_from_slice(TRAILER_MAGIC);
-        trailer[8..16].copy_from_slice(&self.records.to_le_bytes());
-        trailer[16..20].copy_from_slice(&self.body.clone().finalize().to_le_bytes());
-        let tc = crc(&trailer[..20]);
-        trailer[20..24].copy_from_slice(&tc.to_le_bytes());
+        let trailer = encode_trailer(self.records, self.body.clone().finalize());
         self.file.write_all(&trailer).map_err(self.error())?;
         self.size += TRAILER_LEN as u64;
         // Data and size; the other metadata (times) does not matter.
@@ -305,19 +343,18 @@ impl Record {
         let len = match self.kind {
             RecordKind::Full => layout.page_size as usize,
             RecordKind::Delta(n) => n as usize * (4 + layout.slot_size as usize),
+            RecordKind::Packed(n) => n as usize,
         };
         &file[self.start + RECORD_HEADER_LEN..self.start + RECORD_HEADER_LEN + len]
     }
 }
 
-/// Reads a file of checkpoint `checkpoint` and verifies all of it: size and
-/// whole-file CRC against the handle, header, every page record's CRC, and
-/// the trailer. Any failure is [`Error::Corrupt`] naming the file, the
-/// page record (when one is to blame) and both CRCs.
 /// The bytes of a checkpoint file: mapped read-only (no copy, and no
-/// anonymous memory to fault in), or empty.
+/// anonymous memory to fault in), an inline image, or empty.
 pub(crate) enum FileBytes {
     Mapped(memmap2::Mmap),
+    /// The image of an inline snapshot, carried by its handle.
+    Owned(Vec<u8>),
     Empty,
 }
 
@@ -326,6 +363,7 @@ impl std::ops::Deref for FileBytes {
     fn deref(&self) -> &[u8] {
         match self {
             FileBytes::Mapped(m) => m,
+            FileBytes::Owned(v) => v,
             FileBytes::Empty => &[],
         }
     }
@@ -353,9 +391,36 @@ pub(crate) struct Verified {
     pub(crate) epoch: u32,
 }
 
+/// Reads a file of checkpoint `checkpoint` and verifies all of it: size and
+/// whole-file CRC against the handle, header, every page record's CRC, and
+/// the trailer. Any failure is [`Error::Corrupt`] naming the file, the
+/// page record (when one is to blame) and both CRCs.
 pub(crate) fn read_verified(root: &Path, checkpoint: u64, file: &StateFile, layout: &SlotLayout) -> Result<Verified> {
     let what = format!("reading state file {} of checkpoint {checkpoint}", file.path);
     let bytes = open_mapped(&root.join(&file.path), what)?;
+    verify(bytes, checkpoint, file, layout)
+}
+
+/// How errors name the inline image of a snapshot of `checkpoint`.
+pub(crate) fn inline_name(checkpoint: u64) -> String {
+    format!("(inline state image of checkpoint {checkpoint})")
+}
+
+/// [`read_verified`] of the image of an inline snapshot. The image's
+/// size and whole CRC are not recorded apart from it (the task state frame
+/// that carries it has its own CRC), so those two checks are taken as given;
+/// header, every record and the trailer are checked as for a file.
+pub(crate) fn verify_inline(image: Vec<u8>, checkpoint: u64, layout: &SlotLayout) -> Result<Verified> {
+    let file = StateFile {
+        path: inline_name(checkpoint),
+        size: image.len() as u64,
+        crc32: crc(&image),
+    };
+    verify(FileBytes::Owned(image), checkpoint, &file, layout)
+}
+
+/// Verifies the bytes of `file`; see [`read_verified`].
+fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayout) -> Result<Verified> {
     let corrupt = |page: Option<usize>, expected: u32, actual: u32, what: String| Error::Corrupt {
         checkpoint,
         file: file.path.clone(),
@@ -438,6 +503,7 @@ pub(crate) fn read_verified(root: &Path, checkpoint: u64, file: &StateFile, layo
         let kind = match (k, count) {
             (0, c) if c == layout.page_size => Some(RecordKind::Full),
             (1, n) if n >= 1 && n <= spp => Some(RecordKind::Delta(n)),
+            (2, n) if n >= 1 && n < layout.page_size => Some(RecordKind::Packed(n)),
             _ => None,
         };
         let Some(kind) = kind else {
@@ -454,6 +520,7 @@ pub(crate) fn read_verified(root: &Path, checkpoint: u64, file: &StateFile, layo
         let end = match kind {
             RecordKind::Full => at + RECORD_HEADER_LEN + layout.page_size as usize,
             RecordKind::Delta(n) => at + RECORD_HEADER_LEN + n as usize * (4 + slot),
+            RecordKind::Packed(n) => at + RECORD_HEADER_LEN + n as usize,
         };
         if end > body_end {
             let what = format!("page record cut off: {}", sizes());

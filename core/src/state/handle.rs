@@ -49,7 +49,8 @@ pub struct StateFile {
 /// A completed snapshot of one store: what the coordinator records in the
 /// checkpoint manifest and passes back to `restore`.
 ///
-/// `files` lists every file a restore reads, in the order it applies them:
+/// `files` lists every file a restore reads, in the order it applies them
+/// (or `inline` holds the one full snapshot, see [`StateHandle::inline`]):
 /// the full base snapshot first, then each incremental one, the last being
 /// the file this checkpoint wrote. Earlier files are shared with the
 /// checkpoints they were written by.
@@ -63,8 +64,16 @@ pub struct StateHandle {
     pub key_groups: Range<usize>,
     /// The slot layout of the files.
     pub layout: SlotLayout,
-    /// Every file a restore needs, base first.
+    /// Every file a restore needs, base first; empty for an inline
+    /// snapshot.
     pub files: Vec<StateFile>,
+    /// A full snapshot carried in the handle itself rather than in a file:
+    /// the bytes of a snapshot file (same format, checked the same way on
+    /// restore). Small stores are snapshotted so at the barrier (see
+    /// [`crate::checkpoint::CheckpointConfig::inline_state_max`]); such a
+    /// snapshot is never the base of an incremental one.
+    #[serde(with = "serde_bytes")]
+    pub inline: Option<Vec<u8>>,
     /// Logical size of the state: allocated pages times page size (the
     /// size of a full snapshot's page data).
     pub state_bytes: u64,

@@ -233,6 +233,16 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         self.arena.snapshot(checkpoint_id)
     }
 
+    /// See [`super::ValueStore::snapshot_inline`].
+    pub fn snapshot_inline(&mut self, checkpoint_id: u64) -> StateHandle {
+        self.arena.snapshot_inline(checkpoint_id)
+    }
+
+    /// See [`super::ValueStore::full_snapshot_bytes`].
+    pub fn full_snapshot_bytes(&self) -> usize {
+        self.arena.image_bytes()
+    }
+
     /// See [`super::ValueStore::snapshot_done`].
     pub fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool) {
         self.arena.snapshot_done(checkpoint_id, completed);

@@ -50,6 +50,7 @@ mod handle;
 mod list;
 mod map;
 mod options;
+mod pack;
 mod restore;
 mod snapshot;
 mod value;

@@ -1,8 +1,9 @@
 //! Restore: rebuilding an arena from the handles of a completed checkpoint,
 //! possibly written at another parallelism.
 //!
-//! Every file a handle lists is read and verified completely (see
-//! [`super::format::read_verified`]) before any byte of it is used. Pages
+//! Every file a handle lists (or its inline image) is read and verified
+//! completely (see [`super::format::read_verified`]) before any byte of it
+//! is used. Pages
 //! are owned by one key group each, so rescaling is a page-level filter:
 //! pages of key groups this store owns are copied into new pages of its
 //! arena (a map from the old store's page numbers to new ones per handle),
@@ -17,14 +18,29 @@ use rustc_hash::FxHashMap;
 
 use super::arena::{Arena, PAGE_MAGIC, PAGE_TRAILER};
 use super::format::{self, RecordKind};
-use super::handle::{SlotLayout, StateFile, StateHandle};
+use super::handle::{SlotLayout, StateHandle};
 use super::options::StoreOptions;
+use super::pack::unpack;
 use crate::error::{Error, Result};
 
 /// Full pages per positioned write when restoring: 256 pages of 4 KiB make
 /// 1 MiB writes, large enough to amortise the system call and small enough
 /// to spread over rayon's threads.
 const RUN_PAGES: usize = 256;
+
+/// Checks that a page image's trailer is one and names the record's key
+/// group.
+fn check_trailer(file: &str, r: &format::Record, trailer: &[u8]) -> Result<()> {
+    let head_kg = u32::from_le_bytes(trailer[0..4].try_into().expect("4 bytes"));
+    let magic = u32::from_le_bytes(trailer[4..8].try_into().expect("4 bytes"));
+    if head_kg != r.kg || magic != PAGE_MAGIC {
+        return Err(refuse(format!(
+            "file {file}: page {} image has key group {head_kg}, record says {}",
+            r.page, r.kg
+        )));
+    }
+    Ok(())
+}
 
 fn refuse(message: String) -> Error {
     Error::State {
@@ -80,10 +96,22 @@ impl Arena {
             .filter(|h| h.key_groups.start < want.end && want.start < h.key_groups.end)
         {
             let mut page_map: FxHashMap<u32, usize> = FxHashMap::default();
+            if let Some(image) = &h.inline {
+                if !h.files.is_empty() {
+                    return Err(refuse(format!(
+                        "checkpoint {}: a handle lists files and an inline image",
+                        h.checkpoint_id
+                    )));
+                }
+                let verified = format::verify_inline(image.clone(), h.checkpoint_id, &layout)?;
+                max_epoch = max_epoch.max(verified.epoch);
+                let name = format::inline_name(h.checkpoint_id);
+                arena.apply_file(h, &name, &verified, &mut page_map)?;
+            }
             for file in &h.files {
                 let verified = format::read_verified(root, h.checkpoint_id, file, &layout)?;
                 max_epoch = max_epoch.max(verified.epoch);
-                arena.apply_file(h, file, &verified, &mut page_map)?;
+                arena.apply_file(h, &file.path, &verified, &mut page_map)?;
             }
         }
         arena.continue_epochs(max_epoch);
@@ -95,7 +123,7 @@ impl Arena {
     fn apply_file(
         &mut self,
         h: &StateHandle,
-        file: &StateFile,
+        file: &str,
         verified: &format::Verified,
         page_map: &mut FxHashMap<u32, usize>,
     ) -> Result<()> {
@@ -111,7 +139,7 @@ impl Arena {
             if !h.key_groups.contains(&kg) {
                 return Err(refuse(format!(
                     "file {} holds a page of key group {kg}, outside its handle's {:?}",
-                    file.path, h.key_groups
+                    file, h.key_groups
                 )));
             }
             if !want.contains(&kg) {
@@ -126,7 +154,7 @@ impl Arena {
                 }
             };
             match r.kind {
-                RecordKind::Full => {
+                RecordKind::Full | RecordKind::Packed(_) => {
                     let writer = self.page_writer();
                     match runs.last_mut() {
                         Some((first, recs))
@@ -149,16 +177,21 @@ impl Arena {
             for &i in recs {
                 let r = &verified.records[i];
                 let payload = r.payload(bytes, &layout);
-                let trailer = &payload[ps - PAGE_TRAILER..];
-                let head_kg = u32::from_le_bytes(trailer[0..4].try_into().expect("4 bytes"));
-                let magic = u32::from_le_bytes(trailer[4..8].try_into().expect("4 bytes"));
-                if head_kg != r.kg || magic != PAGE_MAGIC {
-                    return Err(refuse(format!(
-                        "file {}: page {} image has key group {head_kg}, record says {}",
-                        file.path, r.page, r.kg
-                    )));
-                }
-                buf.extend_from_slice(payload);
+                let image = if let RecordKind::Packed(_) = r.kind {
+                    let at = buf.len();
+                    buf.resize(at + ps, 0);
+                    unpack(payload, &mut buf[at..]).map_err(|e| {
+                        refuse(format!(
+                            "file {file}: packed page {} of key group {}: {e}",
+                            r.page, r.kg
+                        ))
+                    })?;
+                    at
+                } else {
+                    buf.extend_from_slice(payload);
+                    buf.len() - ps
+                };
+                check_trailer(file, r, &buf[image + ps - PAGE_TRAILER..image + ps])?;
             }
             writer.write_pages(*first, &buf)
         })?;
@@ -182,10 +215,7 @@ impl Arena {
             for entry in r.payload(bytes, &layout).chunks_exact(4 + slot) {
                 let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
                 if i >= spp {
-                    return Err(refuse(format!(
-                        "file {}: page {} has slot {i} of {spp}",
-                        file.path, r.page
-                    )));
+                    return Err(refuse(format!("file {}: page {} has slot {i} of {spp}", file, r.page)));
                 }
                 // SAFETY: slot i < slots_per_page lies inside the page.
                 unsafe { std::ptr::copy_nonoverlapping(entry[4..].as_ptr(), dst.add(i * slot), slot) };

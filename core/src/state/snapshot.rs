@@ -365,6 +365,7 @@ impl SnapshotJob {
             sync_micros: self.sync_micros,
             async_micros: start.elapsed().as_micros() as u64,
             full: self.shared.full,
+            inline: None,
         })
     }
 

@@ -277,6 +277,9 @@ enum Op {
     Del(u64),
     /// Take a snapshot and write it on another thread while later ops run.
     Snap,
+    /// Take a whole snapshot inline, now (as a small store does at the
+    /// barrier); it completes in order with the others.
+    SnapInline,
     /// Wait for the oldest in-flight snapshot, report it completed or not.
     Finish(bool),
     /// Fail over: restore from the newest completed checkpoint.
@@ -290,6 +293,7 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (key.clone(), 1u64..100).prop_map(|(k, d)| Op::Add(k, d)),
         3 => key.prop_map(Op::Del),
         1 => Just(Op::Snap),
+        1 => Just(Op::SnapInline),
         2 => Just(Op::Finish(true)),
         1 => Just(Op::Finish(false)),
         1 => Just(Op::Restore),
@@ -348,6 +352,16 @@ fn run_model(ops: Vec<Op>, max_delta_chain: usize) {
                     id: next_id,
                     model: model.clone(),
                     thread: write_async(job, &root),
+                });
+                next_id += 1;
+            }
+            Op::SnapInline => {
+                let h = store.snapshot_inline(next_id);
+                assert!(h.files.is_empty() && h.full && h.inline.is_some());
+                in_flight.push(InFlight {
+                    id: next_id,
+                    model: model.clone(),
+                    thread: std::thread::spawn(move || Ok(h)),
                 });
                 next_id += 1;
             }
@@ -423,6 +437,99 @@ proptest! {
         }
         prop_assert_eq!(contents(&many), contents(&single));
     }
+}
+
+// ---------------------------------------------------------- inline
+
+/// A small store snapshotted inline: restores to the state at the
+/// snapshot (sparse pages included), and the next file snapshot after it
+/// completed is full (an inline image is never a base), while one after an
+/// aborted inline snapshot still builds on the older file.
+#[test]
+fn inline_snapshots_restore_and_are_never_a_base() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let o = |name: &str| opts(dir.path(), name).with_max_parallelism(4).with_key_groups(0..4);
+    let mut s = Store::create(o("s")).unwrap();
+    for k in 0..3000u64 {
+        *s.get_or_default(&k) = [k, k * 7];
+    }
+    for k in (0..3000u64).filter(|k| k % 3 != 0) {
+        s.remove(&k);
+    }
+    let h1 = s.snapshot_inline(1);
+    let image = h1.inline.as_ref().unwrap().len();
+    assert!(image < s.full_snapshot_bytes() / 2, "sparse pages: {image} bytes");
+    assert_eq!(h1.written_bytes, image as u64);
+    s.snapshot_done(1, true);
+    let r1 = Store::restore(o("r1"), &root, std::slice::from_ref(&h1)).unwrap();
+    assert_eq!(contents(&r1), contents(&s));
+    assert_eq!(r1.len(), 1000);
+
+    *s.get_or_default(&1) = [1, 1];
+    let h2 = s.snapshot(2).write(&root).unwrap();
+    assert!(
+        h2.full,
+        "after a completed inline snapshot the next file snapshot is full"
+    );
+    s.snapshot_done(2, true);
+    *s.get_or_default(&2) = [2, 2];
+    let _aborted = s.snapshot_inline(3);
+    s.snapshot_done(3, false);
+    *s.get_or_default(&3) = [3, 3];
+    let h4 = s.snapshot(4).write(&root).unwrap();
+    assert!(!h4.full && h4.files.len() == 2, "builds on checkpoint 2's file");
+    let r4 = Store::restore(o("r4"), &root, std::slice::from_ref(&h4)).unwrap();
+    assert_eq!(contents(&r4), contents(&s));
+
+    // Rescaled: two subtasks' inline images into one store and back.
+    let oa =
+        |name: &str, kg: std::ops::Range<usize>| opts(dir.path(), name).with_max_parallelism(4).with_key_groups(kg);
+    let mut a = Store::create(oa("a", 0..2)).unwrap();
+    let mut b = Store::create(oa("b", 2..4)).unwrap();
+    for k in 0..2000u64 {
+        let kg = key_group(stable_hash(&k), 4);
+        *(if kg < 2 { &mut a } else { &mut b }).get_or_default(&k) = [k, 1];
+    }
+    let hs = [a.snapshot_inline(5), b.snapshot_inline(5)];
+    let whole = Store::restore(oa("w", 0..4), &root, &hs).unwrap();
+    assert_eq!(whole.len(), 2000);
+    let half = Store::restore(oa("h", 1..3), &root, &hs).unwrap();
+    assert_eq!(
+        contents(&half).len(),
+        (0..2000u64)
+            .filter(|k| (1..3).contains(&key_group(stable_hash(k), 4)))
+            .count()
+    );
+}
+
+/// Every flipped byte of an inline image is detected: the restore fails,
+/// never restores silently, and a checksum error names the inline image.
+#[test]
+fn every_flipped_byte_of_an_inline_image_is_detected() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = |name: &str| opts(dir.path(), name).with_max_parallelism(2).with_key_groups(0..2);
+    let mut s = Store::create(o("s")).unwrap();
+    for k in 0..300u64 {
+        *s.get_or_default(&k) = [k, !k];
+    }
+    let h = s.snapshot_inline(7);
+    let image = h.inline.clone().unwrap();
+    for at in 0..image.len() {
+        let mut bad = h.clone();
+        bad.inline.as_mut().unwrap()[at] ^= 0x10;
+        match Store::restore(o(&unique("c")), &dir.path().join("chk"), &[bad]) {
+            Err(Error::Corrupt { checkpoint, file, .. }) => {
+                assert_eq!(checkpoint, 7);
+                assert!(file.contains("inline state image of checkpoint 7"), "{file}");
+            }
+            Err(_) => {}
+            Ok(_) => panic!("byte {at} of {} flipped, restored anyway", image.len()),
+        }
+    }
+    let mut cut = h.clone();
+    cut.inline.as_mut().unwrap().truncate(image.len() - 1);
+    assert!(Store::restore(o("t"), &dir.path().join("chk"), &[cut]).is_err());
 }
 
 // ---------------------------------------------------------- corruption

@@ -529,6 +529,25 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         self.arena.snapshot(checkpoint_id)
     }
 
+    /// A full snapshot of checkpoint `checkpoint_id` taken whole, now, on
+    /// this thread, carried in the returned handle
+    /// ([`StateHandle::inline`]) instead of a file: for small stores, where
+    /// copying every page (see [`ValueStore::full_snapshot_bytes`]) costs
+    /// less than a job on another thread and a synced file. Restore takes
+    /// the handle like any other. It is never the base of an incremental
+    /// snapshot: after it completes, the next [`ValueStore::snapshot`] is
+    /// full. Report its outcome with [`ValueStore::snapshot_done`].
+    pub fn snapshot_inline(&mut self, checkpoint_id: u64) -> StateHandle {
+        self.arena.snapshot_inline(checkpoint_id)
+    }
+
+    /// Bytes of a full snapshot of the store now (the size of
+    /// [`ValueStore::snapshot_inline`]'s image): page images with their
+    /// record headers, a file header and trailer.
+    pub fn full_snapshot_bytes(&self) -> usize {
+        self.arena.image_bytes()
+    }
+
     /// Tells the store whether checkpoint `checkpoint_id` completed: a
     /// completed one becomes the base of the next incremental snapshot.
     pub fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool) {
