@@ -76,8 +76,27 @@ pub trait TwoPhaseCommit<T>: Send + 'static {
     fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), BoxError>;
 
     /// Makes the pre-committed `txn` visible. Idempotent: it may be called
-    /// again, by this or a new instance, after it succeeded.
+    /// again, by this or a new instance, after it succeeded. It may leave
+    /// the last step of making the commit durable to
+    /// [`TwoPhaseCommit::sync_commits`] (the file sink renames here and
+    /// fsyncs the folder there): visibility latency is measured when this
+    /// returns.
     fn commit(&mut self, txn: &Self::Txn) -> Result<(), BoxError>;
+
+    /// Makes every commit since the last call durable, where `commit` made
+    /// it visible without (the default does nothing: a database commit is
+    /// durable when it returns). Called at every barrier, after the open
+    /// transaction's pre-commit and before the checkpoint is acknowledged,
+    /// after a restore's commits, and at the end of input. A checkpoint
+    /// records the transactions pre-committed and not yet committed at its
+    /// barrier, so the first checkpoint that no longer records a commit
+    /// never completes before that commit is durable; until then, a restore
+    /// (from the checkpoint that still records it) commits it again. The
+    /// file sink's folder fsyncs land here, after the pre-commit's file
+    /// sync, where the file system usually has nothing left to write.
+    fn sync_commits(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
 
     /// Discards `txn`. Idempotent.
     fn abort(&mut self, txn: &Self::Txn) -> Result<(), BoxError>;
@@ -291,6 +310,7 @@ where
             }
         }
         self.commit_through(u64::MAX)?;
+        self.inner.sync_commits()?;
         self.visible.flush(ctx);
         Ok(())
     }
@@ -312,6 +332,9 @@ where
                 stamps: open.stamps,
             });
         }
+        // Commits since the last barrier, which this checkpoint no longer
+        // records, become durable before it is acknowledged.
+        self.inner.sync_commits()?;
         // Begin the next transaction now, so the checkpoint records it and
         // a restore can abort whatever it left behind.
         self.begin()?;
@@ -337,6 +360,7 @@ where
         for (_, txn) in &recorded.pending {
             self.inner.commit(txn)?;
         }
+        self.inner.sync_commits()?;
         if let Some(txn) = &recorded.open {
             self.inner.abort(txn)?;
         }

@@ -62,6 +62,9 @@ struct Parts {
     current: Option<(u64, File, PathBuf)>,
     /// Epochs written and fsynced, waiting to be renamed: (epoch, temp).
     written: Vec<(u64, PathBuf)>,
+    /// When the last `publish` renamed its files into place: the moment
+    /// readers could see them (the folder fsync and the marker follow).
+    published_ns: u64,
 }
 
 impl Parts {
@@ -121,6 +124,7 @@ impl Parts {
             fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
             std::fs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
         }
+        self.published_ns = clock::now_ns();
         if !self.written.is_empty() {
             sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
         }
@@ -166,6 +170,7 @@ impl Committer {
                 out: Vec::with_capacity(OUT_CHUNK + (OUT_CHUNK >> 2)),
                 current: None,
                 written: Vec::new(),
+                published_ns: 0,
             },
         }
     }
@@ -213,6 +218,13 @@ impl Committer {
         self.committed = value;
         self.delete_segments_before(to.seg)?;
         Ok(files)
+    }
+
+    /// When the last commit's files became visible (renamed into the
+    /// target, before the folder fsync and the marker that make the commit
+    /// durable).
+    pub(super) fn visible_ns(&self) -> u64 {
+        self.parts.published_ns
     }
 
     /// Deletes the segments before `seg`: all their records are committed.
@@ -290,7 +302,7 @@ impl Background {
                         n: job.n,
                         result,
                         epochs: job.epochs,
-                        visible_ns: clock::now_ns(),
+                        visible_ns: committer.visible_ns(),
                     };
                     if done_tx.send(done).is_err() || failed {
                         return;

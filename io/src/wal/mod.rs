@@ -57,7 +57,7 @@ use std::fs::OpenOptions;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use weir_core::{clock, BoxError, Sink, SinkContext};
+use weir_core::{BoxError, Sink, SinkContext};
 
 use crate::error::IoContext;
 use crate::fsutil::{self, create_dir_durable, fault, remove_if_exists, sync_dir};
@@ -266,8 +266,9 @@ impl Running {
         match &mut self.committing {
             Committing::Inline(c) => {
                 c.commit(n, &epochs)?;
+                let visible_ns = c.visible_ns();
                 self.committed_epoch = n;
-                self.recycle(epochs, clock::now_ns());
+                self.recycle(epochs, visible_ns);
             }
             Committing::Background(b) => b.send(n, epochs)?,
         }
