@@ -94,7 +94,7 @@ impl StoreLifecycle {
         let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
         if whole <= snap.inline_max {
             let handles: Vec<StateHandle> = stores.iter_mut().map(|s| s.snapshot_inline(id)).collect();
-            snap.put_operator(op, postcard::to_stdvec(&handles).expect("state handles always encode"));
+            snap.put_operator(op, encode_handles(&handles));
             return;
         }
         let jobs: Vec<SnapshotJob> = stores.iter_mut().map(|s| s.snapshot(id)).collect();
@@ -117,7 +117,7 @@ impl StoreLifecycle {
                     handles.push(h);
                 }
                 Ok(AsyncOutput {
-                    state: postcard::to_stdvec(&handles)?,
+                    state: encode_handles(&handles),
                     files,
                     state_bytes,
                     wrote_shared: !handles.is_empty(),
@@ -159,7 +159,7 @@ impl StoreLifecycle {
         let mut per_store = vec![Vec::new(); n];
         for old in r.all {
             let Some(bytes) = old.operator(op) else { continue };
-            let hs: Vec<StateHandle> = postcard::from_bytes(bytes).map_err(|e| {
+            let hs: Vec<StateHandle> = decode_handles(bytes).map_err(|e| {
                 format!(
                     "checkpoint {}: state handles of subtask {} do not decode: {e}",
                     r.checkpoint, old.subtask
@@ -182,6 +182,57 @@ impl StoreLifecycle {
     }
 }
 
+/// Prefix of an operator's encoded state handles since handles may carry
+/// an inline snapshot ([`StateHandle::inline`]); checkpoints written
+/// before hold the handles without that field and no prefix (their first
+/// byte is the handle count, 1 to 3, never `W`).
+const HANDLES_V2: &[u8; 4] = b"WSH2";
+
+/// A state handle as checkpoints before inline snapshots encoded it.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct StateHandleV1 {
+    checkpoint_id: u64,
+    max_parallelism: usize,
+    key_groups: std::ops::Range<usize>,
+    layout: crate::state::SlotLayout,
+    files: Vec<crate::state::StateFile>,
+    state_bytes: u64,
+    written_bytes: u64,
+    sync_micros: u64,
+    async_micros: u64,
+    full: bool,
+}
+
+fn encode_handles(handles: &[StateHandle]) -> Vec<u8> {
+    let mut out = HANDLES_V2.to_vec();
+    out.extend_from_slice(&postcard::to_stdvec(handles).expect("state handles always encode"));
+    out
+}
+
+/// Decodes an operator's state handles, in either encoding.
+fn decode_handles(bytes: &[u8]) -> Result<Vec<StateHandle>, postcard::Error> {
+    if let Some(rest) = bytes.strip_prefix(HANDLES_V2) {
+        return postcard::from_bytes(rest);
+    }
+    let old: Vec<StateHandleV1> = postcard::from_bytes(bytes)?;
+    Ok(old
+        .into_iter()
+        .map(|h| StateHandle {
+            checkpoint_id: h.checkpoint_id,
+            max_parallelism: h.max_parallelism,
+            key_groups: h.key_groups,
+            layout: h.layout,
+            files: h.files,
+            state_bytes: h.state_bytes,
+            written_bytes: h.written_bytes,
+            sync_micros: h.sync_micros,
+            async_micros: h.async_micros,
+            full: h.full,
+            inline: None,
+        })
+        .collect())
+}
+
 /// Options of a restored store: those it was built with, for the key
 /// groups this subtask owns now.
 pub(crate) fn restore_options(opts: &StoreOptions, r: &RestoreCtx<'_>) -> StoreOptions {
@@ -200,4 +251,56 @@ pub(crate) fn checkpoint_root(
         .as_ref()
         .map(|c| c.root.clone())
         .ok_or_else(|| format!("restoring {what} needs checkpointing").into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::state::{SlotLayout, StateFile, StateKind};
+
+    fn layout() -> SlotLayout {
+        SlotLayout {
+            kind: StateKind::Value,
+            page_size: 4096,
+            slot_size: 32,
+            key_bytes: 8,
+            value_offset: 16,
+            value_bytes: 16,
+        }
+    }
+
+    /// Handles written before inline snapshots (no prefix, no `inline`)
+    /// still decode, as file handles; current ones round-trip.
+    #[test]
+    fn handles_of_both_encodings_decode() {
+        let old = |n: u64| StateHandleV1 {
+            checkpoint_id: n,
+            max_parallelism: 128,
+            key_groups: 0..64,
+            layout: layout(),
+            files: vec![StateFile {
+                path: format!("shared/x-c{n}.full.pages"),
+                size: 100 + n,
+                crc32: 7,
+            }],
+            state_bytes: 4096,
+            written_bytes: 100 + n,
+            sync_micros: 1,
+            async_micros: 2,
+            full: true,
+        };
+        for count in 1..=3u64 {
+            let bytes = postcard::to_stdvec(&(1..=count).map(old).collect::<Vec<_>>()).unwrap();
+            let got = decode_handles(&bytes).unwrap();
+            assert_eq!(got.len(), count as usize);
+            for (i, h) in got.iter().enumerate() {
+                assert_eq!(h.checkpoint_id, i as u64 + 1);
+                assert_eq!(h.files[0].size, 101 + i as u64);
+                assert!(h.inline.is_none() && h.full);
+            }
+            let mut new = got.clone();
+            new[0].inline = Some(vec![1, 2, 3]);
+            assert_eq!(decode_handles(&encode_handles(&new)).unwrap(), new);
+        }
+    }
 }

@@ -737,18 +737,19 @@ impl Arena {
         self.pending.push(p);
     }
 
-    /// Bytes of a full snapshot of this arena: the size of
-    /// [`Arena::snapshot_inline`]'s image.
+    /// Bytes of a full snapshot of this arena as plain page images: the
+    /// most [`Arena::snapshot_inline`]'s image can take (pages are packed
+    /// when that is smaller).
     pub(crate) fn image_bytes(&self) -> usize {
         format::image_bytes(self.pages(), self.opts.page_size)
     }
 
     /// A full snapshot taken whole, now, on the calling (task) thread: every
     /// page copied (packed, when that is smaller) into one snapshot-file
-    /// image carried by the handle (no file, no job). For small stores, where a copy of everything
-    /// costs less than handing a job to another thread and syncing a file;
-    /// the task thread is the only writer, so the pages are read as they
-    /// are at the barrier without any claim.
+    /// image carried by the handle (no file, no job). For small stores,
+    /// where a copy of everything costs less than handing a job to another
+    /// thread and syncing a file; the task thread is the only writer, so the
+    /// pages are read as they are at the barrier without any claim.
     ///
     /// An inline snapshot is never the base of an incremental one: once it
     /// completes, the next file snapshot is full.

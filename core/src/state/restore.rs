@@ -3,8 +3,7 @@
 //!
 //! Every file a handle lists (or its inline image) is read and verified
 //! completely (see [`super::format::read_verified`]) before any byte of it
-//! is used. Pages
-//! are owned by one key group each, so rescaling is a page-level filter:
+//! is used. Pages are owned by one key group each, so rescaling is a page-level filter:
 //! pages of key groups this store owns are copied into new pages of its
 //! arena (a map from the old store's page numbers to new ones per handle),
 //! the others skipped. Files are applied in chain order, full base first,

@@ -541,9 +541,10 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         self.arena.snapshot_inline(checkpoint_id)
     }
 
-    /// Bytes of a full snapshot of the store now (the size of
-    /// [`ValueStore::snapshot_inline`]'s image): page images with their
-    /// record headers, a file header and trailer.
+    /// Bytes of a full snapshot of the store now as plain page images with
+    /// their record headers, a file header and trailer: the most
+    /// [`ValueStore::snapshot_inline`]'s image can take (pages are packed
+    /// when that is smaller).
     pub fn full_snapshot_bytes(&self) -> usize {
         self.arena.image_bytes()
     }
