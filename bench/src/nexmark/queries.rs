@@ -19,7 +19,6 @@
 //! | q8 | people who opened an auction in their registration window | process function keyed by (person, window) over persons and auctions |
 
 use std::io::Write;
-use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use weir_core::join::Either;
@@ -29,7 +28,7 @@ use weir_core::time::MAX_WATERMARK;
 use weir_core::timers::TimeDomain;
 use weir_core::window::{AggregateFunction, Window, Windowed, Windows};
 use weir_core::Stream;
-use weir_io::nexmark::Event;
+use weir_io::nexmark::{Event, Text};
 
 /// Size of the tumbling windows of q7 and q8 and of the sliding windows of q5.
 pub const WINDOW_MS: i64 = 10_000;
@@ -117,11 +116,11 @@ pub enum Row {
     /// q3.
     Local {
         /// Seller name.
-        name: Arc<str>,
+        name: Text,
         /// Seller city.
-        city: Arc<str>,
+        city: Text,
         /// Seller state.
-        state: Arc<str>,
+        state: Text,
         /// Auction id.
         id: u64,
     },
@@ -150,7 +149,7 @@ pub enum Row {
         /// Person id.
         id: u64,
         /// Person name.
-        name: Arc<str>,
+        name: Text,
         /// Window start.
         start: i64,
     },
@@ -266,9 +265,9 @@ pub fn build(q: Query, events: Stream<Event>, parallelism: usize) -> Stream<Row>
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 struct Who {
     id: u64,
-    name: Arc<str>,
-    city: Arc<str>,
-    state: Arc<str>,
+    name: Text,
+    city: Text,
+    state: Text,
     date_time: i64,
 }
 
@@ -689,7 +688,7 @@ fn q7(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
 }
 
 /// q8's input: a person `(id, name, dateTime)` or an auction `(seller, dateTime)`.
-type Q8In = Either<(u64, Arc<str>, i64), (u64, i64)>;
+type Q8In = Either<(u64, Text, i64), (u64, i64)>;
 
 /// Per (person, tumbling window): the person's name once they registered
 /// in it, whether they opened an auction in it, and whether the row went
@@ -697,7 +696,7 @@ type Q8In = Either<(u64, Arc<str>, i64), (u64, i64)>;
 /// the window is complete.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct NewUser {
-    name: Option<Arc<str>>,
+    name: Option<Text>,
     opened: bool,
     emitted: bool,
 }

@@ -41,7 +41,9 @@
 //! - Strings come from pools built once per [`NexmarkGenerator`] from a fixed
 //!   vocabulary seed (names, e-mails, credit cards, item names, descriptions,
 //!   padding, channels and URLs); the configuration's seed picks among them.
-//!   Cloning a pooled `Arc<str>` is all an event costs in strings. The
+//!   The pools are built once per process and shared by every generator;
+//!   an event holds pointers into them ([`Text::Pooled`]), so its strings
+//!   cost no allocation and no reference count. The
 //!   padding (`extra`) has the reference's lengths (records of about 200,
 //!   500 and 100 bytes) but comes from a pool of 256 strings per type.
 //! - Random choices come from a SplitMix64 stream seeded by `(seed, n)`, and
@@ -49,9 +51,9 @@
 //!   `libm`), so the same configuration gives the same events on every
 //!   IEEE-754 platform.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
-use super::model::{Auction, Bid, Event, Person};
+use super::model::{Auction, Bid, Event, Person, Text};
 use crate::generator::splitmix64;
 use crate::{Error, Result};
 
@@ -366,20 +368,33 @@ impl Pow2 {
     }
 }
 
+/// A pool string, kept for the process's lifetime: pools are built once
+/// per process (see [`pools`]), so this leaks a bounded set.
+fn leak(s: impl Into<String>) -> &'static str {
+    Box::leak(s.into().into_boxed_str())
+}
+
+/// The pools, built on first use and shared by every generator: they depend
+/// on nothing but the fixed vocabulary seed.
+fn pools() -> &'static Pools {
+    static POOLS: OnceLock<Pools> = OnceLock::new();
+    POOLS.get_or_init(Pools::new)
+}
+
 /// The shared strings events are made of.
 struct Pools {
-    names: Vec<Arc<str>>,
-    emails: Vec<Arc<str>>,
-    credit_cards: Vec<Arc<str>>,
-    cities: Vec<Arc<str>>,
-    states: Vec<Arc<str>>,
-    item_names: Vec<Arc<str>>,
-    descriptions: Vec<Arc<str>>,
-    person_extras: Vec<Arc<str>>,
-    auction_extras: Vec<Arc<str>>,
-    bid_extras: Vec<Arc<str>>,
-    hot_channels: Vec<(Arc<str>, Arc<str>)>,
-    channels: Vec<(Arc<str>, Arc<str>)>,
+    names: Vec<&'static str>,
+    emails: Vec<&'static str>,
+    credit_cards: Vec<&'static str>,
+    cities: Vec<&'static str>,
+    states: Vec<&'static str>,
+    item_names: Vec<&'static str>,
+    descriptions: Vec<&'static str>,
+    person_extras: Vec<&'static str>,
+    auction_extras: Vec<&'static str>,
+    bid_extras: Vec<&'static str>,
+    hot_channels: Vec<(&'static str, &'static str)>,
+    channels: Vec<(&'static str, &'static str)>,
     pow2: Pow2,
 }
 
@@ -388,25 +403,25 @@ impl Pools {
         let mut r = Rng(VOCABULARY_SEED);
         let names = FIRST_NAMES
             .iter()
-            .flat_map(|f| LAST_NAMES.iter().map(move |l| Arc::from(format!("{f} {l}"))))
+            .flat_map(|f| LAST_NAMES.iter().map(move |l| leak(format!("{f} {l}"))))
             .collect();
         let emails = (0..POOL)
-            .map(|_| Arc::from(format!("{}@{}.com", r.string(7, ' '), r.string(5, ' '))))
+            .map(|_| leak(format!("{}@{}.com", r.string(7, ' '), r.string(5, ' '))))
             .collect();
         let credit_cards = (0..POOL)
             .map(|_| {
                 let g: Vec<String> = (0..4).map(|_| format!("{:04}", r.below(10_000))).collect();
-                Arc::from(g.join(" "))
+                leak(g.join(" "))
             })
             .collect();
-        let item_names = (0..POOL).map(|_| Arc::from(r.string(20, ' '))).collect();
-        let descriptions = (0..POOL).map(|_| Arc::from(r.string(100, ' '))).collect();
+        let item_names = (0..POOL).map(|_| leak(r.string(20, ' '))).collect();
+        let descriptions = (0..POOL).map(|_| leak(r.string(100, ' '))).collect();
         // Average record sizes of the reference (avgPersonByteSize 200,
         // avgAuctionByteSize 500, avgBidByteSize 100) and the typical size
         // of the other fields it subtracts.
-        let person_extras = (0..EXTRA_POOL).map(|_| Arc::from(r.extra(64, 200))).collect();
-        let auction_extras = (0..EXTRA_POOL).map(|_| Arc::from(r.extra(108, 500))).collect();
-        let bid_extras = (0..EXTRA_POOL).map(|_| Arc::from(r.extra(32, 100))).collect();
+        let person_extras = (0..EXTRA_POOL).map(|_| leak(r.extra(64, 200))).collect();
+        let auction_extras = (0..EXTRA_POOL).map(|_| leak(r.extra(108, 500))).collect();
+        let bid_extras = (0..EXTRA_POOL).map(|_| leak(r.extra(32, 100))).collect();
         let base_url = |r: &mut Rng| {
             format!(
                 "https://www.nexmark.com/{}/{}/{}/item.htm?query=1",
@@ -415,25 +430,22 @@ impl Pools {
                 r.string(5, '_')
             )
         };
-        let hot_channels = HOT_CHANNELS
-            .iter()
-            .map(|c| (Arc::from(*c), Arc::from(base_url(&mut r))))
-            .collect();
+        let hot_channels = HOT_CHANNELS.iter().map(|c| (*c, leak(base_url(&mut r)))).collect();
         let channels = (0..CHANNELS_NUMBER)
             .map(|k| {
                 let mut url = base_url(&mut r);
                 if r.below(10) > 0 {
                     url.push_str(&format!("&channel_id={}", (k as i32).reverse_bits().unsigned_abs()));
                 }
-                (Arc::from(format!("channel-{k}")), Arc::from(url))
+                (leak(format!("channel-{k}")), leak(url))
             })
             .collect();
         Pools {
             names,
             emails,
             credit_cards,
-            cities: US_CITIES.iter().map(|&c| Arc::from(c)).collect(),
-            states: US_STATES.iter().map(|&s| Arc::from(s)).collect(),
+            cities: US_CITIES.to_vec(),
+            states: US_STATES.to_vec(),
             item_names,
             descriptions,
             person_extras,
@@ -449,8 +461,8 @@ impl Pools {
 /// A Nexmark event factory: a validated [`NexmarkConfig`] and its own string
 /// pools. Generators with equal configs make equal events.
 ///
-/// Each generator owns its pools, so generators on different threads never
-/// share a reference count; build one per thread.
+/// Every generator of the process shares one set of pools, built on first
+/// use; events point into them.
 ///
 /// ```
 /// use weir_io::nexmark::{Event, NexmarkConfig, NexmarkGenerator};
@@ -461,7 +473,7 @@ impl Pools {
 pub struct NexmarkGenerator {
     cfg: NexmarkConfig,
     seed_mix: u64,
-    pools: Pools,
+    pools: &'static Pools,
 }
 
 impl std::fmt::Debug for NexmarkGenerator {
@@ -479,7 +491,7 @@ impl NexmarkGenerator {
         Ok(NexmarkGenerator {
             cfg,
             seed_mix: splitmix64(cfg.seed),
-            pools: Pools::new(),
+            pools: pools(),
         })
     }
 
@@ -491,52 +503,36 @@ impl NexmarkGenerator {
     /// Event number `n`.
     #[inline]
     pub fn event(&self, n: u64) -> Event {
-        make_event(&self.cfg, self.seed_mix, &self.pools, n, self.cfg.timestamp(n))
+        make_event(&self.cfg, self.seed_mix, self.pools, n, self.cfg.timestamp(n))
     }
 
     /// Appends events `first, first + stride, ...`, `count` of them, to
     /// `out`: the same events as [`NexmarkGenerator::event`], made faster.
     ///
-    /// Faster because the 10,000 cold channels' strings do not fit in a
-    /// core's L2 cache, and cloning one (an atomic increment of its
-    /// reference count) waits for the miss: this looks ahead and prefetches
-    /// them, the pool entry 16 events ahead and the strings' reference
-    /// counts 8 events ahead. It also steps event times without a division.
+    /// Faster because the 10,000 cold channels' pool entries do not fit in
+    /// a core's L1 and L2 caches: this looks ahead and prefetches the entry
+    /// of each event's channel 16 events ahead. It also steps event times
+    /// without a division.
     pub fn events_into(&self, first: u64, stride: u64, count: usize, out: &mut Vec<Event>) {
-        const NONE: u32 = u32::MAX;
-        const RING: usize = 4 * PREFETCH_AHEAD;
         let at = |i: usize| first.wrapping_add((i as u64).wrapping_mul(stride));
-        // ring[j % RING]: the cold channel of event j, or NONE; filled
-        // 2 * PREFETCH_AHEAD events ahead, when the pool entry is prefetched.
-        let mut ring = [NONE; RING];
         let channels = &self.pools.channels;
-        let look_ahead = |j: usize, ring: &mut [u32; RING]| {
-            let k = cold_channel(self.seed_mix, at(j)).map_or(NONE, |k| k as u32);
-            ring[j % RING] = k;
-            if k != NONE {
-                prefetch(&channels[k as usize]);
+        let look_ahead = |j: usize| {
+            if let Some(k) = cold_channel(self.seed_mix, at(j)) {
+                prefetch(&channels[k]);
             }
         };
         for j in 0..count.min(2 * PREFETCH_AHEAD) {
-            look_ahead(j, &mut ring);
+            look_ahead(j);
         }
         // Event times without a division per event: the quotient and
         // remainder of n * 1000 / rate, stepped by stride * 1000.
         let mut clock = Clock::new(&self.cfg, first, stride);
         out.extend((0..count).map(|i| {
             if i + 2 * PREFETCH_AHEAD < count {
-                look_ahead(i + 2 * PREFETCH_AHEAD, &mut ring);
-            }
-            if i + PREFETCH_AHEAD < count {
-                let k = ring[(i + PREFETCH_AHEAD) % RING];
-                if k != NONE {
-                    let (channel, url) = &channels[k as usize];
-                    prefetch_arc(channel);
-                    prefetch_arc(url);
-                }
+                look_ahead(i + 2 * PREFETCH_AHEAD);
             }
             let ts = clock.tick();
-            make_event(&self.cfg, self.seed_mix, &self.pools, at(i), ts)
+            make_event(&self.cfg, self.seed_mix, self.pools, at(i), ts)
         }));
     }
 }
@@ -628,8 +624,8 @@ fn below32(bits: u32, n: u32) -> u32 {
 
 /// Picks from a pool with 32 random bits.
 #[inline]
-fn pick(bits: u32, pool: &[Arc<str>]) -> Arc<str> {
-    pool[below32(bits, pool.len() as u32) as usize].clone()
+fn pick(bits: u32, pool: &[&'static str]) -> Text {
+    Text::Pooled(pool[below32(bits, pool.len() as u32) as usize])
 }
 
 /// A random existing person (base 0), among the last `num_active_people`.
@@ -723,8 +719,8 @@ fn bid(cfg: &NexmarkConfig, pools: &Pools, r: &mut Rng, n: u64, ts: i64) -> Bid 
         auction: FIRST_AUCTION_ID + auction,
         bidder: FIRST_PERSON_ID + bidder,
         price,
-        channel: channel.clone(),
-        url: url.clone(),
+        channel: Text::Pooled(channel),
+        url: Text::Pooled(url),
         date_time: ts,
         extra: pick(extra, &pools.bid_extras),
     }
@@ -773,13 +769,6 @@ fn prefetch<T>(p: *const T) {
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
-}
-
-/// Prefetches the reference counts of a pooled string (16 bytes before its
-/// text in the `Arc` allocation).
-#[inline(always)]
-fn prefetch_arc(s: &Arc<str>) {
-    prefetch(Arc::as_ptr(s).cast::<u8>().wrapping_sub(16));
 }
 
 #[cfg(test)]
@@ -1136,8 +1125,8 @@ mod tests {
     }
 
     /// Release-mode speed of making events on one thread and dropping them
-    /// on another, as a pipeline does: the pooled strings' reference counts
-    /// then move between cores.
+    /// on another, as a pipeline does (with reference-counted strings, the
+    /// counts then moved between cores).
     /// `cargo test --release -p weir-io nexmark_cross_thread_speed -- --ignored --nocapture`.
     #[test]
     #[ignore = "timing; run by hand in release mode"]

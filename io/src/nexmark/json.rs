@@ -27,7 +27,7 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, Visitor};
 use serde::Serialize;
 
 use super::generator::{NexmarkConfig, NexmarkGenerator};
-use super::model::{Auction, Bid, Event, Person};
+use super::model::{Auction, Bid, Event, Person, Text};
 use crate::error::IoContext;
 use crate::lines::{malformed, LineInfo, ParseError};
 use crate::{fsutil, Error, Result};
@@ -333,9 +333,9 @@ impl Fields {
         }
     }
 
-    fn text(&mut self, kind: &str, k: Key) -> Result<Arc<str>, String> {
+    fn text(&mut self, kind: &str, k: Key) -> Result<Text, String> {
         match self.take(kind, k)? {
-            Value::Text(v) => Ok(v),
+            Value::Text(v) => Ok(Text::Shared(v)),
             _ => unreachable!("key {} holds a string", k.name()),
         }
     }
@@ -839,8 +839,8 @@ mod tests {
         assert!(e.contains("line 2") && e.contains("empty line"), "{e}");
     }
 
-    fn text() -> impl Strategy<Value = Arc<str>> {
-        any::<String>().prop_map(Arc::from)
+    fn text() -> impl Strategy<Value = Text> {
+        any::<String>().prop_map(Text::from)
     }
 
     fn any_event() -> impl Strategy<Value = Event> {

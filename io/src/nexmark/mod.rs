@@ -30,5 +30,5 @@ pub mod source;
 
 pub use generator::{event, event_kind, EventKind, NexmarkConfig, NexmarkGenerator};
 pub use json::{parse_event, parse_line, read_events_file, write_event, write_events_file};
-pub use model::{Auction, Bid, Event, Person};
+pub use model::{Auction, Bid, Event, Person, Text};
 pub use source::NexmarkSource;
