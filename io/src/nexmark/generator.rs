@@ -38,14 +38,14 @@
 //! - Time is exact integer math: event `n` happens at
 //!   `base_time_ms + n * 1000 / events_per_second` (floor), so times never
 //!   decrease with `n`; there is no out-of-order grouping.
-//! - Strings come from pools built once per [`NexmarkGenerator`] from a fixed
-//!   vocabulary seed (names, e-mails, credit cards, item names, descriptions,
-//!   padding, channels and URLs); the configuration's seed picks among them.
-//!   The pools are built once per process and shared by every generator;
-//!   an event holds pointers into them ([`Text::Pooled`]), so its strings
-//!   cost no allocation and no reference count. The
-//!   padding (`extra`) has the reference's lengths (records of about 200,
-//!   500 and 100 bytes) but comes from a pool of 256 strings per type.
+//! - Strings come from pools built once per process, and shared by every
+//!   generator, from a fixed vocabulary seed (names, e-mails, credit cards,
+//!   item names, descriptions, padding, channels and URLs); the
+//!   configuration's seed picks among them. An event holds pointers into
+//!   them ([`Text::Pooled`]), so its strings cost no allocation and no
+//!   reference count. The padding (`extra`) has the reference's lengths
+//!   (records of about 200, 500 and 100 bytes) but comes from a pool of 256
+//!   strings per type.
 //! - Random choices come from a SplitMix64 stream seeded by `(seed, n)`, and
 //!   prices are computed in fixed point and plain IEEE arithmetic (no
 //!   `libm`), so the same configuration gives the same events on every
@@ -456,8 +456,8 @@ impl Pools {
     }
 }
 
-/// A Nexmark event factory: a validated [`NexmarkConfig`] and its own string
-/// pools. Generators with equal configs make equal events.
+/// A Nexmark event factory: a validated [`NexmarkConfig`] and the process's
+/// string pools. Generators with equal configs make equal events.
 ///
 /// Every generator of the process shares one set of pools, built on first
 /// use; events point into them.
