@@ -771,11 +771,7 @@ impl Arena {
             // mapping; this thread is the store's only writer and is not
             // writing now. Jobs in flight only read it.
             let src = unsafe { std::slice::from_raw_parts(self.page_ptr(page), ps) };
-            let kg = u32::from_le_bytes(
-                src[ps - PAGE_TRAILER..ps - PAGE_TRAILER + 4]
-                    .try_into()
-                    .expect("4 bytes"),
-            );
+            let kg = self.page_trailer(page).0 as u32;
             // Packed when smaller (free slots and small numbers are zeros).
             let at = chunk.push_record(page as u32, kg, RecordKind::Packed(0), &[]);
             pack::pack(src, &mut chunk.bytes);
