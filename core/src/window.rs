@@ -455,6 +455,8 @@ struct WindowOperator<T, K, O, KF, TF, B> {
     /// restore does not fire it again while its panes are still kept.
     fired_until: MapStore<K, u8, i64, PodCodec>,
     fired_opts: StoreOptions,
+    /// Pane mode: the panes of the window being fired (reused).
+    pane_scratch: Vec<Window>,
     queue: BTreeMap<i64, Vec<(K, Window, Due)>>,
     watermark: i64,
     lifecycle: StoreLifecycle,
@@ -534,38 +536,31 @@ where
             .push((key.clone(), w, Due::Fire));
     }
 
-    /// Pane mode: after window `fired` of `key`, schedules the next window
-    /// holding one of the key's panes, if any.
-    fn schedule_next(&mut self, key: &K, fired: Window) {
-        let Some((size, slide)) = self.panes else { return };
+    /// Pane mode: emits window `w` of `key` from its panes, given the end
+    /// of the key's latest window fired (`until`), and returns the end of
+    /// the next window after `w` that holds one of the key's panes, if
+    /// any: one pass over the key's panes for both.
+    fn fire_panes(&mut self, key: &K, w: Window, until: i64) -> Result<Option<i64>, BoxError> {
+        let (size, slide) = self.panes.expect("pane mode");
+        let mut panes = std::mem::take(&mut self.pane_scratch);
+        panes.clear();
         let mut next: Option<i64> = None;
-        self.meta.user_keys_in(key, |&pk| {
-            let p = Window::from_key(pk);
-            let end = p.end.max(fired.end + slide);
-            if end <= p.start.saturating_add(size) {
-                next = Some(next.map_or(end, |n| n.min(end)));
-            }
-        });
-        if let Some(end) = next {
-            self.queue_fire(key, Window { start: end - size, end });
-        }
-    }
-
-    /// Pane mode: emits window `w` of `key` from its panes.
-    fn fire_panes(&mut self, key: &K, w: Window) -> Result<(), BoxError> {
-        let mut panes = Vec::new();
         self.meta.user_keys_in(key, |&pk| {
             let p = Window::from_key(pk);
             if p.start >= w.start && p.end <= w.end {
                 panes.push(p);
             }
+            let end = p.end.max(w.end + slide);
+            if end <= p.start.saturating_add(size) {
+                next = Some(next.map_or(end, |n| n.min(end)));
+            }
         });
         self.body.emit_panes(key, &panes, w, &mut self.out);
-        let until = self.fired_until.get(key, &0).unwrap_or(i64::MIN);
+        self.pane_scratch = panes;
         if w.end > until {
             self.fired_until.put(key, &0, &w.end)?;
         }
-        Ok(())
+        Ok(next)
     }
 
     fn add_to_pane(&mut self, key: K, record: T, ts: i64) -> Result<(), BoxError> {
@@ -593,10 +588,12 @@ where
         if self.watermark >= pane.max_timestamp() {
             // Late but within the allowed lateness: fire again every window
             // holding the record that is already complete.
+            let mut until = self.fired_until.get(&key, &0).unwrap_or(i64::MIN);
             let mut end = pane.end;
             while end <= last.end && end - 1 <= self.watermark {
                 if !self.is_late(&Window { start: end - size, end }) {
-                    self.fire_panes(&key, Window { start: end - size, end })?;
+                    self.fire_panes(&key, Window { start: end - size, end }, until)?;
+                    until = until.max(end);
                 }
                 end += slide;
             }
@@ -694,17 +691,22 @@ where
     /// Pane mode: fires the due windows (each once, though several of its
     /// panes scheduled it), then drops the panes no window needs any more.
     fn advance_panes(&mut self, due: Vec<(K, Window, Due)>) -> Result<(), BoxError> {
-        let mut fired: rustc_hash::FxHashSet<(K, i64)> = rustc_hash::FxHashSet::default();
+        let (size, _) = self.panes.expect("pane mode");
         for (key, w, d) in &due {
             if *d != Due::Fire {
                 continue;
             }
+            // Firing sets the key's `fired_until` to the window's end, so
+            // the same window scheduled by another pane is skipped here.
             let until = self.fired_until.get(key, &0).unwrap_or(i64::MIN);
-            if w.end <= until || !fired.insert((key.clone(), w.end)) {
+            if w.end <= until {
                 continue;
             }
-            self.fire_panes(key, *w)?;
-            self.schedule_next(key, *w);
+            // After a window fires, the key's next window holding one of
+            // its panes is scheduled: one pending firing per key.
+            if let Some(end) = self.fire_panes(key, *w, until)? {
+                self.queue_fire(key, Window { start: end - size, end });
+            }
         }
         for (key, pane, d) in due {
             if d != Due::Cleanup || self.meta.get(&key, &pane.key()).is_none() {
@@ -972,6 +974,7 @@ where
                 },
                 fired_until: MapStore::create(fired_opts.clone())?,
                 fired_opts,
+                pane_scratch: Vec::new(),
                 queue: BTreeMap::new(),
                 watermark: MIN_WATERMARK,
                 lifecycle: StoreLifecycle::default(),

@@ -525,10 +525,17 @@ impl Arena {
     }
 
     /// Returns the slot at `off`, which the caller has cleared through
-    /// [`Self::write_slot`], to its key group's free list.
-    pub(crate) fn free_slot(&mut self, off: u64) {
-        let kg = self.page_key_group((off >> self.page_shift) as usize);
+    /// [`Self::write_slot`], to the free list of its key group `kg` (the
+    /// caller's, from the key's hash: reading the page trailer instead
+    /// would cost a cache miss per removal).
+    pub(crate) fn free_slot(&mut self, off: u64, kg: usize) {
+        debug_assert_eq!(kg, self.page_key_group((off >> self.page_shift) as usize));
         self.groups[kg - self.opts.key_groups.start].free.push(off);
+    }
+
+    /// The key group of `key` under this arena's maximum parallelism.
+    pub(crate) fn key_group_of<K: std::hash::Hash + ?Sized>(&self, key: &K) -> usize {
+        crate::keyed::key_group(crate::keyed::stable_hash(key), self.opts.max_parallelism)
     }
 
     /// The key group a page belongs to (from its trailer).

@@ -14,7 +14,6 @@ use super::map::{check_len, read_entry};
 use super::options::StoreOptions;
 use super::snapshot::SnapshotJob;
 use crate::error::Result;
-use crate::keyed::{key_group, stable_hash};
 
 /// The elements of one key: slot offsets in append order.
 #[derive(Default)]
@@ -87,7 +86,7 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         self.scratch.clear();
         C::encode(value, &mut self.scratch);
         check_len(self.scratch.len(), self.arena.layout.value_bytes as usize)?;
-        let kg = key_group(stable_hash(key), self.arena.opts.max_parallelism);
+        let kg = self.arena.key_group_of(key);
         assert!(
             self.arena.opts.key_groups.contains(&kg),
             "key of key group {kg} not owned by this store"
@@ -139,9 +138,10 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
     /// Removes `key`'s list; returns how many elements it had.
     pub fn clear(&mut self, key: &K) -> usize {
         let Some(list) = self.index.remove(key) else { return 0 };
+        let kg = self.arena.key_group_of(key);
         for &off in &list.slots {
             self.arena.clear_slot(off);
-            self.arena.free_slot(off);
+            self.arena.free_slot(off, kg);
         }
         self.elements -= list.slots.len();
         list.slots.len()

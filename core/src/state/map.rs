@@ -11,6 +11,7 @@ use super::codec::{Codec, SerdeCodec, StateKey};
 use super::handle::{SlotLayout, StateHandle, StateKind};
 use super::options::StoreOptions;
 use super::snapshot::SnapshotJob;
+use super::user_map::UserMap;
 use crate::error::{Error, Result};
 use crate::keyed::{key_group, stable_hash};
 
@@ -70,7 +71,7 @@ pub(crate) fn read_entry<K: StateKey, P: StateKey, V, C: Codec<V>>(
 /// ```
 pub struct MapStore<K, UK, V, C = SerdeCodec> {
     arena: Arena,
-    index: FxHashMap<K, FxHashMap<UK, u64>>,
+    index: FxHashMap<K, UserMap<UK>>,
     entries: usize,
     scratch: Vec<u8>,
     _value: PhantomData<fn() -> (V, C)>,
@@ -115,17 +116,22 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         self.scratch.clear();
         C::encode(value, &mut self.scratch);
         check_len(self.scratch.len(), self.arena.layout.value_bytes as usize)?;
-        let existing = self.index.get(key).and_then(|m| m.get(user_key)).copied();
+        let existing = self.index.get(key).and_then(|m| m.get(user_key));
         let off = match existing {
             Some(off) => off,
             None => {
-                let kg = key_group(stable_hash(key), self.arena.opts.max_parallelism);
+                let kg = self.arena.key_group_of(key);
                 assert!(
                     self.arena.opts.key_groups.contains(&kg),
                     "key of key group {kg} not owned by this store"
                 );
                 let off = self.arena.alloc_slot(kg);
-                self.index.entry(key.clone()).or_default().insert(user_key.clone(), off);
+                match self.index.get_mut(key) {
+                    Some(m) => m.insert_new(user_key.clone(), off),
+                    None => {
+                        self.index.insert(key.clone(), UserMap::One(user_key.clone(), off));
+                    }
+                }
                 self.entries += 1;
                 off
             }
@@ -147,7 +153,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
 
     /// The value of `user_key` in `key`'s map.
     pub fn get(&self, key: &K, user_key: &UK) -> Option<V> {
-        let off = *self.index.get(key)?.get(user_key)?;
+        let off = self.index.get(key)?.get(user_key)?;
         Some(self.decode(off))
     }
 
@@ -160,12 +166,14 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         let Some(map) = self.index.get_mut(key) else {
             return false;
         };
-        let Some(off) = map.remove(user_key) else { return false };
-        if map.is_empty() {
+        let removed = map.remove(user_key);
+        if map.is_empty_after(removed) {
             self.index.remove(key);
         }
+        let Some(off) = removed else { return false };
+        let kg = self.arena.key_group_of(key);
         self.arena.clear_slot(off);
-        self.arena.free_slot(off);
+        self.arena.free_slot(off, kg);
         self.entries -= 1;
         true
     }
@@ -173,9 +181,10 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
     /// Removes `key`'s whole map; returns how many entries it had.
     pub fn clear(&mut self, key: &K) -> usize {
         let Some(map) = self.index.remove(key) else { return 0 };
-        for &off in map.values() {
+        let kg = self.arena.key_group_of(key);
+        for (_, off) in map.iter() {
             self.arena.clear_slot(off);
-            self.arena.free_slot(off);
+            self.arena.free_slot(off, kg);
         }
         self.entries -= map.len();
         map.len()
@@ -185,7 +194,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
     /// in no particular order.
     pub fn user_keys_in(&self, key: &K, mut f: impl FnMut(&UK)) {
         if let Some(map) = self.index.get(key) {
-            map.keys().for_each(&mut f);
+            map.iter().for_each(|(uk, _)| f(uk));
         }
     }
 
@@ -193,7 +202,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
     /// particular order.
     pub fn for_each_in(&self, key: &K, mut f: impl FnMut(&UK, V)) {
         if let Some(map) = self.index.get(key) {
-            for (uk, &off) in map {
+            for (uk, off) in map.iter() {
                 f(uk, self.decode(off));
             }
         }
@@ -202,7 +211,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
     /// Calls `f` for every entry of every key.
     pub fn for_each(&self, mut f: impl FnMut(&K, &UK, V)) {
         for (k, map) in &self.index {
-            for (uk, &off) in map {
+            for (uk, off) in map.iter() {
                 f(k, uk, self.decode(off));
             }
         }
@@ -253,7 +262,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         let layout = Self::layout(&opts)?;
         let arena = Arena::restore(opts, layout, checkpoint_root, handles)?;
         let mut store = Self::with_arena(arena);
-        let mut index: FxHashMap<K, FxHashMap<UK, u64>> = FxHashMap::default();
+        let mut index: FxHashMap<K, UserMap<UK>> = FxHashMap::default();
         let mut entries = 0;
         let arena = &mut store.arena;
         let mut found = Vec::new();
@@ -263,7 +272,18 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         })?;
         for (off, kg) in found {
             let ((k, uk), _) = read_entry::<(K, UK), K, V, C>(arena, off, kg, |pair| &pair.0)?;
-            index.entry(k).or_default().insert(uk, off);
+            match index.get_mut(&k) {
+                Some(m) if m.get(&uk).is_some() => {
+                    return Err(Error::State {
+                        context: "restoring keyed state".into(),
+                        message: format!("two slots of key group {kg} hold the same key and user key"),
+                    });
+                }
+                Some(m) => m.insert_new(uk, off),
+                None => {
+                    index.insert(k, UserMap::One(uk, off));
+                }
+            }
             entries += 1;
         }
         store.index = index;

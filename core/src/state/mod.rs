@@ -53,6 +53,7 @@ mod options;
 mod pack;
 mod restore;
 mod snapshot;
+mod user_map;
 mod value;
 
 #[cfg(test)]
