@@ -8,6 +8,7 @@
 //! pooled strings, so making an event allocates nothing and touches no
 //! reference count.
 
+use std::fmt;
 use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -140,7 +141,20 @@ impl Serialize for Text {
 
 impl<'de> Deserialize<'de> for Text {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(Text::Shared(Arc::from(String::deserialize(d)?)))
+        // Straight from the input's `str` into the shared text: one
+        // allocation, where going through a `String` made two and a copy
+        // (state decodes texts on the hot path of keyed queries).
+        struct TextVisitor;
+        impl serde::de::Visitor<'_> for TextVisitor {
+            type Value = Text;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Text, E> {
+                Ok(Text::Shared(Arc::from(v)))
+            }
+        }
+        d.deserialize_str(TextVisitor)
     }
 }
 
@@ -292,5 +306,11 @@ mod tests {
         assert_eq!(bytes, postcard::to_stdvec(&shared).unwrap());
         let back: Text = postcard::from_bytes(&bytes).unwrap();
         assert!(matches!(&back, Text::Shared(s) if &**s == "channel-7"));
+        // JSON: borrowed from the input, or unescaped into a buffer first.
+        let plain: Text = serde_json::from_str(r#""channel-7""#).unwrap();
+        assert_eq!(plain, "channel-7");
+        let escaped: Text = serde_json::from_str(r#""a\"b\u00e9""#).unwrap();
+        assert_eq!(escaped, "a\"b\u{e9}");
+        assert!(serde_json::from_str::<Text>("7").is_err());
     }
 }
