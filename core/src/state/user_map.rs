@@ -18,8 +18,11 @@ pub(crate) enum UserMap<UK> {
     /// Exactly one entry.
     One(UK, u64),
     /// Two or more entries (or fewer after removals: it does not shrink
-    /// back, so a key that grew keeps its map while it lives).
-    Many(FxHashMap<UK, u64>),
+    /// back, so a key that grew keeps its map while it lives). Boxed, so
+    /// that the index's entries stay small (16 bytes for a one-byte user
+    /// key instead of 40): the index of a large store is read from memory
+    /// on most lookups, and smaller entries miss the caches less.
+    Many(Box<FxHashMap<UK, u64>>),
 }
 
 impl<UK: Hash + Eq + Clone> UserMap<UK> {
@@ -40,7 +43,7 @@ impl<UK: Hash + Eq + Clone> UserMap<UK> {
                 let mut map = FxHashMap::with_capacity_and_hasher(4, Default::default());
                 map.insert(uk.clone(), *first);
                 map.insert(user_key, off);
-                *self = UserMap::Many(map);
+                *self = UserMap::Many(Box::new(map));
             }
             UserMap::Many(map) => {
                 map.insert(user_key, off);
@@ -130,6 +133,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_index_entry_of_a_small_user_key_is_two_words() {
+        assert_eq!(std::mem::size_of::<UserMap<u8>>(), 16);
     }
 
     #[test]
