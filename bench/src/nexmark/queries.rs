@@ -329,11 +329,13 @@ struct Closed {
 
 /// Per auction: the auction once seen and its highest bid in
 /// `[dateTime, expires]`; bids that came before their auction wait in the
-/// key's buffer.
+/// key's buffer, `buffered` of them (so that an auction without early bids
+/// never reads its buffer).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 struct Bidding {
     lot: Option<Lot>,
     best: Option<u64>,
+    buffered: u32,
 }
 
 /// The closing price of each auction, emitted when the watermark passes
@@ -343,7 +345,7 @@ struct Closing;
 
 impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing {
     type State = Bidding;
-    const MAX_STATE_BYTES: usize = 64;
+    const MAX_STATE_BYTES: usize = 80;
     /// `(dateTime, price)` of a bid that came before its auction.
     type Buffered = (i64, u64);
     const MAX_BUFFERED_BYTES: usize = 64;
@@ -357,12 +359,15 @@ impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing
         match e {
             Either::Left(a) => {
                 let mut best = None;
-                ctx.buffer_for_each(|(ts, price)| {
-                    if a.date_time <= ts && ts <= a.expires {
-                        best = Some(best.map_or(price, |b: u64| b.max(price)));
-                    }
-                });
-                ctx.buffer_clear();
+                if st.buffered > 0 {
+                    ctx.buffer_for_each(|(ts, price)| {
+                        if a.date_time <= ts && ts <= a.expires {
+                            best = Some(best.map_or(price, |b: u64| b.max(price)));
+                        }
+                    });
+                    ctx.buffer_clear();
+                    st.buffered = 0;
+                }
                 st.best = best;
                 st.lot = Some(a);
                 ctx.register_event_timer(a.expires);
@@ -374,9 +379,15 @@ impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing
                     }
                 }
                 None => {
-                    // Kept until the watermark rules the auction out.
+                    // Kept until the watermark rules the auction out: one
+                    // timer per key, at the earliest buffered time it knows
+                    // of (a bid buffered later with an earlier time waits
+                    // for that timer; the auction filters by time anyway).
+                    if st.buffered == 0 {
+                        ctx.register_event_timer(ts);
+                    }
                     ctx.buffer_push(&(ts, price));
-                    ctx.register_event_timer(ts);
+                    st.buffered += 1;
                 }
             },
         }
@@ -408,8 +419,16 @@ impl KeyedProcessFunction<u64, Either<Lot, (u64, i64, u64)>, Closed> for Closing
                 // watermark: it cannot take bids at or below it.
                 let wm = ctx.watermark();
                 ctx.buffer_retain(|&(ts, _)| ts > wm);
-                if ctx.buffer_is_empty() {
+                let (mut left, mut earliest) = (0, i64::MAX);
+                ctx.buffer_for_each(|(ts, _)| {
+                    left += 1;
+                    earliest = earliest.min(ts);
+                });
+                if left == 0 {
                     ctx.clear_state();
+                } else {
+                    st.buffered = left;
+                    ctx.register_event_timer(earliest);
                 }
             }
         }
@@ -746,4 +765,99 @@ fn q8(events: Stream<Event>, parallelism: usize) -> Stream<Row> {
         .parallelism(parallelism)
         .process_function(NewUsers)
         .name("new_users")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use weir_core::time::WatermarkStrategy;
+    use weir_core::{CollectSink, Pipeline, RuntimeConfig, VecSource};
+    use weir_io::nexmark::{Auction, Bid};
+
+    use super::*;
+
+    fn bid(auction: u64, date_time: i64, price: u64) -> Event {
+        Event::Bid(Bid {
+            auction,
+            bidder: 1,
+            price,
+            channel: Text::from("c"),
+            url: Text::from("u"),
+            date_time,
+            extra: Text::from(""),
+        })
+    }
+
+    fn auction(id: u64, date_time: i64, expires: i64) -> Event {
+        Event::Auction(Auction {
+            id,
+            item_name: Text::from("i"),
+            description: Text::from("d"),
+            initial_bid: 1,
+            reserve: 1,
+            date_time,
+            expires,
+            seller: 7,
+            category: 10,
+            extra: Text::from(""),
+        })
+    }
+
+    /// Closing prices of `events`, in this order, with a watermark after
+    /// every event (batches of one) 1 s behind the latest time seen.
+    fn closing(events: Vec<Event>) -> Vec<(u64, u64)> {
+        let events = Arc::new(events);
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink_out = out.clone();
+        let p = Pipeline::new("closing");
+        let stream = p
+            .source("events", 1, move |i, n| VecSource::new(events.clone(), i, n))
+            .assign_watermarks(WatermarkStrategy::bounded(999, |e: &Event| e.date_time()));
+        closing_prices(stream, 1)
+            .map(|c: Closed| (c.id, c.price))
+            .sink("collect", move |_| CollectSink::new(sink_out.clone()));
+        let cfg = RuntimeConfig {
+            batch_size: 1,
+            ..RuntimeConfig::default()
+        };
+        p.run(cfg).unwrap().join().unwrap();
+        let mut got = out.lock().unwrap().clone();
+        got.sort_unstable();
+        got
+    }
+
+    /// Bids that come before their auction wait in the key's buffer under
+    /// one timer; when the watermark passes it, the bids at or below the
+    /// watermark go (an auction arriving later cannot take them) and the
+    /// rest wait under a new timer at the earliest of them.
+    #[test]
+    fn bids_before_their_auction_wait_until_the_watermark_rules_them_out() {
+        let got = closing(vec![
+            // Auction 1: three early bids, the third with the earliest time
+            // (one timer, at 1150).
+            bid(1, 1150, 10),
+            bid(1, 1300, 20),
+            bid(1, 1120, 40),
+            // Auction 5: two early bids (timer at 1100).
+            bid(5, 1100, 3),
+            bid(5, 1280, 6),
+            // Auction 2: two early bids, then the auction takes both.
+            bid(2, 1210, 5),
+            bid(2, 1220, 9),
+            auction(2, 1200, 1400),
+            // Watermark 1260: auction 1 keeps its bid at 1300 only (new
+            // timer at 1300), auction 5 its bid at 1280 (timer at 1280).
+            bid(3, 2260, 1),
+            // A late auction 1 takes the one bid left: 20, not 40.
+            auction(1, 1100, 1500),
+            // Watermark 1290: auction 5's second timer drops its last bid,
+            // so the late auction 5 closes without a price (no row).
+            bid(3, 2290, 1),
+            auction(5, 1000, 1600),
+            // Past every expiry: auctions 1 and 2 close.
+            bid(4, 10_000, 1),
+        ]);
+        assert_eq!(got, vec![(1, 20), (2, 9)]);
+    }
 }
