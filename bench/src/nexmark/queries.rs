@@ -461,9 +461,12 @@ impl KeyedProcessFunction<u64, Closed, Row> for Average {
     const MAX_STATE_BYTES: usize = 64;
     type Buffered = ();
     fn process(&mut self, c: Closed, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
+        // The key's timer goes with its first record (see `NewUsers`).
+        if st.1 == 0 {
+            ctx.register_event_timer(MAX_WATERMARK);
+        }
         st.0 += c.price;
         st.1 += 1;
-        ctx.register_event_timer(MAX_WATERMARK);
     }
     fn on_timer(&mut self, _: i64, _: TimeDomain, st: &mut (u64, u64), ctx: &mut TimerContext<'_, u64, Row>) {
         ctx.emit(Row::Average {
@@ -482,12 +485,14 @@ impl KeyedProcessFunction<u64, Closed, Row> for LastTen {
     type State = Vec<(i64, u64, u64)>;
     type Buffered = ();
     fn process(&mut self, c: Closed, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, Row>) {
+        if st.is_empty() {
+            ctx.register_event_timer(MAX_WATERMARK);
+        }
         st.push((c.expires, c.id, c.price));
         st.sort_unstable();
         if st.len() > 10 {
             st.remove(0);
         }
-        ctx.register_event_timer(MAX_WATERMARK);
     }
     fn on_timer(&mut self, _: i64, _: TimeDomain, st: &mut Self::State, ctx: &mut TimerContext<'_, u64, Row>) {
         ctx.emit(Row::Average {
@@ -554,8 +559,10 @@ impl KeyedProcessFunction<i64, Counted, Row> for MostBids {
         best: &mut Option<u64>,
         ctx: &mut TimerContext<'_, i64, Row, u64>,
     ) {
+        if best.is_none() {
+            ctx.register_event_timer(end - 1);
+        }
         offer(best, num, auction, ctx);
-        ctx.register_event_timer(end - 1);
     }
     fn on_timer(
         &mut self,
@@ -629,8 +636,10 @@ impl KeyedProcessFunction<(u64, i64), (u64, u64, u64, i64), Top> for TopOfAuctio
     ) {
         let start = ctx.key().1;
         check_on_time(start, ctx.watermark());
+        if best.is_none() {
+            ctx.register_event_timer(start + WINDOW_MS - 1);
+        }
         offer(best, price, (auction, bidder, ts), ctx);
-        ctx.register_event_timer(start + WINDOW_MS - 1);
     }
     fn on_timer(
         &mut self,
@@ -664,10 +673,12 @@ impl KeyedProcessFunction<i64, Top, Row> for TopOfWindow {
         best: &mut Option<u64>,
         ctx: &mut TimerContext<'_, i64, Row, BidRef>,
     ) {
+        if best.is_none() {
+            ctx.register_event_timer(start + WINDOW_MS - 1);
+        }
         for b in bids {
             offer(best, price, b, ctx);
         }
-        ctx.register_event_timer(start + WINDOW_MS - 1);
     }
     fn on_timer(
         &mut self,
@@ -730,6 +741,12 @@ impl KeyedProcessFunction<(u64, i64), Q8In, Row> for NewUsers {
     fn process(&mut self, e: Q8In, st: &mut NewUser, ctx: &mut TimerContext<'_, (u64, i64), Row>) {
         let (id, start) = *ctx.key();
         check_on_time(start, ctx.watermark());
+        // A key's first record registers its timer: state and timer are
+        // made, checkpointed and cleared together, so a later record
+        // (state not empty) finds it registered and skips a lookup.
+        if *st == NewUser::default() {
+            ctx.register_event_timer(start + WINDOW_MS - 1);
+        }
         match e {
             Either::Left((_, name, _)) => st.name = Some(name),
             Either::Right(_) => st.opened = true,
@@ -742,7 +759,6 @@ impl KeyedProcessFunction<(u64, i64), Q8In, Row> for NewUsers {
             });
             st.emitted = true;
         }
-        ctx.register_event_timer(start + WINDOW_MS - 1);
     }
     fn on_timer(&mut self, _: i64, _: TimeDomain, _: &mut NewUser, ctx: &mut TimerContext<'_, (u64, i64), Row>) {
         ctx.clear_state();
