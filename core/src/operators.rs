@@ -60,7 +60,14 @@ where
     #[inline]
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
-        self.out.extend(batch.drain(..).flat_map(&mut self.f));
+        // A plain loop: `extend` over a `flat_map` adapter re-checks the
+        // adapter's inner iterators per record and kept the user function
+        // out of line.
+        for record in batch.drain(..) {
+            for out in (self.f)(record) {
+                self.out.push(out);
+            }
+        }
         self.next.collect(&mut self.out, ctx)
     }
     forward_control!();
