@@ -30,6 +30,9 @@ struct Pending {
     is_final: bool,
     acks: Vec<Option<TaskAck>>,
     received: usize,
+    /// Whether the checkpoint's folder was made and its entry synced at
+    /// the trigger, so that the manifest's commit need not sync the root.
+    folder_synced: bool,
 }
 
 /// Why the coordinator stops the job.
@@ -170,15 +173,24 @@ impl Coordinator {
                 is_final,
                 acks: vec![None; self.tasks.len()],
                 received: 0,
+                folder_synced: false,
             },
         );
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
-        // The checkpoint's folder, made while the barriers travel (synced
-        // with the manifest, see `create_checkpoint_dir`). If this fails,
-        // the first file written creates it.
-        if let Err(e) = storage::create_checkpoint_dir(&self.root, id) {
-            tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+        // The checkpoint's folder, made and its entry synced while the
+        // barriers travel and the tasks snapshot (sinks sync their
+        // pre-commits meanwhile, so this journal commit often joins
+        // theirs): one disk wait fewer after the last acknowledgement. If
+        // this fails, the first file written creates the folder and syncs
+        // the root.
+        match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => {
+                if let Some(p) = self.pending.get_mut(&id) {
+                    p.folder_synced = true;
+                }
+            }
+            Err(e) => tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead"),
         }
     }
 
@@ -294,7 +306,7 @@ impl Coordinator {
             },
             inline,
         };
-        if let Err(e) = manifest.commit(&self.root, files_written, shared_written) {
+        if let Err(e) = manifest.commit(&self.root, files_written, shared_written, p.folder_synced) {
             // Put it back so that abort() accounts for it.
             self.pending.insert(
                 id,
@@ -304,6 +316,7 @@ impl Coordinator {
                     is_final: p.is_final,
                     acks: Vec::new(),
                     received: 0,
+                    folder_synced: p.folder_synced,
                 },
             );
             return self.abort(id, format!("writing the manifest failed: {e}"));

@@ -181,13 +181,13 @@ pub(crate) enum DirSync {
     Deferred,
 }
 
-/// Creates the folder of checkpoint `id`, unless it exists. Not synced:
-/// [`Manifest::commit`] syncs `root` after the manifest, when the journal
-/// commit that makes the manifest durable has already carried the folder's
-/// creation along on Linux filesystems, so that sync costs next to nothing,
-/// where a sync here would be one more disk wait per checkpoint.
+/// Creates the folder of checkpoint `id`, unless it exists, and syncs
+/// `root` so that the folder's entry is durable. The coordinator calls it
+/// at the trigger, while the tasks snapshot, so that this disk wait is not
+/// on the manifest's path.
 pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
-    fs::create_dir_all(checkpoint_dir(root, id))
+    fs::create_dir_all(checkpoint_dir(root, id))?;
+    sync_dir(root)
 }
 
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
@@ -319,7 +319,13 @@ impl Manifest {
     /// This replaced one `syncfs(2)` for all task files: that also flushed
     /// everything else dirty on the filesystem (the memory-mapped state's
     /// working files, sinks' logs), 3-10 ms per checkpoint under load.
-    pub(crate) fn commit(&self, root: &Path, task_files: bool, shared: bool) -> std::io::Result<()> {
+    pub(crate) fn commit(
+        &self,
+        root: &Path,
+        task_files: bool,
+        shared: bool,
+        folder_synced: bool,
+    ) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
         crate::fault::hit("checkpoint.manifest.before")?;
         if task_files {
@@ -329,8 +335,12 @@ impl Manifest {
             sync_dir(&root.join(SHARED))?;
         }
         write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
-        // The folder's own entry (created ahead, unsynced).
-        sync_dir(root)?;
+        if !folder_synced {
+            // The folder's own entry, unless `create_checkpoint_dir` synced
+            // it at the trigger (`write_durable` syncs the root itself when
+            // it had to create the folder).
+            sync_dir(root)?;
+        }
         crate::fault::hit("checkpoint.manifest.after")?;
         Ok(())
     }
@@ -571,7 +581,7 @@ mod tests {
         assert_eq!(f.path, "chk-0000000005/a.state");
         let mut m = manifest(5);
         m.files.push(f.clone());
-        m.commit(root.path(), true, false).unwrap();
+        m.commit(root.path(), true, false, false).unwrap();
         assert_eq!(list_ids(root.path()).unwrap(), vec![5]);
         let read = read_manifest(root.path(), 5).unwrap().unwrap();
         verify_files(root.path(), &read).unwrap();
