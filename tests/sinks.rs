@@ -779,10 +779,7 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     let state1 = sink.pre_commit(1).unwrap();
     // Nothing visible yet: the transaction is a hidden temporary file.
     assert!(committed_lines(&out).is_empty());
-    assert!(out
-        .join(weir_io::IN_PROGRESS_DIR)
-        .join("part-000-000000001.csv.tmp")
-        .exists());
+    assert!(out.join(".part-000-000000001.csv.tmp").exists());
     sink.commit(1).unwrap();
     sink.commit(1).unwrap();
     drop(sink);
@@ -797,7 +794,7 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     h.write_sink(&mut sink, &mut (10..20).map(|s| (s, 0)).collect())
         .unwrap();
     let state2 = sink.pre_commit(2).unwrap();
-    std::fs::remove_file(out.join(weir_io::IN_PROGRESS_DIR).join("part-000-000000002.csv.tmp")).unwrap();
+    std::fs::remove_file(out.join(".part-000-000000002.csv.tmp")).unwrap();
     let mut lost = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
     let e = lost.restore(2, &state2).unwrap_err().to_string();
     assert!(e.contains("epoch 2 is lost"), "{e}");

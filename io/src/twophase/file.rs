@@ -2,29 +2,33 @@
 //! end-to-end seeds.
 //!
 //! - begin: a transaction of epoch `e` is the temporary file
-//!   `.inprogress/part-<subtask>-<e><suffix>.tmp` in the target folder
-//!   (a hidden subfolder: readers of the target never see it), created at
-//!   the first write (`2pc.file.write`, also before each buffer written);
+//!   `.part-<subtask>-<e><suffix>.tmp` in the target folder (a hidden name:
+//!   readers of the target never take it for output), created at the first
+//!   write (`2pc.file.write`, also before each buffer written);
 //! - pre-commit: the buffer is written, the file fsynced and closed
-//!   (`2pc.file.precommit.fsync`), and the hidden folder fsynced so that
+//!   (`2pc.file.precommit.fsync`), and the target folder fsynced so that
 //!   the file's name survives a crash (`2pc.file.precommit.dirsync`);
 //! - commit: the file is renamed to `part-<subtask>-<e><suffix>` in the
-//!   target folder (`2pc.file.commit.rename`): readers see it from then
-//!   on. The folder is fsynced at the next barrier, after the pre-commit's
-//!   file sync (`sync_commits`, `2pc.file.commit.dirsync`), before that
-//!   checkpoint is acknowledged: until then the checkpoint being committed
-//!   still records the transaction, and a restore from it commits it again.
-//!   (On ext4 the file sync's journal commit has then carried the renames
-//!   along, so the folder fsyncs cost next to nothing: one journal commit per
-//!   barrier and subtask instead of three.)
+//!   same folder (`2pc.file.commit.rename`): readers see it from then on.
+//!   The rename is made durable by the folder's next fsync, at the next
+//!   barrier, before that checkpoint is acknowledged: the pre-commit's
+//!   (which covers the new temporary file's name and the renames in one
+//!   disk wait), or `sync_commits`'s when that barrier has nothing to
+//!   pre-commit (`2pc.file.commit.dirsync`). Until then the checkpoint
+//!   being committed still records the transaction, and a restore from it
+//!   commits it again. (On ext4 the file sync's journal commit has then
+//!   carried the renames along: one folder fsync per barrier and subtask,
+//!   where a hidden subfolder for temporary files cost two.)
 //!   Idempotent: if the temporary file is gone and the committed one exists,
 //!   the commit happened before; only the folder is fsynced again. Neither
 //!   existing is an error (lost output);
 //! - abort: the temporary file is deleted (`2pc.file.abort`).
 //!
 //! On recovery, temporary files of this subtask newer than the restored
-//! checkpoint are deleted, and a committed file newer than it (or any, for
-//! a start without a checkpoint) makes the sink refuse to run.
+//! checkpoint are deleted (also in [`IN_PROGRESS_DIR`], where checkpoints
+//! of earlier versions recorded them; restoring those still commits them
+//! from there), and a committed file newer than it (or any, for a start
+//! without a checkpoint) makes the sink refuse to run.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -62,7 +66,10 @@ pub const FILE_FAULT_POINTS: &[&str] = &[
     FAULT_ABORT,
 ];
 
-/// Name of the hidden subfolder of transactions in progress.
+/// The hidden subfolder where earlier versions kept transactions in
+/// progress: a transaction recorded there by an older checkpoint is still
+/// committed from it on restore, and recovery deletes stale ones there.
+/// New transactions are hidden files in the target folder itself.
 pub const IN_PROGRESS_DIR: &str = ".inprogress";
 
 /// Bytes buffered before a write to the temporary file: 1 MiB.
@@ -85,7 +92,6 @@ pub struct FileTxn {
 /// in a [`super::TwoPhaseCommitSink`].
 pub struct FileTransactions<T, F, E> {
     target: PathBuf,
-    staging: PathBuf,
     subtask: usize,
     suffix: String,
     encode: F,
@@ -93,9 +99,8 @@ pub struct FileTransactions<T, F, E> {
     /// The temporary file being written, with its transaction's epoch.
     file: Option<(u64, File)>,
     buf: Vec<u8>,
-    /// A temporary file was created since the hidden folder's last fsync.
-    staging_dirty: bool,
-    /// Files were renamed into the target since its last fsync.
+    /// A temporary file was created in, or one renamed into, the target
+    /// folder since its last fsync.
     target_dirty: bool,
     _records: PhantomData<fn(&T)>,
 }
@@ -111,7 +116,6 @@ where
     pub fn new(target: impl Into<PathBuf>, subtask: usize, encode: F, emitted_ns: E) -> Self {
         let target = target.into();
         FileTransactions {
-            staging: target.join(IN_PROGRESS_DIR),
             target,
             subtask,
             suffix: ".csv".into(),
@@ -119,7 +123,6 @@ where
             emitted_ns,
             file: None,
             buf: Vec::new(),
-            staging_dirty: false,
             target_dirty: false,
             _records: PhantomData,
         }
@@ -147,7 +150,7 @@ where
                 .open(&temp)
                 .ctx("create", &temp)?;
             self.file = Some((txn.epoch, f));
-            self.staging_dirty = true;
+            self.target_dirty = true;
         }
         let (_, f) = self.file.as_mut().expect("opened above");
         f.write_all(&self.buf).ctx("write", &temp)?;
@@ -179,7 +182,7 @@ where
         let name = fsutil::part_name(self.subtask, epoch, &self.suffix);
         Ok(FileTxn {
             epoch,
-            temp: format!("{IN_PROGRESS_DIR}/{name}.tmp"),
+            temp: format!(".{name}.tmp"),
             name,
             bytes: 0,
         })
@@ -209,9 +212,11 @@ where
         fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
         f.sync_data().ctx("fsync", &temp)?;
         drop(f);
-        if self.staging_dirty {
-            sync_dir(&self.staging, FAULT_PRECOMMIT_DIRSYNC)?;
-            self.staging_dirty = false;
+        if self.target_dirty {
+            // The new file's name, and the renames of commits since the
+            // last barrier, in one disk wait.
+            sync_dir(&self.target, FAULT_PRECOMMIT_DIRSYNC)?;
+            self.target_dirty = false;
         }
         Ok(())
     }
@@ -265,7 +270,6 @@ where
         self.file = None;
         self.buf.clear();
         create_dir_durable(&self.target)?;
-        create_dir_durable(&self.staging)?;
         let floor = restored.unwrap_or(0);
         if let Some(newest) = self.newest_committed()?.filter(|&e| restored.is_none() || e > floor) {
             return Err(Error::TargetAhead {
@@ -277,17 +281,30 @@ where
             }
             .into());
         }
-        let mut removed = false;
-        for name in fsutil::list_names(&self.staging)? {
-            match fsutil::parse_part_name(&name, &self.suffix) {
-                Some((s, e)) if s == self.subtask && e > floor => {
-                    removed |= remove_if_exists(&self.staging.join(&name))?;
-                }
-                _ => {}
+        // Temporary files of this subtask after the restored checkpoint:
+        // hidden names in the target, or the older versions' subfolder.
+        let legacy = self.target.join(IN_PROGRESS_DIR);
+        for (dir, hidden) in [(&self.target, true), (&legacy, false)] {
+            if !hidden && !dir.exists() {
+                continue;
             }
-        }
-        if removed {
-            sync_dir(&self.staging, FAULT_ABORT)?;
+            let mut removed = false;
+            for name in fsutil::list_names(dir)? {
+                let part = if hidden {
+                    name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp"))
+                } else {
+                    name.strip_suffix(".tmp")
+                };
+                match part.and_then(|n| fsutil::parse_part_name(n, &self.suffix)) {
+                    Some((s, e)) if s == self.subtask && e > floor => {
+                        removed |= remove_if_exists(&dir.join(&name))?;
+                    }
+                    _ => {}
+                }
+            }
+            if removed {
+                sync_dir(dir, FAULT_ABORT)?;
+            }
         }
         Ok(())
     }
@@ -307,4 +324,91 @@ pub fn committed_files(target: &Path) -> Result<Vec<PathBuf>> {
         .map(|n| target.join(n))
         .filter(|p| p.is_file())
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sink(target: &Path) -> FileTransactions<u32, impl Fn(&u32, &mut Vec<u8>), impl Fn(&u32) -> u64> {
+        FileTransactions::new(
+            target,
+            0,
+            |r: &u32, out: &mut Vec<u8>| writeln!(out, "{r}").unwrap(),
+            |_: &u32| 0,
+        )
+    }
+
+    /// A transaction is a hidden file in the target folder until its
+    /// commit renames it; one recorded by an older version in the hidden
+    /// subfolder is still committed from there.
+    #[test]
+    fn transactions_are_hidden_files_in_the_target_and_older_ones_commit_from_the_subfolder() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let mut s = sink(&target);
+        s.recover(None).unwrap();
+        let mut txn = s.begin_transaction(1).unwrap();
+        assert_eq!(txn.temp, ".part-000-000000001.csv.tmp");
+        s.write(&mut txn, &mut vec![1, 2]).unwrap();
+        s.pre_commit(&mut txn).unwrap();
+        assert!(committed_files(&target).unwrap().is_empty());
+        s.commit(&txn).unwrap();
+        s.sync_commits().unwrap();
+        let files = committed_files(&target).unwrap();
+        assert_eq!(files, vec![target.join("part-000-000000001.csv")]);
+        assert_eq!(std::fs::read_to_string(&files[0]).unwrap(), "1\n2\n");
+
+        // As an older version recorded it: the temporary file in the
+        // subfolder, committed on restore.
+        let legacy = target.join(IN_PROGRESS_DIR);
+        std::fs::create_dir_all(&legacy).unwrap();
+        std::fs::write(legacy.join("part-000-000000002.csv.tmp"), "3\n").unwrap();
+        let old = FileTxn {
+            epoch: 2,
+            temp: format!("{IN_PROGRESS_DIR}/part-000-000000002.csv.tmp"),
+            name: "part-000-000000002.csv".into(),
+            bytes: 2,
+        };
+        let mut s = sink(&target);
+        s.recover(Some(2)).unwrap();
+        s.commit(&old).unwrap();
+        s.sync_commits().unwrap();
+        assert_eq!(
+            std::fs::read_to_string(target.join("part-000-000000002.csv")).unwrap(),
+            "3\n"
+        );
+    }
+
+    /// Recovery deletes this subtask's temporary files after the restored
+    /// checkpoint, hidden in the target or in the older subfolder, and
+    /// nothing else.
+    #[test]
+    fn recovery_deletes_only_this_subtasks_newer_temporary_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("out");
+        let legacy = target.join(IN_PROGRESS_DIR);
+        std::fs::create_dir_all(&legacy).unwrap();
+        let keep = [
+            target.join("part-000-000000003.csv"),      // committed
+            target.join(".part-000-000000003.csv.tmp"), // at the restored epoch
+            target.join(".part-001-000000009.csv.tmp"), // another subtask's
+            target.join(".notes.tmp"),                  // not a part
+            legacy.join("part-001-000000009.csv.tmp"),  // another subtask's
+        ];
+        let gone = [
+            target.join(".part-000-000000004.csv.tmp"),
+            legacy.join("part-000-000000005.csv.tmp"),
+        ];
+        for p in keep.iter().chain(&gone) {
+            std::fs::write(p, "x\n").unwrap();
+        }
+        sink(&target).recover(Some(3)).unwrap();
+        for p in &keep {
+            assert!(p.exists(), "{} kept", p.display());
+        }
+        for p in &gone {
+            assert!(!p.exists(), "{} deleted", p.display());
+        }
+    }
 }
