@@ -165,6 +165,22 @@ impl Coordinator {
         let trigger_unix_ms = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_millis() as u64);
+        tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
+        self.signals.trigger(id, clock::now_ns(), is_final);
+        // The checkpoint's folder, made and its entry synced while the
+        // barriers travel and the tasks snapshot (sinks sync their
+        // pre-commits meanwhile, so this journal commit often joins
+        // theirs): one disk wait fewer after the last acknowledgement. If
+        // this fails, the first file written creates the folder and syncs
+        // the root. (Acknowledgements are handled on this thread, so none
+        // arrives before the checkpoint is pending below.)
+        let folder_synced = match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+                false
+            }
+        };
         self.pending.insert(
             id,
             Pending {
@@ -173,25 +189,9 @@ impl Coordinator {
                 is_final,
                 acks: vec![None; self.tasks.len()],
                 received: 0,
-                folder_synced: false,
+                folder_synced,
             },
         );
-        tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
-        self.signals.trigger(id, clock::now_ns(), is_final);
-        // The checkpoint's folder, made and its entry synced while the
-        // barriers travel and the tasks snapshot (sinks sync their
-        // pre-commits meanwhile, so this journal commit often joins
-        // theirs): one disk wait fewer after the last acknowledgement. If
-        // this fails, the first file written creates the folder and syncs
-        // the root.
-        match storage::create_checkpoint_dir(&self.root, id) {
-            Ok(()) => {
-                if let Some(p) = self.pending.get_mut(&id) {
-                    p.folder_synced = true;
-                }
-            }
-            Err(e) => tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead"),
-        }
     }
 
     /// Handles one event from a task.

@@ -53,6 +53,16 @@ pub(crate) fn read_entry<K: StateKey, P: StateKey, V, C: Codec<V>>(
     Ok((key, value))
 }
 
+/// Adds `(key, user_key)` at slot `off` to `index`; the pair is absent.
+fn index_new<K: StateKey, UK: StateKey>(index: &mut FxHashMap<K, UserMap<UK>>, key: &K, user_key: &UK, off: u64) {
+    match index.get_mut(key) {
+        Some(m) => m.insert_new(user_key.clone(), off),
+        None => {
+            index.insert(key.clone(), UserMap::One(user_key.clone(), off));
+        }
+    }
+}
+
 /// Keyed map state of one keyed operator subtask: per key, a map from
 /// user key `UK` to value `V`, encoded by codec `C` into slots of
 /// [`StoreOptions::max_value_len`] bytes.
@@ -126,12 +136,7 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
                     "key of key group {kg} not owned by this store"
                 );
                 let off = self.arena.alloc_slot(kg);
-                match self.index.get_mut(key) {
-                    Some(m) => m.insert_new(user_key.clone(), off),
-                    None => {
-                        self.index.insert(key.clone(), UserMap::One(user_key.clone(), off));
-                    }
-                }
+                index_new(&mut self.index, key, user_key, off);
                 self.entries += 1;
                 off
             }
@@ -272,18 +277,13 @@ impl<K: StateKey, UK: StateKey, V, C: Codec<V>> MapStore<K, UK, V, C> {
         })?;
         for (off, kg) in found {
             let ((k, uk), _) = read_entry::<(K, UK), K, V, C>(arena, off, kg, |pair| &pair.0)?;
-            match index.get_mut(&k) {
-                Some(m) if m.get(&uk).is_some() => {
-                    return Err(Error::State {
-                        context: "restoring keyed state".into(),
-                        message: format!("two slots of key group {kg} hold the same key and user key"),
-                    });
-                }
-                Some(m) => m.insert_new(uk, off),
-                None => {
-                    index.insert(k, UserMap::One(uk, off));
-                }
+            if index.get(&k).is_some_and(|m| m.get(&uk).is_some()) {
+                return Err(Error::State {
+                    context: "restoring keyed state".into(),
+                    message: format!("two slots of key group {kg} hold the same key and user key"),
+                });
             }
+            index_new(&mut index, &k, &uk, off);
             entries += 1;
         }
         store.index = index;
