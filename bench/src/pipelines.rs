@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use weir_core::{BoxError, Pipeline, Sink, SinkContext};
+use weir_core::{BoxError, Pipeline, PreCommit, Sink, SinkContext};
 use weir_io::{GenContext, Generator, GeneratorConfig};
 
 use crate::event::Event;
@@ -254,6 +254,16 @@ impl Sink<Event> for CountSink {
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
         self.inner.as_mut().map_or(Ok(Vec::new()), |s| s.pre_commit(checkpoint))
+    }
+
+    fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
+        match &mut self.inner {
+            Some(s) => s.pre_commit_detached(checkpoint),
+            None => Ok(PreCommit {
+                state: Vec::new(),
+                sync: None,
+            }),
+        }
     }
 
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {

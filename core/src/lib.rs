@@ -70,5 +70,5 @@ pub use job::{JobHandle, JobResult, Outcome};
 pub use keyed::Output;
 pub use metrics::{JobMetrics, TaskMetrics, LATENCY_MAX_NS};
 pub use pipeline::{KeyedStream, Pipeline, Stream, MAX_PARALLELISM};
-pub use sink::{CollectSink, ForEachSink, Sink};
+pub use sink::{CollectSink, ForEachSink, PreCommit, Sink, SyncJob};
 pub use source::{Source, SourcePoll, VecSource};

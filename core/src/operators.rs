@@ -1,12 +1,12 @@
 //! The stateless operators: `map`, `filter`, `flat_map`, and the sink at the
 //! end of a chain. Each works on a whole batch in a tight loop.
 
-use crate::checkpoint::snapshot::TaskSnapshot;
+use crate::checkpoint::snapshot::{AsyncOutput, TaskSnapshot};
 use crate::collector::{forward_control, Collector, Notice, RestoreCtx};
 use crate::context::{SinkContext, TaskContext};
 use crate::error::BoxError;
 use crate::message::Barrier;
-use crate::sink::Sink;
+use crate::sink::{PreCommit, Sink};
 
 pub(crate) struct Map<T, U, F> {
     pub(crate) f: F,
@@ -106,8 +106,25 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
     }
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
-        let state = self.sink.pre_commit(barrier.id)?;
-        snap.put_operator(self.op, state);
+        let PreCommit { state, sync } = self.sink.pre_commit_detached(barrier.id)?;
+        match sync {
+            None => snap.put_operator(self.op, state),
+            // The disk waits run on the snapshot pool; the state joins the
+            // task's when they are done, and the acknowledgement follows.
+            Some(sync) => snap.put_async(
+                self.op,
+                Box::new(move |_root| {
+                    sync()?;
+                    Ok(AsyncOutput {
+                        state,
+                        files: Vec::new(),
+                        // Counted with the task's operator states already.
+                        state_bytes: 0,
+                        wrote_shared: false,
+                    })
+                }),
+            ),
+        }
         Ok(())
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {

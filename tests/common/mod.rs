@@ -18,7 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use weir_core::{
-    BoxError, CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig, Sink, SinkContext,
+    BoxError, CheckpointConfig, CheckpointMode, Pipeline, PreCommit, RestartStrategy, RuntimeConfig, Sink, SinkContext,
+    SyncJob,
 };
 use weir_io::{GenContext, Generator, GeneratorConfig};
 
@@ -44,12 +45,23 @@ impl<T> Default for Target<T> {
 /// A transactional test sink: output of epoch `n` becomes visible when
 /// checkpoint `n` completes; recovery commits the pre-committed epochs
 /// again, idempotently. Without checkpointing it commits at the end.
+///
+/// At every even checkpoint its pre-commit leaves a detached sync
+/// ([`weir_core::PreCommit::sync`]) that marks the epoch durable; the sync
+/// fails if it runs on a worker thread, and a commit fails if an epoch it
+/// commits was pre-committed with a sync that has not run: so every job
+/// that uses this sink checks that the runtime runs detached syncs off the
+/// workers and acknowledges a checkpoint only after its syncs.
 pub struct TxSink<T> {
     subtask: usize,
     open: Vec<T>,
     pending: BTreeMap<u64, Vec<T>>,
     target: Arc<Mutex<Target<T>>>,
     checkpointing: bool,
+    /// Epochs pre-committed with a detached sync.
+    detached: HashSet<u64>,
+    /// Epochs whose detached sync ran.
+    synced: Arc<Mutex<HashSet<u64>>>,
 }
 
 impl<T: Clone> TxSink<T> {
@@ -60,6 +72,8 @@ impl<T: Clone> TxSink<T> {
             pending: BTreeMap::new(),
             target,
             checkpointing,
+            detached: HashSet::new(),
+            synced: Arc::default(),
         }
     }
 
@@ -89,8 +103,44 @@ impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSin
         // Everything not yet committed goes into the checkpoint.
         Ok(postcard::to_stdvec(&self.pending)?)
     }
+    fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
+        let state = self.pre_commit(checkpoint)?;
+        if checkpoint % 2 == 0 {
+            self.detached.insert(checkpoint);
+        }
+        // Like a real sink, a job covers every pending epoch whose sync has
+        // not run: the runtime drops the jobs of a checkpoint given up while
+        // its task still held them (an unaligned one subsumed).
+        let synced = Arc::clone(&self.synced);
+        let epochs: Vec<u64> = {
+            let done = synced.lock().unwrap();
+            self.pending
+                .keys()
+                .copied()
+                .filter(|e| self.detached.contains(e) && !done.contains(e))
+                .collect()
+        };
+        if epochs.is_empty() {
+            return Ok(PreCommit { state, sync: None });
+        }
+        let sync: SyncJob = Box::new(move || {
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("");
+            if name.starts_with("weir-worker") {
+                return Err(format!("the detached sync of checkpoint {checkpoint} ran on {name}").into());
+            }
+            synced.lock().unwrap().extend(epochs);
+            Ok(())
+        });
+        Ok(PreCommit { state, sync: Some(sync) })
+    }
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
         let done: Vec<u64> = self.pending.range(..=checkpoint).map(|(&e, _)| e).collect();
+        let synced = self.synced.lock().unwrap();
+        if let Some(e) = done.iter().find(|e| self.detached.contains(e) && !synced.contains(e)) {
+            return Err(format!("checkpoint {checkpoint} commits epoch {e} before its detached sync ran").into());
+        }
+        drop(synced);
         for e in done {
             let rows = self.pending.remove(&e).unwrap();
             self.commit_epoch(e, &rows);

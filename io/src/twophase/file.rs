@@ -7,7 +7,10 @@
 //!   write (`2pc.file.write`, also before each buffer written);
 //! - pre-commit: the buffer is written, the file fsynced and closed
 //!   (`2pc.file.precommit.fsync`), and the target folder fsynced so that
-//!   the file's name survives a crash (`2pc.file.precommit.dirsync`);
+//!   the file's name survives a crash (`2pc.file.precommit.dirsync`); in a
+//!   job the sink runs off the worker thread, the two fsyncs
+//!   ([`TwoPhaseCommit::pre_commit_detached`],
+//!   [`TwoPhaseCommit::sync_commits_detached`]);
 //! - commit: the file is renamed to `part-<subtask>-<e><suffix>` in the
 //!   same folder (`2pc.file.commit.rename`): readers see it from then on.
 //!   The rename is made durable by the folder's next fsync, at the next
@@ -36,7 +39,7 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weir_core::BoxError;
+use weir_core::{BoxError, SyncJob};
 
 use super::TwoPhaseCommit;
 use crate::error::IoContext;
@@ -102,6 +105,8 @@ pub struct FileTransactions<T, F, E> {
     /// A temporary file was created in, or one renamed into, the target
     /// folder since its last fsync.
     target_dirty: bool,
+    /// A transaction was pre-committed since the folder's last fsync.
+    precommitted: bool,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -124,6 +129,7 @@ where
             file: None,
             buf: Vec::new(),
             target_dirty: false,
+            precommitted: false,
             _records: PhantomData,
         }
     }
@@ -201,24 +207,32 @@ where
     }
 
     fn pre_commit(&mut self, txn: &mut FileTxn) -> Result<(), BoxError> {
+        if let Some(sync) = self.pre_commit_detached(txn)? {
+            sync()?;
+        }
+        // The new file's name, and the renames of commits since the last
+        // barrier, in one disk wait.
+        self.sync_commits()
+    }
+
+    /// Writes what is buffered and closes the file here; its fsync is the
+    /// job. (The folder's fsync comes with `sync_commits_detached`, which
+    /// the sink calls right after.)
+    fn pre_commit_detached(&mut self, txn: &mut FileTxn) -> Result<Option<SyncJob>, BoxError> {
         if txn.bytes == 0 {
-            return Ok(());
+            return Ok(None);
         }
         if !self.buf.is_empty() || self.file.is_none() {
             self.write_out(txn)?;
         }
         let temp = self.temp_path(txn);
         let (_, f) = self.file.take().expect("written above");
-        fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
-        f.sync_data().ctx("fsync", &temp)?;
-        drop(f);
-        if self.target_dirty {
-            // The new file's name, and the renames of commits since the
-            // last barrier, in one disk wait.
-            sync_dir(&self.target, FAULT_PRECOMMIT_DIRSYNC)?;
-            self.target_dirty = false;
-        }
-        Ok(())
+        self.precommitted = true;
+        Ok(Some(Box::new(move || {
+            fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
+            f.sync_data().ctx("fsync", &temp)?;
+            Ok(())
+        })))
     }
 
     fn commit(&mut self, txn: &FileTxn) -> Result<(), BoxError> {
@@ -248,11 +262,28 @@ where
     }
 
     fn sync_commits(&mut self) -> Result<(), BoxError> {
-        if self.target_dirty {
-            sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
-            self.target_dirty = false;
+        match self.sync_commits_detached()? {
+            Some(sync) => sync(),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    /// The target folder's fsync, if a temporary file was created or a
+    /// commit renamed since the last: the job opens the folder after this
+    /// returns, so its fsync covers every change made before.
+    fn sync_commits_detached(&mut self) -> Result<Option<SyncJob>, BoxError> {
+        // The fault point says which step of the protocol this is: the
+        // pre-commit's (a new file's name) or only the commits'.
+        let point = if std::mem::take(&mut self.precommitted) {
+            FAULT_PRECOMMIT_DIRSYNC
+        } else {
+            FAULT_COMMIT_DIRSYNC
+        };
+        if !std::mem::take(&mut self.target_dirty) {
+            return Ok(None);
+        }
+        let target = self.target.clone();
+        Ok(Some(Box::new(move || Ok(sync_dir(&target, point)?))))
     }
 
     fn abort(&mut self, txn: &FileTxn) -> Result<(), BoxError> {

@@ -12,7 +12,15 @@
 //!   records, is pre-committed (durable, invisible) and becomes pending
 //!   under checkpoint `n`; the next transaction is begun. The checkpoint
 //!   records the handles ([`TwoPhaseCommit::Txn`]) of every pending
-//!   transaction and of the open one.
+//!   transaction and of the open one. The target's disk waits (its
+//!   [`TwoPhaseCommit::pre_commit_detached`] and
+//!   [`TwoPhaseCommit::sync_commits_detached`] jobs) run off the worker
+//!   thread, before the checkpoint is acknowledged: each pending
+//!   transaction remembers whether its sync ran, and a checkpoint's job
+//!   first finishes the syncs of every transaction it records (those of an
+//!   aborted checkpoint included). A failed sync poisons the sink: the
+//!   checkpoint is declined and the sink's next call fails the task, whose
+//!   restart restores the last completed checkpoint.
 //! - `commit(n)` (checkpoint `n` complete): the pending transactions of
 //!   checkpoints up to `n` are committed, in order.
 //! - `abort(n)` (checkpoint `n` failed): nothing is discarded; the pending
@@ -40,10 +48,11 @@ pub mod file;
 pub mod sqlite;
 
 use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
 
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use weir_core::{clock, BoxError, Sink, SinkContext};
+use weir_core::{clock, BoxError, PreCommit, Sink, SinkContext, SyncJob};
 
 use crate::latency::{StampRuns, Visible};
 use crate::Error;
@@ -75,6 +84,16 @@ pub trait TwoPhaseCommit<T>: Send + 'static {
     /// finish it from the handle alone.
     fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), BoxError>;
 
+    /// [`TwoPhaseCommit::pre_commit`] with its disk waits left to the
+    /// returned job, which [`TwoPhaseCommitSink`] runs off the worker
+    /// thread before the checkpoint is acknowledged (and before `txn` is
+    /// ever committed). The target may go on writing other transactions
+    /// meanwhile. The default pre-commits here and leaves nothing.
+    fn pre_commit_detached(&mut self, txn: &mut Self::Txn) -> Result<Option<SyncJob>, BoxError> {
+        self.pre_commit(txn)?;
+        Ok(None)
+    }
+
     /// Makes the pre-committed `txn` visible. Idempotent: it may be called
     /// again, by this or a new instance, after it succeeded. It may leave
     /// the last step of making the commit durable to
@@ -96,6 +115,16 @@ pub trait TwoPhaseCommit<T>: Send + 'static {
     /// sync, where the file system usually has nothing left to write.
     fn sync_commits(&mut self) -> Result<(), BoxError> {
         Ok(())
+    }
+
+    /// [`TwoPhaseCommit::sync_commits`] with its disk waits left to the
+    /// returned job, run like [`TwoPhaseCommit::pre_commit_detached`]'s,
+    /// after the jobs of the transactions the checkpoint records. The
+    /// job must cover every change made before this call. The default
+    /// syncs here and leaves nothing.
+    fn sync_commits_detached(&mut self) -> Result<Option<SyncJob>, BoxError> {
+        self.sync_commits()?;
+        Ok(None)
     }
 
     /// Discards `txn`. Idempotent.
@@ -139,6 +168,69 @@ struct Pending<X> {
     checkpoint: u64,
     txn: X,
     stamps: StampRuns,
+    /// Its pre-commit's detached sync.
+    sync: Arc<OnceSync>,
+}
+
+/// A detached sync that runs once, whichever checkpoint's job gets to it
+/// first; a later job waits for a running one and sees its outcome. A
+/// failure stays a failure: a sync is never retried (after a failed fsync
+/// the kernel may have dropped the data and a second fsync can succeed).
+struct OnceSync(Mutex<SyncState>);
+
+enum SyncState {
+    Todo(SyncJob),
+    Done,
+    Failed(String),
+}
+
+impl OnceSync {
+    fn new(job: Option<SyncJob>) -> Arc<Self> {
+        Arc::new(OnceSync(Mutex::new(job.map_or(SyncState::Done, SyncState::Todo))))
+    }
+
+    fn is_done(&self) -> bool {
+        matches!(*self.0.lock().unwrap_or_else(|p| p.into_inner()), SyncState::Done)
+    }
+
+    /// Runs the sync unless it ran; its outcome.
+    fn run(&self) -> Result<(), String> {
+        let mut state = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        match std::mem::replace(&mut *state, SyncState::Done) {
+            SyncState::Todo(job) => job().map_err(|e| {
+                let msg = e.to_string();
+                *state = SyncState::Failed(msg.clone());
+                msg
+            }),
+            SyncState::Done => Ok(()),
+            SyncState::Failed(msg) => {
+                *state = SyncState::Failed(msg.clone());
+                Err(msg)
+            }
+        }
+    }
+}
+
+/// Set by a failed detached sync; every later call of the sink fails.
+#[derive(Default)]
+struct Poison(Mutex<Option<String>>);
+
+impl Poison {
+    fn set(&self, msg: &str) {
+        let mut p = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        p.get_or_insert_with(|| msg.to_string());
+    }
+
+    fn check(&self) -> Result<(), BoxError> {
+        match &*self.0.lock().unwrap_or_else(|p| p.into_inner()) {
+            None => Ok(()),
+            Some(msg) => Err(format!(
+                "two-phase commit sink: an earlier pre-commit could not be made durable ({msg}); \
+                 the job restarts from its last completed checkpoint"
+            )
+            .into()),
+        }
+    }
 }
 
 /// The open transaction.
@@ -174,6 +266,8 @@ pub struct TwoPhaseCommitSink<T, P: TwoPhaseCommit<T>> {
     pending: VecDeque<Pending<P::Txn>>,
     spare_stamps: Vec<StampRuns>,
     visible: Visible,
+    /// A detached sync failed: see the module docs.
+    poison: Arc<Poison>,
     _records: std::marker::PhantomData<fn(T)>,
 }
 
@@ -188,6 +282,7 @@ impl<T, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
             pending: VecDeque::new(),
             spare_stamps: Vec::new(),
             visible: Visible::default(),
+            poison: Arc::default(),
             _records: std::marker::PhantomData,
         }
     }
@@ -224,8 +319,12 @@ impl<T, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
 
     /// Commits the pending transactions of checkpoints up to `n`, in order.
     fn commit_through(&mut self, n: u64) -> Result<(), BoxError> {
+        self.poison.check()?;
         while self.pending.front().is_some_and(|p| p.checkpoint <= n) {
             let p = self.pending.front().expect("checked above");
+            // Checkpoint `n` was acknowledged after the syncs of all it
+            // records: this finds them done (and fails if one failed).
+            p.sync.run()?;
             self.inner.commit(&p.txn)?;
             let mut p = self.pending.pop_front().expect("checked above");
             self.visible.add(&p.stamps, clock::now_ns());
@@ -304,6 +403,7 @@ where
                     checkpoint: self.last_barrier + 1,
                     txn: open.txn,
                     stamps: open.stamps,
+                    sync: OnceSync::new(None),
                 });
             } else {
                 self.inner.abort(&open.txn)?;
@@ -316,7 +416,16 @@ where
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        let PreCommit { state, sync } = self.pre_commit_detached(checkpoint)?;
+        if let Some(sync) = sync {
+            sync()?;
+        }
+        Ok(state)
+    }
+
+    fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
         self.start()?;
+        self.poison.check()?;
         assert!(
             checkpoint > self.last_barrier,
             "barrier {checkpoint} after barrier {}: barrier ids must increase",
@@ -325,20 +434,44 @@ where
         self.last_barrier = checkpoint;
         if self.open.as_ref().is_some_and(|o| o.records > 0) {
             let mut open = self.open.take().expect("checked above");
-            self.inner.pre_commit(&mut open.txn)?;
+            let job = self.inner.pre_commit_detached(&mut open.txn)?;
             self.pending.push_back(Pending {
                 checkpoint,
                 txn: open.txn,
                 stamps: open.stamps,
+                sync: OnceSync::new(job),
             });
         }
         // Commits since the last barrier, which this checkpoint no longer
         // records, become durable before it is acknowledged.
-        self.inner.sync_commits()?;
+        let commits = self.inner.sync_commits_detached()?;
         // Begin the next transaction now, so the checkpoint records it and
         // a restore can abort whatever it left behind.
         self.begin()?;
-        self.encode_state()
+        let state = self.encode_state()?;
+        // Every transaction this checkpoint records must be durable before
+        // it is acknowledged, those of an aborted checkpoint included.
+        let syncs: Vec<Arc<OnceSync>> = self
+            .pending
+            .iter()
+            .filter(|p| !p.sync.is_done())
+            .map(|p| Arc::clone(&p.sync))
+            .collect();
+        if syncs.is_empty() && commits.is_none() {
+            return Ok(PreCommit { state, sync: None });
+        }
+        let poison = Arc::clone(&self.poison);
+        let job: SyncJob = Box::new(move || {
+            let result = syncs.iter().try_for_each(|s| s.run()).and_then(|()| match commits {
+                Some(commits) => commits().map_err(|e| e.to_string()),
+                None => Ok(()),
+            });
+            result.map_err(|msg| {
+                poison.set(&msg);
+                BoxError::from(msg)
+            })
+        });
+        Ok(PreCommit { state, sync: Some(job) })
     }
 
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
@@ -353,6 +486,7 @@ where
 
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
         let recorded = Self::decode_state(checkpoint, state)?;
+        self.poison = Arc::default();
         self.open = None;
         self.pending.clear();
         self.inner.recover(Some(checkpoint))?;
@@ -366,5 +500,115 @@ where
         }
         self.last_barrier = checkpoint;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use weir_core::harness::Harness;
+
+    /// An in-memory target whose pre-commit syncs are detached: `synced`
+    /// lists the epochs whose sync ran, `fail` makes the next syncs fail,
+    /// and a commit of an epoch whose sync did not run panics.
+    #[derive(Clone, Default)]
+    struct Mem {
+        synced: Arc<Mutex<Vec<u64>>>,
+        committed: Arc<Mutex<Vec<u64>>>,
+        fail: Arc<AtomicBool>,
+    }
+
+    impl TwoPhaseCommit<u64> for Mem {
+        type Txn = (u64, Vec<u64>);
+
+        fn begin_transaction(&mut self, epoch: u64) -> Result<Self::Txn, BoxError> {
+            Ok((epoch, Vec::new()))
+        }
+        fn write(&mut self, txn: &mut Self::Txn, batch: &mut Vec<u64>) -> Result<(), BoxError> {
+            txn.1.append(batch);
+            Ok(())
+        }
+        fn pre_commit(&mut self, txn: &mut Self::Txn) -> Result<(), BoxError> {
+            match self.pre_commit_detached(txn)? {
+                Some(sync) => sync(),
+                None => Ok(()),
+            }
+        }
+        fn pre_commit_detached(&mut self, txn: &mut Self::Txn) -> Result<Option<SyncJob>, BoxError> {
+            let (epoch, synced, fail) = (txn.0, Arc::clone(&self.synced), Arc::clone(&self.fail));
+            Ok(Some(Box::new(move || {
+                if fail.load(Ordering::SeqCst) {
+                    return Err("injected: the disk refused".into());
+                }
+                synced.lock().unwrap().push(epoch);
+                Ok(())
+            })))
+        }
+        fn commit(&mut self, txn: &Self::Txn) -> Result<(), BoxError> {
+            assert!(
+                self.synced.lock().unwrap().contains(&txn.0),
+                "epoch {} committed before its sync ran",
+                txn.0
+            );
+            let mut c = self.committed.lock().unwrap();
+            if !c.contains(&txn.1[0]) {
+                c.extend_from_slice(&txn.1);
+            }
+            Ok(())
+        }
+        fn abort(&mut self, _txn: &Self::Txn) -> Result<(), BoxError> {
+            Ok(())
+        }
+    }
+
+    fn write(sink: &mut TwoPhaseCommitSink<u64, Mem>, h: &mut Harness, records: &[u64]) {
+        h.write_sink(sink, &mut records.to_vec()).unwrap();
+    }
+
+    /// The pre-commit leaves its sync to the job; a checkpoint given up
+    /// before its job ran has its transaction synced by the next
+    /// checkpoint's job, once, and committed with it.
+    #[test]
+    fn detached_syncs_run_once_and_an_aborted_checkpoint_s_with_the_next() {
+        let mem = Mem::default();
+        let mut sink = TwoPhaseCommitSink::new(mem.clone());
+        let mut h = Harness::new(0, 1);
+        write(&mut sink, &mut h, &[1, 2]);
+        let first = sink.pre_commit_detached(1).unwrap();
+        assert!(mem.synced.lock().unwrap().is_empty(), "nothing synced on the worker");
+        sink.abort(1).unwrap(); // its job has not run
+        write(&mut sink, &mut h, &[3]);
+        let second = sink.pre_commit_detached(2).unwrap();
+        (second.sync.expect("two transactions to sync"))().unwrap();
+        assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
+        sink.commit(2).unwrap();
+        assert_eq!(*mem.committed.lock().unwrap(), vec![1, 2, 3]);
+        // The first job, late: its transaction's sync already ran.
+        (first.sync.expect("one transaction to sync"))().unwrap();
+        assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
+        // A barrier with nothing to pre-commit leaves no job.
+        assert!(sink.pre_commit_detached(3).unwrap().sync.is_none());
+    }
+
+    /// A failed sync is never retried and poisons the sink: the next
+    /// commit and pre-commit fail (the task fails and restarts from its
+    /// last completed checkpoint), nothing it covered is committed.
+    #[test]
+    fn a_failed_detached_sync_poisons_the_sink() {
+        let mem = Mem::default();
+        let mut sink = TwoPhaseCommitSink::new(mem.clone());
+        let mut h = Harness::new(0, 1);
+        write(&mut sink, &mut h, &[1]);
+        let pc = sink.pre_commit_detached(1).unwrap();
+        mem.fail.store(true, Ordering::SeqCst);
+        let err = (pc.sync.unwrap())().unwrap_err();
+        assert!(err.to_string().contains("the disk refused"), "{err}");
+        mem.fail.store(false, Ordering::SeqCst);
+        for e in [sink.commit(1).unwrap_err(), sink.pre_commit_detached(2).unwrap_err()] {
+            assert!(e.to_string().contains("could not be made durable"), "{e}");
+        }
+        assert!(mem.committed.lock().unwrap().is_empty());
+        assert!(mem.synced.lock().unwrap().is_empty(), "the failed sync was retried");
     }
 }
