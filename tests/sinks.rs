@@ -872,15 +872,25 @@ const KEYS: u64 = 37;
 /// Runs a keyed running count with checkpoints and three injected
 /// failures into the sink that `sink` adds.
 fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stream<Count>)) -> usize {
+    keyed_job_restarts(mode, dir, sink).len()
+}
+
+/// [`keyed_job`], giving the failures that caused its restarts. (Its
+/// checkpoints complete between the failures: a fault test below sees the
+/// detached sync of one fail and the others succeed.)
+fn keyed_job_restarts(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stream<Count>)) -> Vec<String> {
     let p = Pipeline::new("sinks-test");
     let chaos = Chaos {
         seen: Arc::new(AtomicU64::new(0)),
         left: Arc::new(AtomicU32::new(3)),
         every: 5_000,
     };
+    // At a fixed rate, so that checkpoints (every 5 ms) complete between
+    // the failures (every 5,000 records) even on a fast machine.
     let cfg = GeneratorConfig {
         seed: 9,
         events: Some(EVENTS),
+        rate: Some(200_000.0),
         ..Default::default()
     };
     let counts = p
@@ -915,7 +925,13 @@ fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stre
         ..RuntimeConfig::default()
     };
     let result = p.run(config).unwrap().join().unwrap();
-    result.metrics.checkpoints.restarts.len()
+    result
+        .metrics
+        .checkpoints
+        .restarts
+        .into_iter()
+        .map(|r| r.error)
+        .collect()
 }
 
 fn count_line(r: &Count, out: &mut Vec<u8>) {
@@ -1052,4 +1068,28 @@ fn a_non_replayable_source_is_refused_in_exactly_once_modes() {
         r.unwrap();
         assert_eq!(out, vec![1, 2, 3], "{mode:?}");
     }
+}
+
+/// The two-phase file sink fsyncs at the barrier off the worker (its
+/// detached pre-commit). A failed fsync there declines its checkpoint and
+/// fails the sink's next call: the job restarts from its last completed
+/// checkpoint, and the output is still exactly once.
+#[test]
+fn a_failed_detached_pre_commit_fsync_restarts_the_job_exactly_once() {
+    let _g = serial();
+    let dir = scratch();
+    let out: PathBuf = dir.path().join("out");
+    let o = out.clone();
+    fault::arm(twophase::file::FAULT_PRECOMMIT_FSYNC, Action::FailAfter(2));
+    let restarts = keyed_job_restarts(CheckpointMode::Aligned, dir.path(), move |s| {
+        s.sink("2pc-file", move |i| {
+            weir_io::two_phase_file_sink(o.clone(), i, count_line, count_stamp)
+        })
+    });
+    fault::disarm_all();
+    assert!(
+        restarts.iter().any(|e| e.contains("could not be made durable")),
+        "{restarts:?}"
+    );
+    assert_exactly_once(&parse_count_lines(&out));
 }

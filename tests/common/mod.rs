@@ -105,7 +105,7 @@ impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSin
     }
     fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
         let state = self.pre_commit(checkpoint)?;
-        if checkpoint % 2 == 0 {
+        if checkpoint.is_multiple_of(2) {
             self.detached.insert(checkpoint);
         }
         // Like a real sink, a job covers every pending epoch whose sync has
@@ -132,7 +132,10 @@ impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSin
             synced.lock().unwrap().extend(epochs);
             Ok(())
         });
-        Ok(PreCommit { state, sync: Some(sync) })
+        Ok(PreCommit {
+            state,
+            sync: Some(sync),
+        })
     }
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
         let done: Vec<u64> = self.pending.range(..=checkpoint).map(|(&e, _)| e).collect();
