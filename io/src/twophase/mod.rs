@@ -18,7 +18,9 @@
 //!   thread, before the checkpoint is acknowledged: each pending
 //!   transaction remembers whether its sync ran, and a checkpoint's job
 //!   first finishes the syncs of every transaction it records (those of an
-//!   aborted checkpoint included). A failed sync poisons the sink: the
+//!   aborted checkpoint included), then every commit sync not known done
+//!   (a job the runtime dropped unrun leaves its syncs to the next one).
+//!   A failed sync poisons the sink: the
 //!   checkpoint is declined and the sink's next call fails the task, whose
 //!   restart restores the last completed checkpoint.
 //! - `commit(n)` (checkpoint `n` complete): the pending transactions of
@@ -189,8 +191,15 @@ impl OnceSync {
         Arc::new(OnceSync(Mutex::new(job.map_or(SyncState::Done, SyncState::Todo))))
     }
 
+    /// Whether the sync ran and succeeded. Never waits: a sync in flight
+    /// (its lock held by a job) counts as not done, so the worker asking
+    /// at a barrier does not wait for the disk; the new job will.
     fn is_done(&self) -> bool {
-        matches!(*self.0.lock().unwrap_or_else(|p| p.into_inner()), SyncState::Done)
+        match self.0.try_lock() {
+            Ok(state) => matches!(*state, SyncState::Done),
+            Err(std::sync::TryLockError::WouldBlock) => false,
+            Err(std::sync::TryLockError::Poisoned(p)) => matches!(*p.into_inner(), SyncState::Done),
+        }
     }
 
     /// Runs the sync unless it ran; its outcome.
@@ -268,6 +277,9 @@ pub struct TwoPhaseCommitSink<T, P: TwoPhaseCommit<T>> {
     visible: Visible,
     /// A detached sync failed: see the module docs.
     poison: Arc<Poison>,
+    /// Detached syncs of commits (`sync_commits_detached`) not known done:
+    /// a job dropped unrun leaves its sync to the next checkpoint's job.
+    commit_syncs: Vec<Arc<OnceSync>>,
     _records: std::marker::PhantomData<fn(T)>,
 }
 
@@ -283,6 +295,7 @@ impl<T, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
             spare_stamps: Vec::new(),
             visible: Visible::default(),
             poison: Arc::default(),
+            commit_syncs: Vec::new(),
             _records: std::marker::PhantomData,
         }
     }
@@ -451,21 +464,25 @@ where
         let state = self.encode_state()?;
         // Every transaction this checkpoint records must be durable before
         // it is acknowledged, those of an aborted checkpoint included.
+        // Then the commits' syncs, this one's and any a dropped job left.
+        self.commit_syncs.retain(|s| !s.is_done());
+        if let Some(commits) = commits {
+            self.commit_syncs.push(OnceSync::new(Some(commits)));
+        }
         let syncs: Vec<Arc<OnceSync>> = self
             .pending
             .iter()
-            .filter(|p| !p.sync.is_done())
-            .map(|p| Arc::clone(&p.sync))
+            .map(|p| &p.sync)
+            .filter(|s| !s.is_done())
+            .chain(&self.commit_syncs)
+            .map(Arc::clone)
             .collect();
-        if syncs.is_empty() && commits.is_none() {
+        if syncs.is_empty() {
             return Ok(PreCommit { state, sync: None });
         }
         let poison = Arc::clone(&self.poison);
         let job: SyncJob = Box::new(move || {
-            let result = syncs.iter().try_for_each(|s| s.run()).and_then(|()| match commits {
-                Some(commits) => commits().map_err(|e| e.to_string()),
-                None => Ok(()),
-            });
+            let result = syncs.iter().try_for_each(|s| s.run());
             result.map_err(|msg| {
                 poison.set(&msg);
                 BoxError::from(msg)
@@ -487,6 +504,7 @@ where
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
         let recorded = Self::decode_state(checkpoint, state)?;
         self.poison = Arc::default();
+        self.commit_syncs.clear();
         self.open = None;
         self.pending.clear();
         self.inner.recover(Some(checkpoint))?;
@@ -506,7 +524,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
     use weir_core::harness::Harness;
 
     /// An in-memory target whose pre-commit syncs are detached: `synced`
@@ -517,6 +535,8 @@ mod tests {
         synced: Arc<Mutex<Vec<u64>>>,
         committed: Arc<Mutex<Vec<u64>>>,
         fail: Arc<AtomicBool>,
+        /// Detached commit syncs that ran.
+        commit_syncs: Arc<AtomicUsize>,
     }
 
     impl TwoPhaseCommit<u64> for Mem {
@@ -557,6 +577,13 @@ mod tests {
             }
             Ok(())
         }
+        fn sync_commits_detached(&mut self) -> Result<Option<SyncJob>, BoxError> {
+            let n = Arc::clone(&self.commit_syncs);
+            Ok(Some(Box::new(move || {
+                n.fetch_add(1, Ordering::SeqCst);
+                Ok(())
+            })))
+        }
         fn abort(&mut self, _txn: &Self::Txn) -> Result<(), BoxError> {
             Ok(())
         }
@@ -582,13 +609,21 @@ mod tests {
         let second = sink.pre_commit_detached(2).unwrap();
         (second.sync.expect("two transactions to sync"))().unwrap();
         assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
+        assert_eq!(
+            mem.commit_syncs.load(Ordering::SeqCst),
+            2,
+            "the dropped job's commit sync ran too"
+        );
         sink.commit(2).unwrap();
         assert_eq!(*mem.committed.lock().unwrap(), vec![1, 2, 3]);
         // The first job, late: its transaction's sync already ran.
         (first.sync.expect("one transaction to sync"))().unwrap();
         assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
-        // A barrier with nothing to pre-commit leaves no job.
-        assert!(sink.pre_commit_detached(3).unwrap().sync.is_none());
+        assert_eq!(mem.commit_syncs.load(Ordering::SeqCst), 2, "a sync ran twice");
+        // A barrier with nothing to pre-commit leaves only its commit sync.
+        let third = sink.pre_commit_detached(3).unwrap();
+        (third.sync.expect("the commit sync"))().unwrap();
+        assert_eq!(mem.commit_syncs.load(Ordering::SeqCst), 3);
     }
 
     /// A failed sync is never retried and poisons the sink: the next
