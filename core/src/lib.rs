@@ -35,6 +35,7 @@ mod collector;
 mod config;
 mod context;
 mod data;
+pub mod disk;
 mod error;
 pub mod fault;
 pub mod harness;

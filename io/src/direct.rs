@@ -102,7 +102,7 @@ where
             if whole < len {
                 // A line cut short by a crash: remove it, durably.
                 f.set_len(whole)
-                    .and_then(|_| f.sync_all())
+                    .and_then(|_| weir_core::disk::sync_all(&f))
                     .ctx("cut a partial last line from", &self.path)?;
             }
             self.file = Some(f);
@@ -114,7 +114,7 @@ where
         if self.dirty {
             fault(FAULT_FSYNC, "fsync", &self.path)?;
             let path = self.path.clone();
-            self.file()?.sync_data().ctx("fsync", &path)?;
+            weir_core::disk::sync_data(self.file()?).ctx("fsync", &path)?;
             self.dirty = false;
         }
         Ok(())

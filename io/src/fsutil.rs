@@ -11,7 +11,7 @@
 //! sort in epoch order; a name never depends on timing, which is what makes
 //! a repeated commit land on the same file.
 
-use std::fs::{self, File};
+use std::fs;
 use std::path::Path;
 
 use crate::error::IoContext;
@@ -28,7 +28,7 @@ pub(crate) fn fault(name: &str, op: &str, path: &Path) -> Result<()> {
 /// survive a crash.
 pub(crate) fn sync_dir(dir: &Path, fault_point: &str) -> Result<()> {
     fault(fault_point, "fsync folder", dir)?;
-    File::open(dir).and_then(|d| d.sync_all()).ctx("fsync folder", dir)
+    weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)
 }
 
 /// Creates `dir` (and missing parents) and makes its entry durable.
@@ -39,11 +39,9 @@ pub(crate) fn create_dir_durable(dir: &Path) -> Result<()> {
     fs::create_dir_all(dir).ctx("create folder", dir)?;
     // The new entry lives in the parent: fsync it too.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        File::open(parent)
-            .and_then(|d| d.sync_all())
-            .ctx("fsync folder", parent)?;
+        weir_core::disk::sync_dir(parent).ctx("fsync folder", parent)?;
     }
-    File::open(dir).and_then(|d| d.sync_all()).ctx("fsync folder", dir)
+    weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)
 }
 
 /// Removes a file; a file already gone is not an error. Returns whether it

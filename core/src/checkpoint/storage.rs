@@ -165,7 +165,7 @@ pub(crate) fn task_file_name(group: usize, subtask: usize) -> String {
 
 /// fsyncs a folder so that renames and creations in it are durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
+    crate::disk::sync_dir(dir)
 }
 
 /// When the folder entry of a file written by [`write_durable`] becomes
@@ -214,7 +214,7 @@ pub(crate) fn write_durable(
         f.write_all(bytes)?;
         crate::fault::hit("checkpoint.write.before-fsync")?;
         // Data and size; other metadata (times) does not matter here.
-        f.sync_data()?;
+        crate::disk::sync_data(&f)?;
     }
     crate::fault::hit("checkpoint.write.before-rename")?;
     fs::rename(&tmp, &target)?;

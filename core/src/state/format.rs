@@ -189,7 +189,7 @@ fn io_error(context: String) -> impl FnOnce(std::io::Error) -> Error {
 
 fn sync_dir(dir: &Path) -> Result<()> {
     File::open(dir)
-        .and_then(|d| d.sync_all())
+        .and_then(|d| crate::disk::sync_all(&d))
         .map_err(io_error(format!("syncing directory {}", dir.display())))
 }
 
@@ -306,7 +306,7 @@ impl FileWriter {
         self.file.write_all(&trailer).map_err(self.error())?;
         self.size += TRAILER_LEN as u64;
         // Data and size; the other metadata (times) does not matter.
-        self.file.sync_data().map_err(self.error())?;
+        crate::disk::sync_data(&self.file).map_err(self.error())?;
         if self.fail == Some(FailPoint::BeforeRename) {
             return Err(injected("crash before rename"));
         }

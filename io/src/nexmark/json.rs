@@ -559,7 +559,7 @@ pub fn write_events_file(path: impl AsRef<Path>, cfg: &NexmarkConfig, n_events: 
             }
         }
         file.write_all(&buf).ctx("write", &temp)?;
-        file.sync_all().ctx("fsync", &temp)
+        weir_core::disk::sync_all(&file).ctx("fsync", &temp)
     })();
     if let Err(e) = written {
         let _ = fsutil::remove_if_exists(&temp);

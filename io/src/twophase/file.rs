@@ -230,7 +230,7 @@ where
         self.precommitted = true;
         Ok(Some(Box::new(move || {
             fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
-            f.sync_data().ctx("fsync", &temp)?;
+            weir_core::disk::sync_data(&f).ctx("fsync", &temp)?;
             Ok(())
         })))
     }

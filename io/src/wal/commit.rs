@@ -111,7 +111,7 @@ impl Parts {
         self.write_out()?;
         let (epoch, file, temp) = self.current.take().expect("ending an epoch");
         fault(FAULT_COMMIT_FSYNC, "fsync", &temp)?;
-        file.sync_data().ctx("fsync", &temp)?;
+        weir_core::disk::sync_data(&file).ctx("fsync", &temp)?;
         self.written.push((epoch, temp));
         Ok(())
     }

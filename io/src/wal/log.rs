@@ -140,7 +140,7 @@ impl LogWriter {
         self.flush()?;
         fault(FAULT_ROLL, "close WAL segment", &self.path)?;
         if self.file_dirty {
-            self.file.sync_data().ctx("fsync WAL segment", &self.path)?;
+            weir_core::disk::sync_data(&self.file).ctx("fsync WAL segment", &self.path)?;
         }
         let seq = self.seq + 1;
         let path = segment_path(&self.dir, seq);
@@ -161,7 +161,7 @@ impl LogWriter {
         self.flush()?;
         if self.file_dirty {
             fault(FAULT_FSYNC, "fsync WAL segment", &self.path)?;
-            self.file.sync_data().ctx("fsync WAL segment", &self.path)?;
+            weir_core::disk::sync_data(&self.file).ctx("fsync WAL segment", &self.path)?;
             self.file_dirty = false;
         }
         if self.dir_dirty {

@@ -156,7 +156,7 @@ impl Marker {
         fault(FAULT_MARKER, "write commit marker", &self.path)?;
         file.seek(SeekFrom::Start(at))
             .and_then(|_| file.write_all(&slot))
-            .and_then(|_| file.sync_data())
+            .and_then(|_| weir_core::disk::sync_data(&file))
             .ctx("write commit marker", &self.path)
     }
 
@@ -176,7 +176,7 @@ impl Marker {
             .open(&temp)
             .ctx("create", &temp)?;
         f.write_all(&[0; 2 * SLOT_BYTES])
-            .and_then(|_| f.sync_all())
+            .and_then(|_| weir_core::disk::sync_all(&f))
             .ctx("initialize", &temp)?;
         drop(f);
         std::fs::rename(&temp, &self.path).ctx(&format!("rename to {}", self.path.display()), &temp)?;

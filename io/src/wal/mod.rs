@@ -630,7 +630,7 @@ where
             )?;
             let f = OpenOptions::new().write(true).open(&end_path).ctx("open", &end_path)?;
             f.set_len(st.end.off)
-                .and_then(|_| f.sync_all())
+                .and_then(|_| weir_core::disk::sync_all(&f))
                 .ctx("truncate", &end_path)?;
         }
         let mut removed = false;
