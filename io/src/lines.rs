@@ -165,7 +165,7 @@ impl<P> LineParser<P> {
     /// last call.
     pub(crate) fn sync_rejected(&mut self) -> Result<()> {
         if let (true, Some(f), BadRecords::Skip { rejected }) = (self.unsynced, &self.rejected, &self.policy) {
-            weir_core::disk::sync_data(&f).ctx("fsync", rejected)?;
+            weir_core::disk::sync_data(f).ctx("fsync", rejected)?;
         }
         self.unsynced = false;
         Ok(())

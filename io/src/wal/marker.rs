@@ -156,7 +156,7 @@ impl Marker {
         fault(FAULT_MARKER, "write commit marker", &self.path)?;
         file.seek(SeekFrom::Start(at))
             .and_then(|_| file.write_all(&slot))
-            .and_then(|_| weir_core::disk::sync_data(&file))
+            .and_then(|_| weir_core::disk::sync_data(file))
             .ctx("write commit marker", &self.path)
     }
 
