@@ -68,6 +68,48 @@ fn bind_seq(r: &Rec, row: &mut SqlRow<'_, '_>) {
     row.push(r.0 as i64);
 }
 
+/// Sinks whose I/O runs on a thread of their own: the driver waits after
+/// every step until that thread handled everything, so that a fault armed
+/// for a step is hit, and reported, within that step.
+trait Settle {
+    fn settle(&mut self) -> Result<(), BoxError>;
+}
+
+impl<T, F, E> Settle for DirectFileSink<T, F, E>
+where
+    T: Send + 'static,
+    F: Fn(&T, &mut Vec<u8>) + Send + 'static,
+    E: Fn(&T) -> u64 + Send + 'static,
+{
+    fn settle(&mut self) -> Result<(), BoxError> {
+        self.wait_idle()
+    }
+}
+
+impl<T, F, E> Settle for WalSink<T, F, E> {
+    fn settle(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+impl Settle for Settled {
+    fn settle(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+impl<T, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommitSink<T, P> {
+    fn settle(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
+impl<T, B, E> Settle for SqliteUpsertSink<T, B, E> {
+    fn settle(&mut self) -> Result<(), BoxError> {
+        Ok(())
+    }
+}
+
 /// What the driver does: `records` records, a barrier after every
 /// `per_epoch`, batches of `batch`, and every `abort_every`-th checkpoint
 /// fails (its epoch must be committed with the next one).
@@ -105,7 +147,7 @@ struct RunResult {
 /// One run of `script` against sinks from `make`, injecting `point` at its
 /// first hit at or after step `from` (no injection if `point` is `None`),
 /// then `in_restore` (default: `point` again) once in the restore.
-fn drive<S: Sink<Rec>>(
+fn drive<S: Sink<Rec> + Settle>(
     make: &dyn Fn() -> S,
     visible: &dyn Fn() -> Vec<u64>,
     script: Script,
@@ -177,6 +219,8 @@ fn drive<S: Sink<Rec>>(
             finished = true;
             h.finish_sink(&mut sink)
         };
+        // The step's I/O, on the sink's thread, within the step.
+        let result = result.and_then(|()| sink.settle());
         if arm {
             fault::disarm_all();
         }
@@ -237,7 +281,7 @@ fn drive<S: Sink<Rec>>(
 /// the visible-output reader for a fresh folder. `restore_only` lists
 /// points hit only by a restore, each with a step point that crashes first.
 #[allow(clippy::type_complexity)]
-fn crash_everywhere<S: Sink<Rec>>(
+fn crash_everywhere<S: Sink<Rec> + Settle>(
     points: &[&str],
     restore_only: &[(&str, &str)],
     script: Script,
@@ -504,6 +548,7 @@ fn direct_sink_cuts_a_partial_last_line() {
     let mut h = Harness::new(0, 1);
     let mut sink = DirectFileSink::new(dir.path(), 0, line, stamp);
     h.write_sink(&mut sink, &mut vec![(1, 0), (2, 0)]).unwrap();
+    sink.wait_idle().unwrap();
     let path = sink.path().to_path_buf();
     drop(sink);
     // A crash in the middle of a write left half a line.
@@ -515,6 +560,7 @@ fn direct_sink_cuts_a_partial_last_line() {
         .unwrap();
     let mut sink = DirectFileSink::new(dir.path(), 0, line, stamp);
     h.write_sink(&mut sink, &mut vec![(3, 0)]).unwrap();
+    sink.wait_idle().unwrap();
     assert_eq!(std::fs::read_to_string(&path).unwrap(), "1\n2\n3\n");
 }
 

@@ -243,6 +243,10 @@ impl Sink<Event> for CountSink {
         Ok(())
     }
 
+    fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
+        self.inner.as_mut().map_or(Ok(true), |s| s.ready(ctx))
+    }
+
     fn finish(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
         if let Some(inner) = &mut self.inner {
             inner.finish(ctx)?;
@@ -259,10 +263,7 @@ impl Sink<Event> for CountSink {
     fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
         match &mut self.inner {
             Some(s) => s.pre_commit_detached(checkpoint),
-            None => Ok(PreCommit {
-                state: Vec::new(),
-                sync: None,
-            }),
+            None => Ok(PreCommit::done(Vec::new())),
         }
     }
 

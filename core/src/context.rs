@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::signals::TaskCheckpointing;
 use crate::clock;
+use crate::idle::{Parker, Waker};
 use crate::metrics::{LatencyRecorder, MetricsRegistry, TaskCounters};
 
 /// Per-task runtime state threaded through every call of a chain.
@@ -36,6 +37,8 @@ pub(crate) struct TaskContext {
     pub(crate) abort_id_seen: u64,
     /// Latest checkpoint this task has snapshotted (or restored from).
     pub(crate) last_barrier: u64,
+    /// The parker of the worker that runs this task (none outside a job).
+    pub(crate) parker: Option<Arc<Parker>>,
 }
 
 impl TaskContext {
@@ -63,6 +66,7 @@ impl TaskContext {
             abort_seq_seen: 0,
             abort_id_seen: 0,
             last_barrier: 0,
+            parker: None,
         }
     }
 
@@ -138,6 +142,13 @@ impl SinkContext<'_> {
     #[inline]
     pub fn now_ns(&mut self) -> u64 {
         self.task.now_ns()
+    }
+
+    /// Wakes this sink's worker when it parked: give it to the sink's own
+    /// threads ([`crate::io_thread::IoThread::set_waker`]) so that the
+    /// worker calls [`crate::Sink::ready`] again as soon as they free room.
+    pub fn waker(&self) -> Waker {
+        Waker::new(self.task.parker.clone())
     }
 
     /// Records the end-to-end latency of one record emitted at `emitted_ns`

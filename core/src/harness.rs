@@ -61,9 +61,38 @@ impl Harness {
         r
     }
 
-    /// Ends a sink's stream.
+    /// Asks a sink whether it can take more ([`Sink::ready`]): it takes
+    /// its thread's replies and records their latencies.
+    pub fn ready_sink<T, S: Sink<T>>(&mut self, sink: &mut S) -> Result<bool, BoxError> {
+        let r = sink.ready(&mut SinkContext { task: &mut self.task });
+        self.task.end_turn();
+        r
+    }
+
+    /// Asks a sink [`Sink::ready`] until it says true, as a worker would
+    /// (at most [`Harness::SETTLE_LIMIT`]): after a write, until its thread
+    /// took the data; after `finish`, until everything finished.
+    pub fn settle_sink<T, S: Sink<T>>(&mut self, sink: &mut S) -> Result<(), BoxError> {
+        let start = std::time::Instant::now();
+        while !self.ready_sink(sink)? {
+            if start.elapsed() > Self::SETTLE_LIMIT {
+                return Err(format!("the sink was not ready within {:?}", Self::SETTLE_LIMIT).into());
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+        Ok(())
+    }
+
+    /// How long [`Harness::settle_sink`] and [`Harness::finish_sink`] wait
+    /// for a sink: 60 s, far beyond any disk wait of a working machine.
+    pub const SETTLE_LIMIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+    /// Ends a sink's stream, as the runtime does: `finish`, then
+    /// [`Sink::ready`] until everything finished.
     pub fn finish_sink<T, S: Sink<T>>(&mut self, sink: &mut S) -> Result<(), BoxError> {
-        let r = sink.finish(&mut SinkContext { task: &mut self.task });
+        let r = sink
+            .finish(&mut SinkContext { task: &mut self.task })
+            .and_then(|_| self.settle_sink(sink));
         self.task.publish_latency();
         r
     }

@@ -7,7 +7,7 @@
 //! and a cancelled job stops within one park timeout.
 
 use std::sync::atomic::{fence, AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::thread::Thread;
 use std::time::Duration;
 
@@ -144,6 +144,35 @@ impl Parker {
             if let Some(t) = self.thread.get() {
                 t.unpark();
             }
+        }
+    }
+}
+
+/// Wakes the worker of a sink if it parked: for the sink's own threads
+/// (an [`crate::io_thread::IoThread`]), after they freed room or finished
+/// something the sink waits for, so that the worker looks again at once
+/// instead of at its next park timeout. Cheap when the worker is awake (a
+/// fence and a load). Get it from [`crate::SinkContext::waker`].
+#[derive(Debug, Clone, Default)]
+pub struct Waker {
+    parker: Option<Arc<Parker>>,
+}
+
+impl Waker {
+    pub(crate) fn new(parker: Option<Arc<Parker>>) -> Self {
+        Waker { parker }
+    }
+
+    /// A waker that wakes nothing (a sink driven by hand, outside a job).
+    pub fn noop() -> Self {
+        Waker::default()
+    }
+
+    /// Wakes the worker if it parked.
+    #[inline]
+    pub fn wake(&self) {
+        if let Some(p) = &self.parker {
+            p.wake();
         }
     }
 }

@@ -269,6 +269,8 @@ fn prepare(
     for (k, (g, i, mut task, c, ops)) in placed.into_iter().enumerate() {
         let group = &plan.groups[g];
         let mut ctx = TaskContext::new(i, group.parallelism, ops, c, registry.clone());
+        // Task `k` runs on worker `k mod workers` (see `spawn_workers`).
+        ctx.parker = Some(Arc::clone(&parkers[k % parkers.len()]));
         if let (Some((signals, _, tx)), Some(root)) = (&checkpointing, root) {
             if ckpt.is_some_and(|c| c.mode.is_exactly_once()) && !task.replayable() {
                 return Err(Error::InvalidPipeline(format!(
@@ -677,6 +679,17 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+thread_local! {
+    /// Set on worker threads for their whole life.
+    static ON_WORKER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of weir's worker threads, which must
+/// never wait for I/O (see [`crate::io_thread`]).
+pub fn on_worker_thread() -> bool {
+    ON_WORKER.with(|w| w.get())
+}
+
 fn worker_main(
     mut tasks: Vec<Placed>,
     core: Option<core_affinity::CoreId>,
@@ -689,6 +702,7 @@ fn worker_main(
         let _ = core_affinity::set_for_current(core);
     }
     parker.register();
+    ON_WORKER.with(|w| w.set(true));
     let mut idler = Idler::new(idle);
     // Set after `prepare_park`: the next round is the last look before parking.
     let mut parking = false;

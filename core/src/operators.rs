@@ -6,7 +6,7 @@ use crate::collector::{forward_control, Collector, Notice, RestoreCtx};
 use crate::context::{SinkContext, TaskContext};
 use crate::error::BoxError;
 use crate::message::Barrier;
-use crate::sink::{PreCommit, Sink};
+use crate::sink::Sink;
 
 pub(crate) struct Map<T, U, F> {
     pub(crate) f: F,
@@ -95,8 +95,11 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
         batch.clear();
         Ok(())
     }
-    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        Ok(true)
+    fn flush(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        // The sink's own backpressure: its thread has too much in flight
+        // (or, after `finish`, is not done yet).
+        ctx.current_op = self.op;
+        self.sink.ready(&mut SinkContext { task: ctx })
     }
     fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
@@ -106,17 +109,15 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
     }
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
-        let PreCommit { state, sync } = self.sink.pre_commit_detached(barrier.id)?;
-        match sync {
-            None => snap.put_operator(self.op, state),
-            // The disk waits run on the snapshot pool; the state joins the
+        match self.sink.pre_commit_detached(barrier.id)?.into_job() {
+            Ok(state) => snap.put_operator(self.op, state),
+            // The waits run on the snapshot pool; the state joins the
             // task's when they are done, and the acknowledgement follows.
-            Some(sync) => snap.put_async(
+            Err(job) => snap.put_async(
                 self.op,
                 Box::new(move |_root| {
-                    sync()?;
                     Ok(AsyncOutput {
-                        state,
+                        state: job()?,
                         files: Vec::new(),
                         // Counted with the task's operator states already.
                         state_bytes: 0,

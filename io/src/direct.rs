@@ -1,12 +1,22 @@
 //! The direct sink: appends each batch to a file at once. At-least-once,
 //! and the baseline for latency comparisons: a record is visible as soon
-//! as the `write` call for its batch returns.
+//! as the `write` system call for its bytes returns.
 //!
-//! Subtask `i` appends to `part-<i><suffix>` in the target folder, one
-//! `write` system call per batch of whole lines (`direct.write`). At each
-//! barrier and at the end the file is fsynced (`direct.fsync`), so that a
-//! completed checkpoint never depends on lines a crash could lose; nothing
-//! is fsynced per batch.
+//! Subtask `i` appends to `part-<i><suffix>` in the target folder. The
+//! worker only encodes: lines go into a buffer in memory, and the sink's
+//! own thread ([`weir_core::io_thread::IoThread`]) does every system call.
+//! One write is in flight at a time: while the thread writes, the worker
+//! fills the next buffer, which goes out whole as soon as the thread is
+//! free, so a slow disk gets larger writes instead of more of them, and an
+//! idle one gets each batch at once (`direct.write` before each write). At
+//! each barrier and at the end the file is fsynced (`direct.fsync`) on
+//! that thread, in order after the writes, and the checkpoint is
+//! acknowledged once that sync is done, so that a completed checkpoint
+//! never depends on lines a crash could lose; nothing is fsynced per batch.
+//!
+//! Bounded memory: when more than [`MAX_PENDING_BYTES`] wait for the
+//! thread, [`Sink::ready`] says false and the task stops reading input
+//! (backpressure, like a full ring) until the thread catches up.
 //!
 //! After a failure the source replays from the checkpoint and the lines
 //! written since then appear again: duplicates, never losses. A crash can
@@ -17,15 +27,17 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::marker::PhantomData;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use weir_core::{BoxError, Sink, SinkContext};
+use weir_core::io_thread::{IoHandler, IoThread};
+use weir_core::{clock, BoxError, PreCommit, Sink, SinkContext};
 
 use crate::error::IoContext;
 use crate::fsutil::{create_dir_durable, fault};
+use crate::latency::{StampRuns, Visible};
 use crate::Result;
 
-/// Fault point before a batch is written.
+/// Fault point before a buffer is written.
 pub const FAULT_WRITE: &str = "direct.write";
 /// Fault point before the file is fsynced.
 pub const FAULT_FSYNC: &str = "direct.fsync";
@@ -36,57 +48,49 @@ pub const DIRECT_FAULT_POINTS: &[&str] = &[FAULT_WRITE, FAULT_FSYNC];
 /// Bytes examined from the end of the file, per step, for a partial line.
 const TAIL_STEP: u64 = 64 << 10;
 
-/// One subtask of the direct file sink; see the module docs.
-///
-/// ```
-/// use weir_core::harness::Harness;
-/// use weir_io::DirectFileSink;
-///
-/// let dir = tempfile::tempdir().unwrap();
-/// let encode = |r: &u8, out: &mut Vec<u8>| out.extend_from_slice(format!("{r}\n").as_bytes());
-/// let mut sink = DirectFileSink::new(dir.path(), 0, encode, |_: &u8| 0);
-/// Harness::new(0, 1).write_sink(&mut sink, &mut vec![1, 2]).unwrap();
-/// // Visible at once, before any checkpoint.
-/// assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "1\n2\n");
-/// ```
-pub struct DirectFileSink<T, F, E> {
-    path: PathBuf,
-    encode: F,
-    emitted_ns: E,
-    file: Option<File>,
-    buf: Vec<u8>,
-    /// Written since the last fsync.
-    dirty: bool,
-    _records: PhantomData<fn(&T)>,
+/// Encoded bytes waiting for the sink's thread beyond which the sink says
+/// it is not ready (4 MiB): at 32 bytes a line, 130,000 lines, a fraction
+/// of a second of a fast disk's writing. Memory stays below this plus one
+/// scheduling turn's output plus the write in flight.
+pub const MAX_PENDING_BYTES: usize = 4 << 20;
+
+/// Requests to the sink's thread: at most one write, the writes and syncs
+/// of barriers and the end, and the open. 64 bounds the barriers that can
+/// queue behind a stalled disk before the worker waits.
+const IO_QUEUE: usize = 64;
+
+enum Request {
+    /// Open the file (create the folder, cut a partial last line).
+    Open,
+    /// Append `buf`; `stamps` are its records' emission times.
+    Write { buf: Vec<u8>, stamps: StampRuns },
+    /// Fsync what was written.
+    Sync,
 }
 
-impl<T, F, E> DirectFileSink<T, F, E>
-where
-    F: Fn(&T, &mut Vec<u8>),
-    E: Fn(&T) -> u64,
-{
-    /// The sink of `subtask`, appending to `part-<subtask>.csv` in `dir`.
-    /// `encode(record, out)` appends a record's line and its `\n`;
-    /// `emitted_ns(record)` gives its emission time (0: unknown).
-    pub fn new(dir: impl Into<PathBuf>, subtask: usize, encode: F, emitted_ns: E) -> Self {
-        let path = dir.into().join(format!("part-{subtask:03}.csv"));
-        DirectFileSink {
-            path,
-            encode,
-            emitted_ns,
-            file: None,
-            buf: Vec::new(),
-            dirty: false,
-            _records: PhantomData,
-        }
-    }
+enum Reply {
+    Opened,
+    /// The buffer, cleared for reuse, its length, and when its bytes
+    /// became visible.
+    Written {
+        buf: Vec<u8>,
+        stamps: StampRuns,
+        visible_ns: u64,
+        len: usize,
+    },
+    Synced,
+}
 
-    /// The file this subtask appends to.
-    pub fn path(&self) -> &std::path::Path {
-        &self.path
-    }
+/// The sink's thread: owns the file.
+struct DirectIo {
+    path: PathBuf,
+    file: Option<File>,
+    /// Written since the last fsync.
+    dirty: bool,
+}
 
-    fn file(&mut self) -> Result<&mut File> {
+impl DirectIo {
+    fn open(&mut self) -> Result<&mut File> {
         if self.file.is_none() {
             if let Some(dir) = self.path.parent() {
                 create_dir_durable(dir)?;
@@ -109,15 +113,200 @@ where
         }
         Ok(self.file.as_mut().expect("opened above"))
     }
+}
 
-    fn sync(&mut self) -> Result<()> {
-        if self.dirty {
-            fault(FAULT_FSYNC, "fsync", &self.path)?;
-            let path = self.path.clone();
-            weir_core::disk::sync_data(self.file()?).ctx("fsync", &path)?;
-            self.dirty = false;
+impl IoHandler for DirectIo {
+    type Request = Request;
+    type Reply = Reply;
+
+    fn handle(&mut self, request: Request) -> Result<Reply, BoxError> {
+        match request {
+            Request::Open => {
+                self.open()?;
+                Ok(Reply::Opened)
+            }
+            Request::Write { mut buf, stamps } => {
+                fault(FAULT_WRITE, "append to", &self.path)?;
+                let path = self.path.clone();
+                self.open()?.write_all(&buf).ctx("append to", &path)?;
+                self.dirty = true;
+                // Visible now: a reader of the file sees these lines.
+                let visible_ns = clock::now_ns();
+                let len = buf.len();
+                buf.clear();
+                Ok(Reply::Written {
+                    buf,
+                    stamps,
+                    visible_ns,
+                    len,
+                })
+            }
+            Request::Sync => {
+                if self.dirty {
+                    fault(FAULT_FSYNC, "fsync", &self.path)?;
+                    let path = self.path.clone();
+                    weir_core::disk::sync_data(self.open()?).ctx("fsync", &path)?;
+                    self.dirty = false;
+                }
+                Ok(Reply::Synced)
+            }
+        }
+    }
+}
+
+/// One subtask of the direct file sink; see the module docs.
+///
+/// ```
+/// use weir_core::harness::Harness;
+/// use weir_io::DirectFileSink;
+///
+/// let dir = tempfile::tempdir().unwrap();
+/// let encode = |r: &u8, out: &mut Vec<u8>| out.extend_from_slice(format!("{r}\n").as_bytes());
+/// let mut sink = DirectFileSink::new(dir.path(), 0, encode, |_: &u8| 0);
+/// let mut h = Harness::new(0, 1);
+/// h.write_sink(&mut sink, &mut vec![1, 2]).unwrap();
+/// // Written by the sink's thread at once, before any checkpoint.
+/// sink.wait_idle().unwrap();
+/// assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "1\n2\n");
+/// ```
+pub struct DirectFileSink<T, F, E> {
+    path: PathBuf,
+    encode: F,
+    emitted_ns: E,
+    /// Started at the first call (a restore, or the first write, barrier or
+    /// finish).
+    io: Option<IoThread<DirectIo>>,
+    /// Encoded lines not yet handed to the thread, and their stamps.
+    pending: Vec<u8>,
+    pending_stamps: StampRuns,
+    /// Writes submitted and not yet reported done (one, except after a
+    /// barrier), and their bytes.
+    writes_in_flight: usize,
+    bytes_in_flight: usize,
+    /// Buffers back from the thread, for reuse (at most two).
+    spare: Vec<(Vec<u8>, StampRuns)>,
+    visible: Visible,
+    /// `finish` was called: ready once everything is done.
+    finishing: bool,
+    /// The waker was handed to the thread.
+    waker_set: bool,
+    _records: PhantomData<fn(&T)>,
+}
+
+impl<T, F, E> DirectFileSink<T, F, E>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+{
+    /// The sink of `subtask`, appending to `part-<subtask>.csv` in `dir`.
+    /// `encode(record, out)` appends a record's line and its `\n`;
+    /// `emitted_ns(record)` gives its emission time (0: unknown).
+    pub fn new(dir: impl Into<PathBuf>, subtask: usize, encode: F, emitted_ns: E) -> Self {
+        let path = dir.into().join(format!("part-{subtask:03}.csv"));
+        DirectFileSink {
+            path,
+            encode,
+            emitted_ns,
+            io: None,
+            pending: Vec::new(),
+            pending_stamps: StampRuns::default(),
+            writes_in_flight: 0,
+            bytes_in_flight: 0,
+            spare: Vec::new(),
+            visible: Visible::default(),
+            finishing: false,
+            waker_set: false,
+            _records: PhantomData,
+        }
+    }
+
+    /// The file this subtask appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Encoded bytes handed to the sink and not yet written by its thread
+    /// (waiting, or in writes in flight).
+    pub fn buffered_bytes(&self) -> usize {
+        self.pending.len() + self.bytes_in_flight
+    }
+
+    /// The sink's thread, started (with the file's opening as its first
+    /// request) at the first call.
+    fn io(&mut self) -> Result<&mut IoThread<DirectIo>, BoxError> {
+        if self.io.is_none() {
+            let name = format!("weir-direct-{}", self.path.display());
+            let handler = DirectIo {
+                path: self.path.clone(),
+                file: None,
+                dirty: false,
+            };
+            let mut io = IoThread::spawn(&name, handler, IO_QUEUE)
+                .map_err(|e| crate::Error::io("start the I/O thread of", &self.path, e))?;
+            io.submit(Request::Open)?;
+            self.io = Some(io);
+        }
+        Ok(self.io.as_mut().expect("started above"))
+    }
+
+    /// Hands the pending bytes to the thread if no write is in flight
+    /// (`force`: even if one is, at a barrier or the end).
+    fn send(&mut self, force: bool) -> Result<(), BoxError> {
+        if self.pending.is_empty() || (self.writes_in_flight > 0 && !force) {
+            return Ok(());
+        }
+        let (next, next_stamps) = self.spare.pop().unwrap_or_default();
+        let buf = std::mem::replace(&mut self.pending, next);
+        let stamps = std::mem::replace(&mut self.pending_stamps, next_stamps);
+        let len = buf.len();
+        self.io()?.submit(Request::Write { buf, stamps })?;
+        self.writes_in_flight += 1;
+        self.bytes_in_flight += len;
+        Ok(())
+    }
+
+    /// Takes the thread's replies: recycles buffers, notes visibility.
+    fn take_replies(&mut self) -> Result<(), BoxError> {
+        let Some(io) = self.io.as_mut() else {
+            return Ok(());
+        };
+        while let Some(reply) = io.try_reply()? {
+            if let Reply::Written {
+                buf,
+                mut stamps,
+                visible_ns,
+                len,
+            } = reply
+            {
+                self.writes_in_flight -= 1;
+                self.bytes_in_flight -= len;
+                self.visible.add(&stamps, visible_ns);
+                stamps.clear();
+                if self.spare.len() < 2 {
+                    self.spare.push((buf, stamps));
+                }
+            }
         }
         Ok(())
+    }
+
+    /// Hands this sink's worker to the thread for wake-ups, once.
+    fn wake_me(&mut self, ctx: &SinkContext<'_>) -> Result<(), BoxError> {
+        if !self.waker_set {
+            self.io()?.set_waker(ctx.waker());
+            self.waker_set = true;
+        }
+        Ok(())
+    }
+
+    /// Waits (blocking) until the thread wrote and synced everything handed
+    /// to it, and takes its replies: for tests and tools, never on a worker.
+    pub fn wait_idle(&mut self) -> Result<(), BoxError> {
+        self.send(true)?;
+        if let Some(io) = &self.io {
+            io.wait_for(io.last_ticket())?;
+        }
+        self.take_replies()
     }
 }
 
@@ -149,36 +338,60 @@ where
         if batch.is_empty() {
             return Ok(());
         }
-        self.buf.clear();
+        self.wake_me(ctx)?;
+        crate::latency::record_arrival(ctx, batch, &self.emitted_ns);
         for r in batch.iter() {
-            (self.encode)(r, &mut self.buf);
+            (self.encode)(r, &mut self.pending);
+            self.pending_stamps.push((self.emitted_ns)(r));
         }
-        fault(FAULT_WRITE, "append to", &self.path)?;
-        let path = self.path.clone();
-        let buf = std::mem::take(&mut self.buf);
-        let written = self.file()?.write_all(&buf).ctx("append to", &path);
-        self.buf = buf;
-        written?;
-        self.dirty = true;
-        // Visible now.
-        crate::latency::record_visible(ctx, batch, &self.emitted_ns);
         batch.clear();
-        Ok(())
+        self.take_replies()?;
+        self.send(false)
+    }
+
+    fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
+        if self.io.is_some() {
+            self.wake_me(ctx)?;
+        }
+        self.take_replies()?;
+        self.visible.flush(ctx);
+        self.send(false)?;
+        if self.finishing {
+            return Ok(self.pending.is_empty() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
+        }
+        Ok(self.pending.len() < MAX_PENDING_BYTES)
     }
 
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        Ok(self.sync()?)
+        self.send(true)?;
+        self.io()?.submit(Request::Sync)?;
+        self.finishing = true;
+        Ok(())
     }
 
-    fn pre_commit(&mut self, _checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.sync()?;
-        Ok(Vec::new())
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.pre_commit_detached(checkpoint)?.wait()
+    }
+
+    fn pre_commit_detached(&mut self, _checkpoint: u64) -> Result<PreCommit, BoxError> {
+        // Everything written before the barrier, then its sync, in order.
+        self.send(true)?;
+        let io = self.io()?;
+        let ticket = io.submit(Request::Sync)?;
+        Ok(PreCommit::with_sync(Vec::new(), io.completion(ticket)))
     }
 
     fn restore(&mut self, _checkpoint: u64, _state: &[u8]) -> Result<(), BoxError> {
         // At-least-once: keep what is there (whole lines), append the replay.
-        self.file = None;
-        self.file()?;
-        Ok(())
+        self.io = None;
+        self.pending.clear();
+        self.pending_stamps.clear();
+        self.writes_in_flight = 0;
+        self.bytes_in_flight = 0;
+        self.waker_set = false;
+        self.finishing = false;
+        let io = self.io()?;
+        io.wait_for(io.last_ticket())?;
+        self.take_replies()
     }
 }

@@ -121,7 +121,7 @@ impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSin
                 .collect()
         };
         if epochs.is_empty() {
-            return Ok(PreCommit { state, sync: None });
+            return Ok(PreCommit::done(state));
         }
         let sync: SyncJob = Box::new(move || {
             let thread = std::thread::current();
@@ -132,10 +132,7 @@ impl<T: Clone + Serialize + DeserializeOwned + Send + 'static> Sink<T> for TxSin
             synced.lock().unwrap().extend(epochs);
             Ok(())
         });
-        Ok(PreCommit {
-            state,
-            sync: Some(sync),
-        })
+        Ok(PreCommit::with_sync(state, sync))
     }
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
         let done: Vec<u64> = self.pending.range(..=checkpoint).map(|(&e, _)| e).collect();

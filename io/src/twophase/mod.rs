@@ -429,11 +429,7 @@ where
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        let PreCommit { state, sync } = self.pre_commit_detached(checkpoint)?;
-        if let Some(sync) = sync {
-            sync()?;
-        }
-        Ok(state)
+        self.pre_commit_detached(checkpoint)?.wait()
     }
 
     fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
@@ -478,7 +474,7 @@ where
             .map(Arc::clone)
             .collect();
         if syncs.is_empty() {
-            return Ok(PreCommit { state, sync: None });
+            return Ok(PreCommit::done(state));
         }
         let poison = Arc::clone(&self.poison);
         let job: SyncJob = Box::new(move || {
@@ -488,7 +484,7 @@ where
                 BoxError::from(msg)
             })
         });
-        Ok(PreCommit { state, sync: Some(job) })
+        Ok(PreCommit::with_sync(state, job))
     }
 
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
@@ -607,7 +603,8 @@ mod tests {
         sink.abort(1).unwrap(); // its job has not run
         write(&mut sink, &mut h, &[3]);
         let second = sink.pre_commit_detached(2).unwrap();
-        (second.sync.expect("two transactions to sync"))().unwrap();
+        assert!(second.is_detached(), "two transactions to sync");
+        second.wait().unwrap();
         assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
         assert_eq!(
             mem.commit_syncs.load(Ordering::SeqCst),
@@ -617,12 +614,14 @@ mod tests {
         sink.commit(2).unwrap();
         assert_eq!(*mem.committed.lock().unwrap(), vec![1, 2, 3]);
         // The first job, late: its transaction's sync already ran.
-        (first.sync.expect("one transaction to sync"))().unwrap();
+        assert!(first.is_detached(), "one transaction to sync");
+        first.wait().unwrap();
         assert_eq!(*mem.synced.lock().unwrap(), vec![1, 2]);
         assert_eq!(mem.commit_syncs.load(Ordering::SeqCst), 2, "a sync ran twice");
         // A barrier with nothing to pre-commit leaves only its commit sync.
         let third = sink.pre_commit_detached(3).unwrap();
-        (third.sync.expect("the commit sync"))().unwrap();
+        assert!(third.is_detached(), "the commit sync");
+        third.wait().unwrap();
         assert_eq!(mem.commit_syncs.load(Ordering::SeqCst), 3);
     }
 
@@ -637,7 +636,7 @@ mod tests {
         write(&mut sink, &mut h, &[1]);
         let pc = sink.pre_commit_detached(1).unwrap();
         mem.fail.store(true, Ordering::SeqCst);
-        let err = (pc.sync.unwrap())().unwrap_err();
+        let err = pc.wait().unwrap_err();
         assert!(err.to_string().contains("the disk refused"), "{err}");
         mem.fail.store(false, Ordering::SeqCst);
         for e in [sink.commit(1).unwrap_err(), sink.pre_commit_detached(2).unwrap_err()] {
