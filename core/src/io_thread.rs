@@ -118,6 +118,9 @@ struct Progress {
 #[derive(Debug, Default)]
 struct Shared {
     progress: Mutex<Progress>,
+    /// `progress.failed` is set: lets the worker's per-turn check skip the
+    /// lock.
+    failed: AtomicBool,
     changed: Condvar,
     /// Set by drop: handle nothing more.
     stop: AtomicBool,
@@ -237,7 +240,10 @@ impl<H: IoHandler> IoThread<H> {
                     }
                     Ok(Err(e)) => {
                         let why: Arc<str> = Arc::from(format!("request {ticket} failed: {e}"));
-                        s.update(|p| p.failed = Some(why));
+                        s.update(|p| {
+                            p.failed = Some(why);
+                            s.failed.store(true, Ordering::Release);
+                        });
                         break;
                     }
                     Err(panic) => {
@@ -247,7 +253,10 @@ impl<H: IoHandler> IoThread<H> {
                             .or_else(|| panic.downcast_ref::<String>().cloned())
                             .unwrap_or_else(|| "a panic".into());
                         let why: Arc<str> = Arc::from(format!("request {ticket} panicked: {msg}"));
-                        s.update(|p| p.failed = Some(why));
+                        s.update(|p| {
+                            p.failed = Some(why);
+                            s.failed.store(true, Ordering::Release);
+                        });
                         break;
                     }
                 }
@@ -281,6 +290,9 @@ impl<H: IoHandler> IoThread<H> {
 
     /// The error the thread stopped with, if it failed.
     pub fn check(&self) -> Result<(), BoxError> {
+        if !self.shared.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
         match &self.shared.lock().failed {
             None => Ok(()),
             Some(why) => Err(format!("{}: {why}", self.name).into()),

@@ -5,10 +5,15 @@
 //! Subtask `i` appends to `part-<i><suffix>` in the target folder. The
 //! worker only encodes: lines go into a buffer in memory, and the sink's
 //! own thread ([`weir_core::io_thread::IoThread`]) does every system call.
-//! One write is in flight at a time: while the thread writes, the worker
-//! fills the next buffer, which goes out whole as soon as the thread is
-//! free, so a slow disk gets larger writes instead of more of them, and an
-//! idle one gets each batch at once (`direct.write` before each write). At
+//! One write is in flight at a time, and writes are handed over at most
+//! every [`DirectFileSink::flush_interval`] (default
+//! [`DEFAULT_FLUSH_INTERVAL`], 500 µs) unless [`FLUSH_BYTES`] wait: while
+//! the thread writes, the worker fills the next buffer, so a slow disk gets
+//! larger writes instead of more of them, and the thread wakes (taking a
+//! core from a worker for a few microseconds) a bounded number of times a
+//! second however small the batches are (`direct.write` before each
+//! write). A record is visible at most that interval plus one write after
+//! it reached the sink. At
 //! each barrier and at the end the file is fsynced (`direct.fsync`) on
 //! that thread, in order after the writes, and the checkpoint is
 //! acknowledged once that sync is done, so that a completed checkpoint
@@ -53,6 +58,15 @@ const TAIL_STEP: u64 = 64 << 10;
 /// of a second of a fast disk's writing. Memory stays below this plus one
 /// scheduling turn's output plus the write in flight.
 pub const MAX_PENDING_BYTES: usize = 4 << 20;
+
+/// Least time between two writes handed to the sink's thread, by default:
+/// 500 µs, so that at most 2,000 wake-ups a second take a core from a
+/// worker, while a record waits at most that long to be written.
+pub const DEFAULT_FLUSH_INTERVAL: std::time::Duration = std::time::Duration::from_micros(500);
+
+/// Bytes waiting that are written at once, without waiting for the flush
+/// interval: 256 KiB.
+pub const FLUSH_BYTES: usize = 256 << 10;
 
 /// Requests to the sink's thread: at most one write, the writes and syncs
 /// of barriers and the end, and the open. 64 bounds the barriers that can
@@ -183,6 +197,9 @@ pub struct DirectFileSink<T, F, E> {
     /// barrier), and their bytes.
     writes_in_flight: usize,
     bytes_in_flight: usize,
+    /// When the last write was handed over, and the least time between two.
+    last_send_ns: u64,
+    flush_interval_ns: u64,
     /// Buffers back from the thread, for reuse (at most two).
     spare: Vec<(Vec<u8>, StampRuns)>,
     visible: Visible,
@@ -212,12 +229,22 @@ where
             pending_stamps: StampRuns::default(),
             writes_in_flight: 0,
             bytes_in_flight: 0,
+            last_send_ns: 0,
+            flush_interval_ns: DEFAULT_FLUSH_INTERVAL.as_nanos() as u64,
             spare: Vec::new(),
             visible: Visible::default(),
             finishing: false,
             waker_set: false,
             _records: PhantomData,
         }
+    }
+
+    /// Sets the least time between two writes handed to the sink's thread
+    /// (default [`DEFAULT_FLUSH_INTERVAL`]): shorter makes records visible
+    /// sooner and wakes the thread more often.
+    pub fn flush_interval(mut self, interval: std::time::Duration) -> Self {
+        self.flush_interval_ns = interval.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self
     }
 
     /// The file this subtask appends to.
@@ -249,12 +276,24 @@ where
         Ok(self.io.as_mut().expect("started above"))
     }
 
-    /// Hands the pending bytes to the thread if no write is in flight
-    /// (`force`: even if one is, at a barrier or the end).
-    fn send(&mut self, force: bool) -> Result<(), BoxError> {
-        if self.pending.is_empty() || (self.writes_in_flight > 0 && !force) {
+    /// Hands the pending bytes to the thread: at `Some(now)`, if no write
+    /// is in flight and the flush interval passed (or enough bytes wait);
+    /// at `None` (a barrier, the end) at once.
+    fn send(&mut self, now: Option<u64>) -> Result<(), BoxError> {
+        if self.pending.is_empty() {
             return Ok(());
         }
+        let now = match now {
+            Some(now) => {
+                let due = now.saturating_sub(self.last_send_ns) >= self.flush_interval_ns
+                    || self.pending.len() >= FLUSH_BYTES;
+                if self.writes_in_flight > 0 || !due {
+                    return Ok(());
+                }
+                now
+            }
+            None => clock::now_ns(),
+        };
         let (next, next_stamps) = self.spare.pop().unwrap_or_default();
         let buf = std::mem::replace(&mut self.pending, next);
         let stamps = std::mem::replace(&mut self.pending_stamps, next_stamps);
@@ -262,6 +301,7 @@ where
         self.io()?.submit(Request::Write { buf, stamps })?;
         self.writes_in_flight += 1;
         self.bytes_in_flight += len;
+        self.last_send_ns = now;
         Ok(())
     }
 
@@ -302,7 +342,7 @@ where
     /// Waits (blocking) until the thread wrote and synced everything handed
     /// to it, and takes its replies: for tests and tools, never on a worker.
     pub fn wait_idle(&mut self) -> Result<(), BoxError> {
-        self.send(true)?;
+        self.send(None)?;
         if let Some(io) = &self.io {
             io.wait_for(io.last_ticket())?;
         }
@@ -346,7 +386,8 @@ where
         }
         batch.clear();
         self.take_replies()?;
-        self.send(false)
+        let now = ctx.now_ns();
+        self.send(Some(now))
     }
 
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
@@ -355,7 +396,8 @@ where
         }
         self.take_replies()?;
         self.visible.flush(ctx);
-        self.send(false)?;
+        let now = ctx.now_ns();
+        self.send(Some(now))?;
         if self.finishing {
             return Ok(self.pending.is_empty() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
         }
@@ -363,7 +405,7 @@ where
     }
 
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        self.send(true)?;
+        self.send(None)?;
         self.io()?.submit(Request::Sync)?;
         self.finishing = true;
         Ok(())
@@ -375,7 +417,7 @@ where
 
     fn pre_commit_detached(&mut self, _checkpoint: u64) -> Result<PreCommit, BoxError> {
         // Everything written before the barrier, then its sync, in order.
-        self.send(true)?;
+        self.send(None)?;
         let io = self.io()?;
         let ticket = io.submit(Request::Sync)?;
         Ok(PreCommit::with_sync(Vec::new(), io.completion(ticket)))
