@@ -20,7 +20,7 @@
 //! never depends on lines a crash could lose; nothing is fsynced per batch.
 //!
 //! Bounded memory: when more than [`MAX_PENDING_BYTES`] wait for the
-//! thread, [`Sink::ready`] says false and the task stops reading input
+//! thread or are being written, [`Sink::ready`] says false and the task stops reading input
 //! (backpressure, like a full ring) until the thread catches up.
 //!
 //! After a failure the source replays from the checkpoint and the lines
@@ -53,10 +53,10 @@ pub const DIRECT_FAULT_POINTS: &[&str] = &[FAULT_WRITE, FAULT_FSYNC];
 /// Bytes examined from the end of the file, per step, for a partial line.
 const TAIL_STEP: u64 = 64 << 10;
 
-/// Encoded bytes waiting for the sink's thread beyond which the sink says
-/// it is not ready (4 MiB): at 32 bytes a line, 130,000 lines, a fraction
-/// of a second of a fast disk's writing. Memory stays below this plus one
-/// scheduling turn's output plus the write in flight.
+/// Encoded bytes held for the sink's thread (waiting, or in writes in
+/// flight) beyond which the sink says it is not ready (4 MiB): at 32 bytes
+/// a line, 130,000 lines, a fraction of a second of a fast disk's writing.
+/// Memory stays below this plus one scheduling turn's output.
 pub const MAX_PENDING_BYTES: usize = 4 << 20;
 
 /// Least time between two writes handed to the sink's thread, by default:
@@ -401,7 +401,7 @@ where
         if self.finishing {
             return Ok(self.pending.is_empty() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
         }
-        Ok(self.pending.len() < MAX_PENDING_BYTES)
+        Ok(self.buffered_bytes() < MAX_PENDING_BYTES)
     }
 
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
