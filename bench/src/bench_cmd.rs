@@ -186,8 +186,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         println!("{}", row(&result));
         if let Some(v) = &result.visible_latency_us {
             println!(
-                "    visible in the {:?} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
-                result.sink, v.p50, v.p99, v.p999, v.max
+                "    visible in the {} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
+                result.sink.name(),
+                v.p50,
+                v.p99,
+                v.p999,
+                v.max
             );
         }
         if let Some(path) = &args.json {
