@@ -150,7 +150,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                 mode.name(),
                 if rate.is_some() { "open loop" } else { "closed loop" }
             );
-            let r = run_one_full(&spec, config, mode);
+            let r = run_one_full(&spec, config, mode, true);
             let _ = std::fs::remove_dir_all(&dir);
             out.push(r?);
         }

@@ -6,6 +6,7 @@ mod compare_cmd;
 mod event;
 mod nexmark;
 mod pipelines;
+mod platform;
 mod plot;
 mod report;
 mod run_cmd;
