@@ -8,7 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
 
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
-use crate::platform::PlatformProbe;
+use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
     excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo,
 };
@@ -238,8 +238,11 @@ pub struct RunOutput {
     pub result: BenchResult,
     /// End-to-end latency, nanoseconds.
     pub latency_ns: hdrhistogram::Histogram<u64>,
-    /// Completed checkpoints: (trigger time ms since start, duration ms).
-    pub checkpoint_durations: Vec<(f64, f64)>,
+    /// From emission until visible in the sink's target, nanoseconds
+    /// (empty for the counting sink).
+    pub visible_latency_ns: hdrhistogram::Histogram<u64>,
+    /// What the platform probe measured during the run (`None`: it was off).
+    pub platform: Option<PlatformResult>,
 }
 
 /// The runtime configuration of a benchmark run.
@@ -350,13 +353,8 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     Ok(RunOutput {
         result: row,
         latency_ns: result.metrics.latency_ns,
-        checkpoint_durations: result
-            .metrics
-            .checkpoints
-            .history
-            .iter()
-            .map(|r| (r.trigger_ms, r.duration_us as f64 / 1e3))
-            .collect(),
+        visible_latency_ns: result.metrics.visible_latency_ns,
+        platform,
     })
 }
 

@@ -92,6 +92,21 @@ pub struct PlatformResult {
     pub seconds: f64,
 }
 
+impl PlatformResult {
+    /// Adds `other`'s figures into this one (several runs, one row).
+    pub fn merge(&mut self, other: &PlatformResult) {
+        // Same bounds on both sides: the addition cannot fail.
+        let _ = self.latency_ns.add(&other.latency_ns);
+        self.per_core.extend(other.per_core.iter().cloned());
+        if other.policy == Policy::Other {
+            self.policy = Policy::Other;
+        }
+        self.samples += other.samples;
+        self.cores = self.cores.max(other.cores);
+        self.seconds += other.seconds;
+    }
+}
+
 /// A running probe: one thread per core; see the module docs.
 pub struct PlatformProbe {
     started: Instant,
@@ -280,5 +295,10 @@ mod tests {
             .per_core
             .iter()
             .all(|c| c.p99_us * 1e3 <= r.latency_ns.max() as f64 * 1.01));
+
+        let mut merged = r.clone();
+        merged.merge(&r);
+        assert_eq!(merged.latency_ns.len(), 2 * r.latency_ns.len());
+        assert_eq!(merged.samples, 2 * r.samples);
     }
 }
