@@ -358,7 +358,8 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     })
 }
 
-/// Shows a progress bar on a terminal until the job ends.
+/// Shows a progress bar on a terminal until the job ends; returns within
+/// a few milliseconds of its end (the platform probe stops right after).
 pub fn watch(job: &JobHandle, events: u64) {
     let terminal = std::io::stderr().is_terminal();
     let bar = terminal.then(|| {
@@ -370,9 +371,12 @@ pub fn watch(job: &JobHandle, events: u64) {
         );
         b
     });
+    // One atomic load per poll; the bar moves every 100 ms.
+    let mut shown = std::time::Instant::now();
     while !job.is_finished() {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(b) = &bar {
+        std::thread::sleep(Duration::from_millis(5));
+        if let Some(b) = bar.as_ref().filter(|_| shown.elapsed() >= Duration::from_millis(100)) {
+            shown = std::time::Instant::now();
             let emitted: u64 = job
                 .metrics()
                 .tasks

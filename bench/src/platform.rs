@@ -15,9 +15,9 @@
 //! Nothing here runs per event: a probe thread wakes once per tick.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Once};
+use std::sync::{mpsc, Arc, Once};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
@@ -28,6 +28,9 @@ use hdrhistogram::Histogram;
 /// of the core it preempts; a finer grid would cost the workers more, a
 /// coarser one would need longer runs for the same tail.
 pub const TICK_NS: u64 = 200_000;
+
+/// How long [`PlatformProbe::start`] waits for its threads to be in place.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Highest lateness the histograms distinguish: one hour, as weir's
 /// latency histograms.
@@ -125,20 +128,32 @@ impl PlatformProbe {
     /// Starts one probe thread on each of the first `cores` cores (those
     /// of workers 0..cores: worker `w` runs on core `w`). Without core ids
     /// (an unsupported platform) the threads run unpinned.
+    /// Returns once every thread runs on its core under its policy (at
+    /// most [`READY_TIMEOUT`] later), so that the probe covers what
+    /// follows.
     pub fn start(cores: usize) -> PlatformProbe {
         let ids = core_affinity::get_core_ids().unwrap_or_default();
         let stop = Arc::new(AtomicBool::new(false));
+        let (ready_tx, ready) = mpsc::channel();
         let mut threads = Vec::with_capacity(cores);
         for i in 0..cores.max(1) {
             let core = ids.get(i).copied();
-            let stop = stop.clone();
+            let (stop, ready_tx) = (stop.clone(), ready_tx.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("weir-platform-probe-{i}"))
-                .spawn(move || probe_thread(core, &stop));
+                .spawn(move || probe_thread(core, &stop, &ready_tx));
             match spawned {
                 Ok(t) => threads.push(t),
                 // The run goes on; the result says on how many cores it measured.
                 Err(e) => eprintln!("weir: warning: cannot start platform probe thread {i}: {e}"),
+            }
+        }
+        let deadline = Instant::now() + READY_TIMEOUT;
+        for _ in 0..threads.len() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if ready.recv_timeout(left).is_err() {
+                // Still starting (a very busy machine): it measures from when it runs.
+                break;
             }
         }
         PlatformProbe {
@@ -223,8 +238,14 @@ fn sleep_until(deadline_ns: u64) {
     }
 }
 
-/// Pins, asks for SCHED_FIFO, then wakes on the grid until `stop`.
-fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool) -> ThreadResult {
+/// Asks for SCHED_FIFO, pins, says it is ready, then wakes on the grid
+/// until `stop`.
+fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool, ready: &mpsc::Sender<()>) -> ThreadResult {
+    let param = libc::sched_param { sched_priority: 1 };
+    // SAFETY: `param` is a valid sched_param that outlives the call; pid 0
+    // is the calling thread. First, so that the move to a core where a
+    // worker spins does not wait for that worker's time slice.
+    let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
     if let Some(c) = core {
         // Best effort, as the workers' pinning.
         let _ = core_affinity::set_for_current(c);
@@ -241,10 +262,8 @@ fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool) -> Threa
             0 as libc::c_ulong,
         )
     };
-    let param = libc::sched_param { sched_priority: 1 };
-    // SAFETY: `param` is a valid sched_param that outlives the call; pid 0
-    // is the calling thread.
-    let fifo = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &param) } == 0;
+    // The receiver may have stopped waiting: nothing to do then.
+    let _ = ready.send(());
     let mut latency_ns = new_histogram();
     let mut samples = 0u64;
     let mut tick = monotonic_ns() + TICK_NS;
@@ -270,7 +289,6 @@ fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool) -> Threa
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn probe_records_samples_and_stops_promptly() {
