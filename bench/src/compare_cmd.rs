@@ -65,9 +65,9 @@ pub struct CompareArgs {
     /// Records per second of the open-loop runs.
     #[arg(long, default_value_t = 200_000.0)]
     pub rate: f64,
-    /// Length of each open-loop run, seconds. With the default sweep the
-    /// whole default run takes well under a minute on 2 cores; a 1000 ms
-    /// interval then holds 2 checkpoints per run, so its visibility
+    /// Length of each open-loop run, seconds. 2 s keeps the whole default
+    /// run (24 runs) within a minute on 2 cores; a 1000 ms interval then
+    /// holds 2 checkpoints and the final one per run, so its visibility
     /// percentiles are coarse: raise it for a closer look.
     #[arg(long, default_value_t = 2.0)]
     pub open_seconds: f64,
@@ -666,14 +666,15 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
     );
 }
 
-/// `cost 4.2%` or `ran 3.1% faster`, of `x` against `base`.
+/// Throughput `x` against `base`: `cost 4.2% of throughput` or `ran 3.1%
+/// faster`.
 fn cost(x: f64, base: f64) -> String {
     if base <= 0.0 {
         return "cost -".into();
     }
     let c = (1.0 - x / base) * 100.0;
     if c >= 0.0 {
-        format!("cost {c:.1}%")
+        format!("cost {c:.1}% of throughput")
     } else {
         format!("ran {:.1}% faster", -c)
     }
@@ -730,7 +731,7 @@ fn print_sentences(m: &Measured, plan: &Plan) {
             })
             .collect();
         println!(
-            "- {} {} of throughput against none with the counting sink (closed loop, {} ms); with its sinks: {}",
+            "- {} {} against none with the counting sink (closed loop, {} ms); with its sinks: {}",
             mode.name(),
             cost(m.count[i].result.events_per_sec, none_count),
             base,
