@@ -1,28 +1,56 @@
-//! `weir compare` with tiny event counts: the table, the JSON rows and the
-//! SVG figure are produced and well formed, and the modes really differ in
-//! their checkpoint behaviour.
+//! `weir compare` with tiny event counts: the tables hold every row (each
+//! exactly-once row once per interval) and the platform row, the sentences
+//! are printed, the JSON lines parse with the documented fields, and the
+//! SVG figure is written with its three panels. Structure only: the speeds
+//! of a tiny run on a shared machine mean nothing.
 
 use std::process::Command;
 
+const ROWS: [&str; 6] = [
+    "none·direct",
+    "at-least-once·direct",
+    "aligned·wal",
+    "aligned·2pc-file",
+    "unaligned·wal",
+    "unaligned·2pc-file",
+];
+
+fn exactly_once(row: &str) -> bool {
+    row.starts_with("aligned") || row.starts_with("unaligned")
+}
+
+fn weir(args: &[&str], results: &std::path::Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(args)
+        .arg("--results")
+        .arg(results)
+        .env("WEIR_LOG", "warn")
+        .output()
+        .unwrap()
+}
+
+fn percentiles(v: &serde_json::Value, field: &str, qs: &[&str]) {
+    for q in qs {
+        assert!(v[field][q].is_number(), "{field}.{q} missing in {v}");
+    }
+}
+
 #[test]
-fn compare_writes_table_json_and_plot_and_modes_differ() {
+fn compare_writes_tables_json_and_plot() {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results");
-    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args([
+    let out = weir(
+        &[
             "compare",
             "--events",
             "200000",
             "--open-seconds",
             "0.3",
-            "--checkpoint-interval-ms",
-            "10",
-        ])
-        .arg("--results")
-        .arg(&results)
-        .env("WEIR_LOG", "warn")
-        .output()
-        .unwrap();
+            "--intervals",
+            "10,100",
+        ],
+        &results,
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -30,63 +58,190 @@ fn compare_writes_table_json_and_plot_and_modes_differ() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // The table: a header, one row per mode, the ratios, where the numbers come from.
+    // The tables: every row, each exactly-once row at both intervals, the platform row.
     assert!(stdout.contains("measured now on this machine"), "{stdout}");
-    for col in ["events/s", "p99.9 µs", "vis p50", "dur p50", "align p99", "channel B"] {
+    for title in ["latency, open loop", "throughput (closed loop"] {
+        assert!(stdout.contains(title), "table {title} missing:\n{stdout}");
+    }
+    for col in [
+        "proc p99.9",
+        "vis p99.9",
+        "plat p99",
+        "excess p99.9",
+        "ev/s sink",
+        "ev/s count",
+        "ckpt/s",
+        "dur p50",
+        "align p99",
+        "channel B",
+    ] {
         assert!(stdout.contains(col), "column {col} missing:\n{stdout}");
     }
-    for mode in ["none", "at-least-once", "aligned", "unaligned"] {
-        assert!(
-            stdout.lines().any(|l| l.starts_with(mode)),
-            "no row for {mode}:\n{stdout}"
-        );
+    for row in ROWS {
+        let lines: Vec<&str> = stdout
+            .lines()
+            .filter(|l| l.split_whitespace().next() == Some(row))
+            .collect();
+        // One line in each table per interval the row ran at.
+        let expected = if exactly_once(row) { 4 } else { 2 };
+        assert_eq!(lines.len(), expected, "rows for {row}:\n{stdout}");
+        if exactly_once(row) {
+            assert!(lines.iter().any(|l| l.contains("100 ms")), "{row} at 100 ms:\n{stdout}");
+        }
     }
-    assert!(stdout.contains("ratios against no checkpointing"), "{stdout}");
+    assert!(
+        stdout.lines().any(|l| l.starts_with("platform ")),
+        "no platform row:\n{stdout}"
+    );
+    // The sentences, computed from the figures.
+    for s in [
+        "exactly-once made output visible after",
+        "of throughput against none with the counting sink",
+        "fsyncs per checkpoint",
+        "append + fdatasync",
+        "woke an on-time thread late by",
+        "weir compare ran in",
+    ] {
+        assert!(stdout.contains(s), "sentence {s:?} missing:\n{stdout}");
+    }
 
-    // JSON: a closed-loop and an open-loop row per mode, with bench's fields.
+    // JSON: 4 closed-loop-count, 6 closed-loop, 2 + 4 x 2 open-loop, 1 disk-probe.
     let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
-    let rows: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-    assert_eq!(rows.len(), 8, "{json}");
-    for r in &rows {
-        for field in ["pipeline", "mode", "events", "seconds", "events_per_sec", "run"] {
+    let lines: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let of = |run: &str| lines.iter().filter(|r| r["run"] == run).count();
+    assert_eq!(
+        (
+            of("closed-loop-count"),
+            of("closed-loop"),
+            of("open-loop"),
+            of("disk-probe")
+        ),
+        (4, 6, 10, 1),
+        "{json}"
+    );
+    assert_eq!(lines.last().unwrap()["run"], "disk-probe", "the disk probe comes last");
+    for r in lines.iter().filter(|r| r["run"] != "disk-probe") {
+        for field in [
+            "run",
+            "scenario",
+            "row",
+            "interval_ms",
+            "sink",
+            "pipeline",
+            "mode",
+            "events",
+            "seconds",
+            "events_per_sec",
+            "machine",
+        ] {
             assert!(r.get(field).is_some(), "field {field} missing in {r}");
         }
-        for q in ["p50", "p99", "p999", "max"] {
-            assert!(r["latency_us"][q].is_number(), "latency_us.{q} in {r}");
+        percentiles(r, "latency_us", &["p50", "p99", "p999", "max"]);
+        percentiles(r, "platform_us", &["p50", "p99", "p999", "max"]);
+        percentiles(r, "excess_us", &["p99", "p999"]);
+        for f in ["policy", "tick_us", "samples", "cores"] {
+            assert!(r["platform_probe"].get(f).is_some(), "platform_probe.{f} in {r}");
         }
+        let row = r["row"].as_str().unwrap();
         let mode = r["mode"].as_str().unwrap();
+        assert!(row.starts_with(mode), "{r}");
+        if r["run"] == "closed-loop-count" {
+            assert_eq!(r["sink"], "count", "{r}");
+        } else {
+            assert!(ROWS.contains(&row), "{r}");
+            assert!(row.ends_with(r["sink"].as_str().unwrap()), "{r}");
+            percentiles(r, "visible_latency_us", &["p50", "p99", "p999", "max"]);
+        }
         let completed = r.get("checkpoints").map(|c| c["completed"].as_u64().unwrap());
         if mode == "none" {
             assert!(completed.is_none(), "no checkpoints without checkpointing: {r}");
+            assert!(r["interval_ms"].is_null(), "{r}");
         } else {
             // At least the final checkpoint of the bounded job.
             assert!(completed.unwrap() >= 1, "{mode}: {r}");
             assert!(r["checkpoints"]["duration_ms"]["p50"].is_number());
-            assert!(
-                r["visible_latency_us"]["p99"].is_number(),
-                "visibility through the WAL sink: {r}"
-            );
+            assert!(r["interval_ms"].is_u64(), "{r}");
+        }
+        if mode != "unaligned" && mode != "none" {
+            assert_eq!(r["checkpoints"]["channel_state_bytes"], 0, "{r}");
+        }
+        let syncs = r.get("syncs");
+        if r["run"] == "open-loop" && exactly_once(row) {
+            let s = syncs.unwrap_or_else(|| panic!("syncs missing in {r}"));
+            for f in ["count", "per_checkpoint", "p50_us", "p99_us"] {
+                assert!(s[f].is_number(), "syncs.{f} in {r}");
+            }
+            assert!(s["count"].as_u64().unwrap() >= 1, "an exactly-once run syncs: {r}");
+        } else {
+            assert!(syncs.is_none(), "{r}");
         }
     }
-    // Only the unaligned runs may store in-flight records.
-    for r in rows.iter().filter(|r| r["mode"] != "unaligned" && r["mode"] != "none") {
-        assert_eq!(r["checkpoints"]["channel_state_bytes"], 0, "{r}");
-    }
+    let intervals: Vec<u64> = lines
+        .iter()
+        .filter(|r| r["run"] == "open-loop" && r["row"] == "aligned·wal")
+        .map(|r| r["interval_ms"].as_u64().unwrap())
+        .collect();
+    assert_eq!(intervals, [10, 100]);
+    let disk = lines.last().unwrap();
+    assert_eq!(disk["writes"], 200, "{disk}");
+    assert_eq!(disk["bytes"], 4096, "{disk}");
+    let (p50, p99, max) = (
+        disk["p50_us"].as_f64().unwrap(),
+        disk["p99_us"].as_f64().unwrap(),
+        disk["max_us"].as_f64().unwrap(),
+    );
+    assert!(0.0 < p50 && p50 <= p99 && p99 <= max, "{disk}");
 
-    // The figure: an SVG with a curve per mode.
+    // The figure: three panels, a curve per row and the platform's.
     let svg = std::fs::read_to_string(results.join("compare.svg")).unwrap();
     assert!(
         svg.starts_with("<svg") || svg.starts_with("<?xml"),
         "{}",
         &svg[..svg.len().min(100)]
     );
-    // Text elements' contents, trimmed (the legend holds one per mode).
     let texts: Vec<&str> = svg
         .split("</text>")
         .filter_map(|chunk| chunk.rsplit_once('>').map(|(_, t)| t.trim()))
         .collect();
-    for mode in ["none", "at-least-once", "aligned", "unaligned"] {
-        assert!(texts.contains(&mode), "legend entry {mode} missing in {texts:?}");
+    for row in ROWS {
+        assert!(texts.contains(&row), "legend entry {row} missing in {texts:?}");
+    }
+    for entry in [
+        "platform (all open-loop runs)",
+        "aligned·wal p50",
+        "unaligned·2pc-file p99",
+    ] {
+        assert!(texts.contains(&entry), "legend entry {entry} missing in {texts:?}");
+    }
+    for caption in [
+        "visibility by percentile",
+        "processing latency by percentile",
+        "against the checkpoint interval",
+    ] {
+        assert!(texts.iter().any(|t| t.contains(caption)), "panel {caption} missing");
     }
     assert!(svg.contains("<polyline") || svg.contains("<path"), "no curve drawn");
+}
+
+#[test]
+fn bad_intervals_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    for (intervals, says) in [("0", "at least 1 ms"), ("10,10", "twice")] {
+        let out = weir(&["compare", "--intervals", intervals], dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--intervals {intervals}: {stderr}");
+        assert!(stderr.contains(says), "--intervals {intervals}: {stderr}");
+    }
+    // The old flag still names one interval; with backpressure, a sweep is refused.
+    let out = weir(
+        &[
+            "compare",
+            "--scenario",
+            "backpressure",
+            "--checkpoint-interval-ms",
+            "10,100",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }

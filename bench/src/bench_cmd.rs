@@ -8,7 +8,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
 
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
-use crate::report::{header, row, BenchResult, CheckpointSummary, Machine, Percentiles};
+use crate::platform::{PlatformProbe, PlatformResult};
+use crate::report::{
+    excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo,
+};
 
 /// Arguments of `weir bench`.
 #[derive(Debug, clap::Args)]
@@ -63,6 +66,27 @@ pub struct BenchArgs {
     /// Append one JSON object per run to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Measure, on the workers' cores during the run, how late this machine
+    /// wakes a thread that wants to run on time (a SCHED_FIFO thread per
+    /// core waking every 200 µs); `off` to measure the probe's own cost.
+    #[arg(long, value_enum, default_value = "on")]
+    pub platform_probe: Switch,
+}
+
+/// On or off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Switch {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
+impl Switch {
+    /// Whether it is on.
+    pub fn on(self) -> bool {
+        self == Switch::On
+    }
 }
 
 /// Checkpoint mode of a benchmark run.
@@ -178,16 +202,26 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(c) = config.checkpointing.as_mut() {
             c.max_concurrent = args.max_concurrent_checkpoints;
         }
-        let result = run_one(&spec, config, args.mode);
+        let result = run_one(&spec, config, args.mode, args.platform_probe.on());
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
         }
         let result = result?;
         println!("{}", row(&result));
+        if let Some(p) = platform_row(&result) {
+            println!("{p}");
+        }
+        if let Some(e) = excess_line(&result) {
+            println!("    {e}");
+        }
         if let Some(v) = &result.visible_latency_us {
             println!(
-                "    visible in the {:?} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
-                result.sink, v.p50, v.p99, v.p999, v.max
+                "    visible in the {} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
+                result.sink.name(),
+                v.p50,
+                v.p99,
+                v.p999,
+                v.max
             );
         }
         if let Some(path) = &args.json {
@@ -204,8 +238,11 @@ pub struct RunOutput {
     pub result: BenchResult,
     /// End-to-end latency, nanoseconds.
     pub latency_ns: hdrhistogram::Histogram<u64>,
-    /// Completed checkpoints: (trigger time ms since start, duration ms).
-    pub checkpoint_durations: Vec<(f64, f64)>,
+    /// From emission until visible in the sink's target, nanoseconds
+    /// (empty for the counting sink).
+    pub visible_latency_ns: hdrhistogram::Histogram<u64>,
+    /// What the platform probe measured during the run (`None`: it was off).
+    pub platform: Option<PlatformResult>,
 }
 
 /// The runtime configuration of a benchmark run.
@@ -236,8 +273,8 @@ pub fn temp_checkpoint_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), clock::now_ns()))
 }
 
-fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<BenchResult, CliError> {
-    run_one_full(spec, config, mode).map(|o| o.result)
+fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<BenchResult, CliError> {
+    run_one_full(spec, config, mode, probe).map(|o| o.result)
 }
 
 /// A fresh temporary folder for a run's sink output, removed afterwards.
@@ -245,29 +282,36 @@ pub fn temp_sink_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("weir-sink-{}-{}", std::process::id(), clock::now_ns()))
 }
 
-/// Runs one benchmark job and checks its output count.
-pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOutput, CliError> {
+/// Runs one benchmark job and checks its output count; with `probe`, the
+/// platform probe runs on the workers' cores for exactly the run.
+pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
     let mut spec = spec.clone();
     let cleanup = spec.sink != SinkKind::Count && spec.sink_dir.as_os_str().is_empty();
     if cleanup {
         spec.sink_dir = temp_sink_dir();
     }
-    let out = run_one_inner(&spec, config, mode);
+    let out = run_one_inner(&spec, config, mode, probe);
     if cleanup {
         let _ = std::fs::remove_dir_all(&spec.sink_dir);
     }
     out
 }
 
-fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOutput, CliError> {
+fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
+    // Worker w runs on core w: the probe covers the cores the workers use.
+    let probe = probe.then(|| PlatformProbe::start(workers.min(weir_core::available_cores())));
     // Every generator subtask shares one schedule origin, slightly in the
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
-    let job = build(spec, start_ns, &totals).run(config)?;
-    watch(&job, spec.events);
-    let result = job.join()?;
+    let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
+        watch(&job, spec.events);
+        job.join()
+    });
+    // Stopped whatever happened, so that its threads never outlive the run.
+    let platform = probe.map(PlatformProbe::stop);
+    let result = ran?;
     if result.outcome != Outcome::Finished {
         return Err(CliError::Wrong("the job was cancelled".into()));
     }
@@ -280,6 +324,8 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOu
         }
     }
     let seconds = result.elapsed.as_secs_f64();
+    let latency_us = Percentiles::from_ns(&result.metrics.latency_ns);
+    let platform_us = platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns));
     let row = BenchResult {
         pipeline: spec.kind.name(),
         mode: mode.name(),
@@ -292,29 +338,28 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode) -> Result<RunOu
         sink_records: delivered,
         seconds,
         events_per_sec: spec.events as f64 / seconds,
-        latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+        latency_us,
         sink: spec.sink,
         visible_latency_us: (spec.sink != SinkKind::Count && !result.metrics.visible_latency_ns.is_empty())
             .then(|| Percentiles::from_ns(&result.metrics.visible_latency_ns)),
         checkpoints: mode
             .checkpoint_mode()
             .map(|_| CheckpointSummary::from_stats(&result.metrics.checkpoints)),
+        platform_us,
+        platform_probe: platform.as_ref().map(ProbeInfo::of),
+        excess_us: platform_us.map(|p| Excess::of(&latency_us, &p)),
         machine: Machine::here(),
     };
     Ok(RunOutput {
         result: row,
-        checkpoint_durations: result
-            .metrics
-            .checkpoints
-            .history
-            .iter()
-            .map(|r| (r.trigger_ms, r.duration_us as f64 / 1e3))
-            .collect(),
         latency_ns: result.metrics.latency_ns,
+        visible_latency_ns: result.metrics.visible_latency_ns,
+        platform,
     })
 }
 
-/// Shows a progress bar on a terminal until the job ends.
+/// Shows a progress bar on a terminal until the job ends; returns within
+/// a few milliseconds of its end (the platform probe stops right after).
 pub fn watch(job: &JobHandle, events: u64) {
     let terminal = std::io::stderr().is_terminal();
     let bar = terminal.then(|| {
@@ -326,9 +371,12 @@ pub fn watch(job: &JobHandle, events: u64) {
         );
         b
     });
+    // One atomic load per poll; the bar moves every 100 ms.
+    let mut shown = std::time::Instant::now();
     while !job.is_finished() {
-        std::thread::sleep(Duration::from_millis(100));
-        if let Some(b) = &bar {
+        std::thread::sleep(Duration::from_millis(5));
+        if let Some(b) = bar.as_ref().filter(|_| shown.elapsed() >= Duration::from_millis(100)) {
+            shown = std::time::Instant::now();
             let emitted: u64 = job
                 .metrics()
                 .tasks

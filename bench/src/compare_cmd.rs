@@ -1,17 +1,27 @@
-//! `weir compare`: the same pipeline in every checkpoint mode, one after
-//! the other in one process, closed loop (throughput) and open loop at a
-//! fixed rate (latency); one table, ratios against no checkpointing, JSON
-//! rows and an SVG figure.
+//! `weir compare`: what does exactly-once cost? The same pipeline in every
+//! checkpoint mode, each with the sink a user would choose for it (none and
+//! at-least-once with a direct or upsert sink, aligned and unaligned with
+//! the write-ahead-log and the two-phase file sink), one run after the
+//! other in one process: open loop at a fixed rate for processing and
+//! visibility latency (the exactly-once rows at every interval of a
+//! sweep), closed loop for throughput with the row's sink and with the
+//! counting sink. Beside every latency, the platform probe's figure from
+//! the same run; beside the exactly-once figures, the fsyncs per
+//! checkpoint and this disk's own sync latency. Two tables, sentences
+//! computed from them, JSON lines and an SVG figure.
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::bench_cmd::{run_one_full, runtime_config, temp_checkpoint_dir, CliError, Mode, RunOutput};
+use crate::bench_cmd::{run_one_full, runtime_config, temp_checkpoint_dir, CliError, Mode, RunOutput, Switch};
+use crate::disk_probe::DiskProbe;
 use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
-use crate::plot::{write_svg, Series};
-use crate::report::{si, BenchResult, Machine};
+use crate::platform::PlatformResult;
+use crate::plot::{write_svg, Curve, Figure, Sweep};
+use crate::report::{si, BenchResult, Machine, Percentiles, ProbeInfo};
 
 /// The workload variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -20,7 +30,27 @@ pub enum Scenario {
     Normal,
     /// A slow operator after the keyed one (5 µs per record): queues fill,
     /// aligned barriers wait for them to drain, unaligned ones overtake.
+    /// Checkpoint figures then come from the closed-loop runs, where the
+    /// queues are full.
     Backpressure,
+}
+
+impl Scenario {
+    fn name(self) -> &'static str {
+        match self {
+            Scenario::Normal => "normal",
+            Scenario::Backpressure => "backpressure",
+        }
+    }
+}
+
+/// The sink of the rows without exactly-once (none, at-least-once).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlainSink {
+    /// Lines appended to files, visible at write.
+    Direct,
+    /// Idempotent upsert by key into SQLite, visible at write.
+    Upsert,
 }
 
 /// Arguments of `weir compare`.
@@ -29,18 +59,24 @@ pub struct CompareArgs {
     /// Which job to run.
     #[arg(long, value_enum, default_value = "keyed")]
     pub pipeline: Kind,
-    /// Records per closed-loop run [default: 20000000; 400000 with --scenario backpressure].
+    /// Records per closed-loop run [default: 10000000; 400000 with --scenario backpressure].
     #[arg(long)]
     pub events: Option<u64>,
-    /// Records per second of the open-loop run.
+    /// Records per second of the open-loop runs.
     #[arg(long, default_value_t = 200_000.0)]
     pub rate: f64,
-    /// Length of the open-loop run, seconds.
-    #[arg(long, default_value_t = 3.0)]
+    /// Length of each open-loop run, seconds. 2 s keeps the whole default
+    /// run (24 runs) within a minute on 2 cores; a 1000 ms interval then
+    /// holds 2 checkpoints and the final one per run, so its visibility
+    /// percentiles are coarse: raise it for a closer look.
+    #[arg(long, default_value_t = 2.0)]
     pub open_seconds: f64,
-    /// Time between checkpoints, milliseconds.
-    #[arg(long, default_value_t = 100)]
-    pub checkpoint_interval_ms: u64,
+    /// Checkpoint intervals in ms, comma-separated. The exactly-once rows
+    /// run open loop at each; the first is the base interval, at which the
+    /// closed-loop runs and the at-least-once row run
+    /// [default: 10,100,1000; 100 with --scenario backpressure].
+    #[arg(long, value_delimiter = ',', visible_alias = "checkpoint-interval-ms")]
+    pub intervals: Vec<u64>,
     /// Workload variant.
     #[arg(long, value_enum, default_value = "normal")]
     pub scenario: Scenario,
@@ -50,12 +86,17 @@ pub struct CompareArgs {
     /// Keyed pipeline: where the per-key state lives.
     #[arg(long, value_enum, default_value = "mapped")]
     pub state: StateBackend,
-    /// The sink whose visibility latency is compared [default: wal].
-    #[arg(long, value_enum, default_value = "wal")]
-    pub sink: SinkKind,
+    /// The sink of the none and at-least-once rows (the exactly-once rows
+    /// use the WAL and the two-phase file sink). SQLite upserts are far
+    /// slower than file appends: lower --events with `upsert`.
+    #[arg(long, value_enum, default_value = "direct")]
+    pub sink: PlainSink,
     /// Parallelism of every operator [default: one per core].
     #[arg(long)]
     pub parallelism: Option<usize>,
+    /// Measure the machine's own delays beside every run (the platform probe).
+    #[arg(long, value_enum, default_value = "on")]
+    pub platform_probe: Switch,
     /// Write every run as a JSON line here [default: <results>/compare.json].
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -69,130 +110,515 @@ pub struct CompareArgs {
 
 const MODES: [Mode; 4] = [Mode::None, Mode::AtLeastOnce, Mode::Aligned, Mode::Unaligned];
 
+/// One row of the comparison: a mode with its sink.
+#[derive(Debug, Clone, Copy)]
+struct Row {
+    mode: Mode,
+    sink: SinkKind,
+}
+
+impl Row {
+    fn label(self) -> String {
+        format!("{}·{}", self.mode.name(), self.sink.name())
+    }
+
+    fn exactly_once(self) -> bool {
+        matches!(self.mode, Mode::Aligned | Mode::Unaligned)
+    }
+}
+
+/// The rows, in table order.
+fn rows(plain: SinkKind) -> Vec<Row> {
+    let mut rows = vec![
+        Row {
+            mode: Mode::None,
+            sink: plain,
+        },
+        Row {
+            mode: Mode::AtLeastOnce,
+            sink: plain,
+        },
+    ];
+    for mode in [Mode::Aligned, Mode::Unaligned] {
+        for sink in [SinkKind::Wal, SinkKind::TwoPcFile] {
+            rows.push(Row { mode, sink });
+        }
+    }
+    rows
+}
+
+/// Syncs weir issued during one open-loop exactly-once run.
+#[derive(Debug, Clone, Copy, Serialize)]
+struct Syncs {
+    /// fsyncs and fdatasyncs issued by weir (SQLite's own not counted).
+    count: u64,
+    /// `count` divided by the checkpoints completed.
+    per_checkpoint: f64,
+    /// Median duration of one, microseconds.
+    p50_us: f64,
+    /// 99th percentile, microseconds.
+    p99_us: f64,
+}
+
+/// An open-loop run of a row at an interval.
+struct OpenRun {
+    row: usize,
+    interval_ms: u64,
+    out: RunOutput,
+    syncs: Option<Syncs>,
+}
+
+/// Everything measured.
+struct Measured {
+    rows: Vec<Row>,
+    intervals: Vec<u64>,
+    /// Closed loop with the counting sink, per mode (index into MODES).
+    count: Vec<RunOutput>,
+    /// Closed loop with the row's sink, per row.
+    closed: Vec<RunOutput>,
+    /// Open loop, per row and interval.
+    open: Vec<OpenRun>,
+    disk: DiskProbe,
+    /// The probe merged over every open-loop run.
+    platform: Option<PlatformResult>,
+}
+
+impl Measured {
+    fn base(&self) -> u64 {
+        self.intervals[0]
+    }
+
+    /// The intervals row `r` ran open loop at.
+    fn intervals_of(&self, r: usize) -> Vec<u64> {
+        if self.rows[r].exactly_once() {
+            self.intervals.clone()
+        } else {
+            vec![self.base()]
+        }
+    }
+
+    fn open_at(&self, r: usize, interval_ms: u64) -> &OpenRun {
+        self.open
+            .iter()
+            .find(|o| o.row == r && o.interval_ms == interval_ms)
+            .expect("every row ran at each of its intervals")
+    }
+
+    fn count_of(&self, r: usize) -> &RunOutput {
+        let m = MODES
+            .iter()
+            .position(|&m| m == self.rows[r].mode)
+            .expect("a known mode");
+        &self.count[m]
+    }
+}
+
 /// One JSON line: a run with its kind.
 #[derive(Serialize)]
 struct JsonRow<'a> {
     run: &'static str,
     scenario: &'static str,
+    row: String,
+    interval_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    syncs: Option<Syncs>,
     #[serde(flatten)]
     result: &'a BenchResult,
 }
 
-fn fmt_opt(v: Option<f64>) -> String {
-    v.map_or_else(|| "-".to_string(), |x| format!("{x:.2}"))
+/// The disk probe's JSON line.
+#[derive(Serialize)]
+struct JsonDisk<'a> {
+    run: &'static str,
+    scenario: &'static str,
+    #[serde(flatten)]
+    probe: &'a DiskProbe,
+    machine: &'a Machine,
 }
 
-/// Runs `weir compare`.
-pub fn run(args: &CompareArgs) -> Result<(), CliError> {
+/// Validated settings.
+struct Plan {
+    pipeline: Kind,
+    scenario: Scenario,
+    parallelism: usize,
+    cores: usize,
+    slow_ns: u64,
+    closed_events: u64,
+    open_events: u64,
+    rate: f64,
+    keys: u64,
+    state: StateBackend,
+    probe: bool,
+}
+
+impl Plan {
+    /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open loop.
+    fn run(&self, mode: Mode, sink: SinkKind, rate: Option<f64>, interval_ms: u64) -> Result<RunOutput, CliError> {
+        let spec = Spec {
+            kind: self.pipeline,
+            events: if rate.is_some() {
+                self.open_events
+            } else {
+                self.closed_events
+            },
+            rate,
+            keys: self.keys,
+            parallelism: self.parallelism,
+            seed: 1,
+            slow_ns: self.slow_ns,
+            state: self.state,
+            sink,
+            sink_dir: PathBuf::new(),
+        };
+        let dir = temp_checkpoint_dir();
+        let defaults = weir_core::RuntimeConfig::default();
+        let config = runtime_config(
+            self.cores,
+            defaults.ring_capacity,
+            defaults.batch_size,
+            mode,
+            interval_ms,
+            &dir,
+        );
+        let r = run_one_full(&spec, config, mode, self.probe);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+}
+
+fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if !positive(args.rate) || !positive(args.open_seconds) {
-        return Err(CliError::Usage("--rate and --open-seconds must be positive".into()));
+        return Err(CliError::Usage(format!(
+            "--rate and --open-seconds must be positive numbers, got {} and {}",
+            args.rate, args.open_seconds
+        )));
     }
-    if args.checkpoint_interval_ms == 0 {
-        return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
+    if !matches!(args.pipeline, Kind::Keyed | Kind::Stateless) {
+        return Err(CliError::Usage(format!(
+            "weir compare runs --pipeline keyed or stateless (their output goes through the compared sinks); \
+             for {} use weir bench --pipeline {} --mode M",
+            args.pipeline.name(),
+            args.pipeline.name()
+        )));
     }
     if args.scenario == Scenario::Backpressure && args.pipeline != Kind::Keyed {
         return Err(CliError::Usage("--scenario backpressure needs --pipeline keyed".into()));
     }
+    if args.keys == 0 {
+        return Err(CliError::Usage("--keys must be at least 1".into()));
+    }
+    if args.events == Some(0) {
+        return Err(CliError::Usage("--events must be at least 1".into()));
+    }
+    if args.parallelism == Some(0) {
+        return Err(CliError::Usage("--parallelism must be at least 1".into()));
+    }
+    let intervals = if args.intervals.is_empty() {
+        match args.scenario {
+            Scenario::Normal => vec![10, 100, 1000],
+            Scenario::Backpressure => vec![100],
+        }
+    } else {
+        args.intervals.clone()
+    };
+    if let Some(i) = intervals.iter().position(|&i| i == 0) {
+        return Err(CliError::Usage(format!(
+            "--intervals: interval {} is 0 ms; give checkpoint intervals of at least 1 ms, e.g. --intervals 10,100,1000",
+            i + 1
+        )));
+    }
+    for (i, v) in intervals.iter().enumerate() {
+        if intervals[..i].contains(v) {
+            return Err(CliError::Usage(format!(
+                "--intervals lists {v} ms twice; list each interval once"
+            )));
+        }
+    }
+    if args.scenario == Scenario::Backpressure && intervals.len() > 1 {
+        return Err(CliError::Usage(
+            "--scenario backpressure takes one interval (its checkpoints are measured closed loop, at the base \
+             interval); give --intervals N"
+                .into(),
+        ));
+    }
     let cores = weir_core::available_cores();
-    let parallelism = args.parallelism.unwrap_or(cores);
     let slow_ns = if args.scenario == Scenario::Backpressure {
         5_000
     } else {
         0
     };
-    let closed_events = args.events.unwrap_or(if slow_ns > 0 { 400_000 } else { 20_000_000 });
-    let open_events = ((args.rate * args.open_seconds) as u64).max(1000);
-    let machine = Machine::here();
-    let scenario = match args.scenario {
-        Scenario::Normal => "normal",
-        Scenario::Backpressure => "backpressure",
+    let plan = Plan {
+        pipeline: args.pipeline,
+        scenario: args.scenario,
+        parallelism: args.parallelism.unwrap_or(cores),
+        cores,
+        slow_ns,
+        closed_events: args.events.unwrap_or(if slow_ns > 0 { 400_000 } else { 10_000_000 }),
+        open_events: ((args.rate * args.open_seconds) as u64).max(1000),
+        rate: args.rate,
+        keys: args.keys,
+        state: args.state,
+        probe: args.platform_probe.on(),
     };
+    Ok((plan, intervals))
+}
+
+/// Runs `weir compare`.
+pub fn run(args: &CompareArgs) -> Result<(), CliError> {
+    let started = Instant::now();
+    let (plan, intervals) = validate(args)?;
+    let plain = match args.sink {
+        PlainSink::Direct => SinkKind::Direct,
+        PlainSink::Upsert => SinkKind::Upsert,
+    };
+    let rows = rows(plain);
+    let machine = Machine::here();
+    let scenario = plan.scenario.name();
     println!(
-        "weir compare: {} pipeline, {scenario} scenario, parallelism {parallelism}, checkpoints every {} ms",
-        args.pipeline.name(),
-        args.checkpoint_interval_ms
+        "weir compare: {} pipeline, {scenario} scenario, parallelism {}, open loop at {} events/s for {} s, \
+         closed loop {} events",
+        plan.pipeline.name(),
+        plan.parallelism,
+        si(plan.rate),
+        args.open_seconds,
+        plan.closed_events
+    );
+    println!(
+        "checkpoint intervals: {} ms (exactly-once rows, open loop); the closed-loop runs and the at-least-once \
+         row at the first, {} ms",
+        join(&intervals, ", "),
+        intervals[0]
     );
     println!(
         "measured now on this machine: {} ({} cores), unix time {}",
         machine.cpu, machine.cores, machine.unix_time
     );
-    let mut closed: Vec<RunOutput> = Vec::new();
-    let mut open: Vec<RunOutput> = Vec::new();
+
+    // The disk first, on a quiet machine: the exactly-once figures are read
+    // against it.
+    let disk_dir = std::env::temp_dir();
+    let disk = DiskProbe::run(&disk_dir).map_err(|source| CliError::Io {
+        path: format!("{} (disk probe: 4 KiB appends and fdatasync)", disk_dir.display()),
+        source,
+    })?;
+
+    let total_runs = MODES.len()
+        + rows.len()
+        + rows
+            .iter()
+            .map(|r| if r.exactly_once() { intervals.len() } else { 1 })
+            .sum::<usize>();
+    let mut done = 0;
+    let mut progress = |what: String| {
+        done += 1;
+        eprintln!("  [{done:>2}/{total_runs}] {what} ...");
+    };
+    let mut count = Vec::new();
+    let mut closed = Vec::new();
+    let mut open = Vec::new();
     for mode in MODES {
-        for (rate, events, out) in [
-            (None, closed_events, &mut closed),
-            (Some(args.rate), open_events, &mut open),
-        ] {
-            let spec = Spec {
-                kind: args.pipeline,
-                events,
-                rate,
-                keys: args.keys,
-                parallelism,
-                seed: 1,
-                slow_ns,
-                state: args.state,
-                sink: args.sink,
-                sink_dir: std::path::PathBuf::new(),
+        progress(format!("{:<22} closed loop", format!("{}·count", mode.name())));
+        count.push(plan.run(mode, SinkKind::Count, None, intervals[0])?);
+        for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.mode == mode) {
+            progress(format!("{:<22} closed loop", row.label()));
+            closed.push((r, plan.run(mode, row.sink, None, intervals[0])?));
+            let row_intervals = if row.exactly_once() {
+                intervals.clone()
+            } else {
+                vec![intervals[0]]
             };
-            let dir = temp_checkpoint_dir();
-            let config = runtime_config(
-                cores,
-                weir_core::RuntimeConfig::default().ring_capacity,
-                weir_core::RuntimeConfig::default().batch_size,
-                mode,
-                args.checkpoint_interval_ms,
-                &dir,
-            );
-            eprintln!(
-                "  running {:<13} {} ...",
-                mode.name(),
-                if rate.is_some() { "open loop" } else { "closed loop" }
-            );
-            let r = run_one_full(&spec, config, mode);
-            let _ = std::fs::remove_dir_all(&dir);
-            out.push(r?);
+            for interval_ms in row_intervals {
+                progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
+                let before = weir_core::disk::sync_stats();
+                let out = plan.run(mode, row.sink, Some(plan.rate), interval_ms)?;
+                let syncs = row.exactly_once().then(|| {
+                    let d = weir_core::disk::sync_stats().since(&before);
+                    let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
+                    Syncs {
+                        count: d.count,
+                        per_checkpoint: if completed > 0 {
+                            d.count as f64 / completed as f64
+                        } else {
+                            0.0
+                        },
+                        p50_us: d.latency_ns.value_at_quantile(0.5) as f64 / 1e3,
+                        p99_us: d.latency_ns.value_at_quantile(0.99) as f64 / 1e3,
+                    }
+                });
+                open.push(OpenRun {
+                    row: r,
+                    interval_ms,
+                    out,
+                    syncs,
+                });
+            }
         }
     }
-    print_table(&closed, &open);
+    closed.sort_by_key(|(r, _)| *r);
+    let platform =
+        open.iter()
+            .filter_map(|o| o.out.platform.as_ref())
+            .fold(None::<PlatformResult>, |acc, p| match acc {
+                None => Some(p.clone()),
+                Some(mut a) => {
+                    a.merge(p);
+                    Some(a)
+                }
+            });
+    let m = Measured {
+        rows,
+        intervals,
+        count,
+        closed: closed.into_iter().map(|(_, o)| o).collect(),
+        open,
+        disk,
+        platform,
+    };
+
+    print_latency_table(&m, &plan, args.open_seconds);
+    print_throughput_table(&m, &plan);
+    print_sentences(&m, &plan);
+
     std::fs::create_dir_all(&args.results).map_err(|source| CliError::Io {
         path: args.results.display().to_string(),
         source,
     })?;
     let json = args.json.clone().unwrap_or_else(|| args.results.join("compare.json"));
     let plot = args.plot.clone().unwrap_or_else(|| args.results.join("compare.svg"));
-    write_json(&json, scenario, &closed, &open)?;
-    let series: Vec<Series> = MODES
-        .iter()
-        .zip(open.iter().zip(&closed))
-        .map(|(m, (o, c))| Series {
-            name: m.name().to_string(),
-            latency_ns: o.latency_ns.clone(),
-            checkpoints: c.checkpoint_durations.clone(),
-        })
-        .collect();
-    write_svg(&plot, &format!("{} ({scenario})", args.pipeline.name()), &series).map_err(|e| CliError::Io {
+    write_json(&json, scenario, &m, &machine)?;
+    write_svg(&plot, &figure(&m, &plan)).map_err(|e| CliError::Io {
         path: plot.display().to_string(),
         source: std::io::Error::other(e.to_string()),
     })?;
     println!("\nwrote {} and {}", json.display(), plot.display());
+    println!("weir compare ran in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())
 }
 
-fn print_table(closed: &[RunOutput], open: &[RunOutput]) {
+fn join(v: &[u64], sep: &str) -> String {
+    v.iter().map(u64::to_string).collect::<Vec<_>>().join(sep)
+}
+
+/// A duration in microseconds with its unit: `0.8 µs`, `1.23 ms`, `1.20 s`.
+fn dur(us: f64) -> String {
+    let a = us.abs();
+    if a < 1e3 {
+        format!("{us:.1} µs")
+    } else if a < 1e6 {
+        format!("{:.2} ms", us / 1e3)
+    } else {
+        format!("{:.2} s", us / 1e6)
+    }
+}
+
+/// As [`dur`], with a sign.
+fn signed(us: f64) -> String {
+    if us >= 0.0 {
+        format!("+{}", dur(us))
+    } else {
+        format!("−{}", dur(-us))
+    }
+}
+
+fn opt<T>(v: Option<T>, f: impl Fn(T) -> String) -> String {
+    v.map_or_else(|| "-".to_string(), f)
+}
+
+fn interval_cell(row: Row, interval_ms: u64) -> String {
+    if row.mode == Mode::None {
+        "-".into()
+    } else {
+        format!("{interval_ms} ms")
+    }
+}
+
+fn print_latency_table(m: &Measured, plan: &Plan, open_seconds: f64) {
     println!(
-        "\n{:<13} {:>10} | {:>8} {:>8} {:>9} {:>9} | {:>8} {:>8} | {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-        "mode",
-        "events/s",
-        "p50 µs",
-        "p99 µs",
-        "p99.9 µs",
-        "max µs",
+        "\nlatency, open loop at {} events/s, {open_seconds} s per run (processing: emission to sink; visible: \
+         emission until a reader of the target can see the record; platform: the probe in the same run)",
+        si(plan.rate)
+    );
+    println!(
+        "{:<22} {:>8} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>10} | {:>11} {:>11}",
+        "row",
+        "interval",
+        "proc p50",
+        "proc p99",
+        "proc p99.9",
         "vis p50",
         "vis p99",
+        "vis p99.9",
+        "plat p99",
+        "excess p99",
+        "excess p99.9"
+    );
+    for (r, &row) in m.rows.iter().enumerate() {
+        for interval_ms in m.intervals_of(r) {
+            let o = &m.open_at(r, interval_ms).out.result;
+            let (l, v) = (o.latency_us, o.visible_latency_us);
+            println!(
+                "{:<22} {:>8} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>10} | {:>11} {:>11}",
+                row.label(),
+                interval_cell(row, interval_ms),
+                dur(l.p50),
+                dur(l.p99),
+                dur(l.p999),
+                opt(v, |v| dur(v.p50)),
+                opt(v, |v| dur(v.p99)),
+                opt(v, |v| dur(v.p999)),
+                opt(o.platform_us, |p| dur(p.p99)),
+                opt(o.excess_us, |e| signed(e.p99)),
+                opt(o.excess_us, |e| signed(e.p999)),
+            );
+        }
+    }
+    match &m.platform {
+        Some(p) => {
+            let f = Percentiles::from_ns(&p.latency_ns);
+            println!(
+                "{:<22} {:>8} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10} | {:>10} | {:>11} {:>11}",
+                "platform",
+                "all",
+                dur(f.p50),
+                dur(f.p99),
+                dur(f.p999),
+                "-",
+                "-",
+                "-",
+                dur(f.p99),
+                "-",
+                "-"
+            );
+            println!(
+                "(platform: how late a thread woke on the workers' cores, merged over the {} open-loop runs; \
+                 probe: {}; excess: the row's processing latency minus its own run's platform figure)",
+                m.open.len(),
+                ProbeInfo::of(p).describe()
+            );
+        }
+        None => println!("(platform probe off: no platform figures)"),
+    }
+}
+
+fn print_throughput_table(m: &Measured, plan: &Plan) {
+    let source = match plan.scenario {
+        Scenario::Normal => "open loop",
+        Scenario::Backpressure => "closed loop, the row's sink, under backpressure",
+    };
+    println!(
+        "\nthroughput (closed loop, {} events, at the {} ms base interval) and checkpoints ({source})",
+        plan.closed_events,
+        m.base()
+    );
+    println!(
+        "{:<22} {:>8} | {:>10} {:>10} | {:>5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+        "row",
+        "interval",
+        "ev/s sink",
+        "ev/s count",
         "ckpts",
-        "fail",
+        "ckpt/s",
         "dur p50",
         "dur p99",
         "align p50",
@@ -200,55 +626,198 @@ fn print_table(closed: &[RunOutput], open: &[RunOutput]) {
         "state B",
         "channel B"
     );
+    for (r, &row) in m.rows.iter().enumerate() {
+        for interval_ms in m.intervals_of(r) {
+            let base = interval_ms == m.base();
+            let ck_run = match plan.scenario {
+                Scenario::Normal => &m.open_at(r, interval_ms).out.result,
+                Scenario::Backpressure => &m.closed[r].result,
+            };
+            let ck = ck_run.checkpoints.as_ref();
+            let ms = |v: f64| format!("{v:.2} ms");
+            println!(
+                "{:<22} {:>8} | {:>10} {:>10} | {:>5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
+                row.label(),
+                interval_cell(row, interval_ms),
+                if base {
+                    si(m.closed[r].result.events_per_sec)
+                } else {
+                    "·".into()
+                },
+                if base {
+                    si(m.count_of(r).result.events_per_sec)
+                } else {
+                    "·".into()
+                },
+                opt(ck, |k| k.completed.to_string()),
+                opt(ck, |k| format!("{:.1}", k.completed as f64 / ck_run.seconds)),
+                opt(ck, |k| ms(k.duration_ms.p50)),
+                opt(ck, |k| ms(k.duration_ms.p99)),
+                opt(ck, |k| ms(k.alignment_ms.p50)),
+                opt(ck, |k| ms(k.alignment_ms.p99)),
+                opt(ck, |k| k.state_bytes.to_string()),
+                opt(ck, |k| k.channel_state_bytes.to_string()),
+            );
+        }
+    }
     println!(
-        "{:<13} {:>10} | {:^38} | {:^17} | {:^70}",
-        "", "(closed)", "processing latency (open loop)", "visibility (ms)", "checkpoints (closed loop, ms)"
+        "(ev/s count: the same mode with the counting sink, nothing leaves the process; · : closed loop runs at the \
+         base interval only)"
     );
-    for (c, o) in closed.iter().zip(open) {
-        let l = &o.result.latency_us;
-        let ck = c.result.checkpoints.as_ref();
-        println!(
-            "{:<13} {:>10} | {:>8.1} {:>8.1} {:>9.1} {:>9.1} | {:>8} {:>8} | {:>5} {:>4} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
-            c.result.mode,
-            si(c.result.events_per_sec),
-            l.p50,
-            l.p99,
-            l.p999,
-            l.max,
-            fmt_opt(o.result.visible_latency_us.map(|v| v.p50 / 1e3)),
-            fmt_opt(o.result.visible_latency_us.map(|v| v.p99 / 1e3)),
-            ck.map_or("-".into(), |k| k.completed.to_string()),
-            ck.map_or("-".into(), |k| k.failed.to_string()),
-            fmt_opt(ck.map(|k| k.duration_ms.p50)),
-            fmt_opt(ck.map(|k| k.duration_ms.p99)),
-            fmt_opt(ck.map(|k| k.alignment_ms.p50)),
-            fmt_opt(ck.map(|k| k.alignment_ms.p99)),
-            ck.map_or("-".into(), |k| k.state_bytes.to_string()),
-            ck.map_or("-".into(), |k| k.channel_state_bytes.to_string()),
-        );
-    }
-    let (base_c, base_o) = (&closed[0].result, &open[0].result);
-    println!("\nratios against no checkpointing (none = 1.00):");
-    println!("{:<13} {:>10} {:>10} {:>10}", "mode", "events/s", "p50", "p99");
-    for (c, o) in closed.iter().zip(open).skip(1) {
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
-        println!(
-            "{:<13} {:>10.2} {:>10.2} {:>10.2}",
-            c.result.mode,
-            ratio(c.result.events_per_sec, base_c.events_per_sec),
-            ratio(o.result.latency_us.p50, base_o.latency_us.p50),
-            ratio(o.result.latency_us.p99, base_o.latency_us.p99)
-        );
-    }
-    println!("(visibility: from emission until a reader of the sink's target can see the record)");
 }
 
-fn write_json(
-    path: &std::path::Path,
-    scenario: &'static str,
-    closed: &[RunOutput],
-    open: &[RunOutput],
-) -> Result<(), CliError> {
+/// Throughput `x` against `base`: `cost 4.2% of throughput` or `ran 3.1%
+/// faster`.
+fn cost(x: f64, base: f64) -> String {
+    if base <= 0.0 {
+        return "cost -".into();
+    }
+    let c = (1.0 - x / base) * 100.0;
+    if c >= 0.0 {
+        format!("cost {c:.1}% of throughput")
+    } else {
+        format!("ran {:.1}% faster", -c)
+    }
+}
+
+fn print_sentences(m: &Measured, plan: &Plan) {
+    println!("\nwhat this run measured:");
+    let base = m.base();
+    let vis = |r: usize, interval_ms: u64| m.open_at(r, interval_ms).out.result.visible_latency_us;
+    // Visibility at the base interval, exactly-once rows against the at-least-once one.
+    let exactly_once: Vec<String> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.exactly_once())
+        .filter_map(|(r, row)| {
+            vis(r, base).map(|v| format!("p50 {} / p99 {} ({})", dur(v.p50), dur(v.p99), row.label()))
+        })
+        .collect();
+    let alo = m.rows.iter().position(|r| r.mode == Mode::AtLeastOnce);
+    let alo_text = alo
+        .and_then(|a| {
+            vis(a, base).map(|v| {
+                format!(
+                    "; at-least-once ({}) after p50 {} / p99 {}",
+                    m.rows[a].label(),
+                    dur(v.p50),
+                    dur(v.p99)
+                )
+            })
+        })
+        .unwrap_or_default();
+    println!(
+        "- at a {base} ms interval, exactly-once made output visible after {}{alo_text}",
+        exactly_once.join(", ")
+    );
+    // Throughput: the engine's cost (counting sink) and the cost with the sinks.
+    let none_count = m.count[0].result.events_per_sec;
+    let none_row = m.rows.iter().position(|r| r.mode == Mode::None).expect("a none row");
+    let none_sink = m.closed[none_row].result.events_per_sec;
+    for (i, mode) in MODES.iter().enumerate().skip(1) {
+        let with_sinks: Vec<String> = m
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.mode == *mode)
+            .map(|(r, row)| {
+                format!(
+                    "{} {} against {}",
+                    row.label(),
+                    cost(m.closed[r].result.events_per_sec, none_sink),
+                    m.rows[none_row].label()
+                )
+            })
+            .collect();
+        println!(
+            "- {} {} against none with the counting sink (closed loop, {} ms); with its sinks: {}",
+            mode.name(),
+            cost(m.count[i].result.events_per_sec, none_count),
+            base,
+            with_sinks.join(", ")
+        );
+    }
+    // Checkpoints and their syncs, per exactly-once row and interval.
+    for (r, row) in m.rows.iter().enumerate().filter(|(_, r)| r.exactly_once()) {
+        let parts: Vec<String> = m
+            .intervals
+            .iter()
+            .map(|&i| {
+                let o = m.open_at(r, i);
+                let ck = o.out.result.checkpoints.as_ref();
+                let per_s = ck.map_or(0.0, |k| k.completed as f64 / o.out.result.seconds);
+                let v = o.out.result.visible_latency_us;
+                let mut s = format!("at {i} ms: {per_s:.1} checkpoints/s");
+                if let Some(sy) = o.syncs {
+                    s += &format!(
+                        ", {:.1} fsyncs per checkpoint (p50 {} / p99 {} each)",
+                        sy.per_checkpoint,
+                        dur(sy.p50_us),
+                        dur(sy.p99_us)
+                    );
+                }
+                if let Some(v) = v {
+                    s += &format!(", visible p99 {}", dur(v.p99));
+                }
+                s
+            })
+            .collect();
+        println!("- {}, open loop: {}", row.label(), parts.join("; "));
+    }
+    println!(
+        "- this disk's {} B append + fdatasync: p50 {} / p99 {} / max {} ({} in {}, at the start of this run)",
+        m.disk.bytes,
+        dur(m.disk.p50_us),
+        dur(m.disk.p99_us),
+        dur(m.disk.max_us),
+        m.disk.writes,
+        m.disk.dir.display()
+    );
+    if let Some(p) = &m.platform {
+        let f = Percentiles::from_ns(&p.latency_ns);
+        let excess: Vec<f64> = m
+            .open
+            .iter()
+            .filter_map(|o| o.out.result.excess_us.map(|e| e.p99))
+            .collect();
+        let (lo, hi) = excess
+            .iter()
+            .fold((f64::MAX, f64::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
+        println!(
+            "- this machine woke an on-time thread late by p50 {} / p99 {} / p99.9 {} over the open-loop runs; \
+             weir's processing p99 minus its run's platform p99: {} to {}",
+            dur(f.p50),
+            dur(f.p99),
+            dur(f.p999),
+            signed(lo),
+            signed(hi)
+        );
+    }
+    if plan.scenario == Scenario::Backpressure {
+        let parts: Vec<String> = m
+            .rows
+            .iter()
+            .enumerate()
+            .filter_map(|(r, row)| {
+                m.closed[r].result.checkpoints.as_ref().map(|k| {
+                    format!(
+                        "{} p50 {:.2} / p99 {:.2} ms",
+                        row.label(),
+                        k.duration_ms.p50,
+                        k.duration_ms.p99
+                    )
+                })
+            })
+            .collect();
+        println!(
+            "- under backpressure (closed loop), checkpoints took {}",
+            parts.join(", ")
+        );
+    }
+}
+
+fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, machine: &Machine) -> Result<(), CliError> {
     let io = |source| CliError::Io {
         path: path.display().to_string(),
         source,
@@ -256,17 +825,110 @@ fn write_json(
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(io)?;
     }
-    let mut f = std::fs::File::create(path).map_err(io)?;
-    for (run, rows) in [("closed-loop", closed), ("open-loop", open)] {
-        for r in rows {
-            let line = serde_json::to_string(&JsonRow {
-                run,
-                scenario,
-                result: &r.result,
-            })
-            .expect("rows serialise");
-            writeln!(f, "{line}").map_err(io)?;
-        }
+    let mut lines = Vec::new();
+    let interval = |mode: Mode, i: u64| (mode != Mode::None).then_some(i);
+    for (i, mode) in MODES.iter().enumerate() {
+        lines.push(JsonRow {
+            run: "closed-loop-count",
+            scenario,
+            row: format!("{}·count", mode.name()),
+            interval_ms: interval(*mode, m.base()),
+            syncs: None,
+            result: &m.count[i].result,
+        });
     }
-    Ok(())
+    for (r, row) in m.rows.iter().enumerate() {
+        lines.push(JsonRow {
+            run: "closed-loop",
+            scenario,
+            row: row.label(),
+            interval_ms: interval(row.mode, m.base()),
+            syncs: None,
+            result: &m.closed[r].result,
+        });
+    }
+    for o in &m.open {
+        let row = m.rows[o.row];
+        lines.push(JsonRow {
+            run: "open-loop",
+            scenario,
+            row: row.label(),
+            interval_ms: interval(row.mode, o.interval_ms),
+            syncs: o.syncs,
+            result: &o.out.result,
+        });
+    }
+    let mut text = String::new();
+    for l in &lines {
+        text += &serde_json::to_string(l).expect("rows serialise");
+        text.push('\n');
+    }
+    text += &serde_json::to_string(&JsonDisk {
+        run: "disk-probe",
+        scenario,
+        probe: &m.disk,
+        machine,
+    })
+    .expect("the disk probe serialises");
+    text.push('\n');
+    let mut f = std::fs::File::create(path).map_err(io)?;
+    f.write_all(text.as_bytes()).map_err(io)
+}
+
+fn figure(m: &Measured, plan: &Plan) -> Figure {
+    let base = m.base();
+    let at_base = |r: usize| &m.open_at(r, base).out;
+    let mut processing: Vec<Curve> = m
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(r, row)| Curve {
+            name: row.label(),
+            color: Some(r),
+            latency_ns: at_base(r).latency_ns.clone(),
+        })
+        .collect();
+    if let Some(p) = &m.platform {
+        processing.push(Curve {
+            name: "platform (all open-loop runs)".into(),
+            color: None,
+            latency_ns: p.latency_ns.clone(),
+        });
+    }
+    Figure {
+        title: format!("{} ({})", plan.pipeline.name(), plan.scenario.name()),
+        base_interval_ms: base,
+        visible: m
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(r, row)| Curve {
+                name: row.label(),
+                color: Some(r),
+                latency_ns: at_base(r).visible_latency_ns.clone(),
+            })
+            .collect(),
+        processing,
+        sweep: m
+            .rows
+            .iter()
+            .enumerate()
+            .filter(|(_, row)| row.exactly_once())
+            .map(|(r, row)| Sweep {
+                name: row.label(),
+                color: r,
+                points: m
+                    .intervals
+                    .iter()
+                    .filter_map(|&i| {
+                        m.open_at(r, i)
+                            .out
+                            .result
+                            .visible_latency_us
+                            .map(|v| (i as f64, v.p50, v.p99))
+                    })
+                    .collect(),
+            })
+            .collect(),
+    }
 }

@@ -3,9 +3,11 @@
 mod bench_cmd;
 mod checkpoints_cmd;
 mod compare_cmd;
+mod disk_probe;
 mod event;
 mod nexmark;
 mod pipelines;
+mod platform;
 mod plot;
 mod report;
 mod run_cmd;
@@ -22,8 +24,10 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Compare checkpoint modes (none, at-least-once, aligned, unaligned)
-    /// on one pipeline: throughput, latency, checkpoints; table, JSON, SVG.
+    /// What does exactly-once cost? Every checkpoint mode with the sinks a
+    /// user would choose for it: latency and visibility beside the
+    /// machine's own delays, throughput, checkpoints and their fsyncs;
+    /// tables, JSON, SVG.
     Compare(compare_cmd::CompareArgs),
     /// Run a benchmark job and print throughput and latency.
     Bench(bench_cmd::BenchArgs),

@@ -129,6 +129,24 @@ pub enum SinkKind {
     TwoPcFile,
     /// Two-phase commit into SQLite (exactly-once).
     Sqlite,
+    /// Idempotent upsert by key into SQLite (visible at write; effectively
+    /// once for the latest value per key, which is what the keyed job's
+    /// running sums are).
+    Upsert,
+}
+
+impl SinkKind {
+    /// The name in tables and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            SinkKind::Count => "count",
+            SinkKind::Direct => "direct",
+            SinkKind::Wal => "wal",
+            SinkKind::TwoPcFile => "2pc-file",
+            SinkKind::Sqlite => "sqlite",
+            SinkKind::Upsert => "upsert",
+        }
+    }
 }
 
 /// Where a keyed benchmark keeps its state.
@@ -203,6 +221,20 @@ pub fn real_sink(kind: SinkKind, dir: &std::path::Path, i: usize) -> Option<Box<
             let table = weir_io::SqliteTable::new(dir.join("out.db"), "events", &["key", "value", "seq"])
                 .create("CREATE TABLE IF NOT EXISTS events (key INTEGER, value INTEGER, seq INTEGER)");
             Box::new(weir_io::two_phase_sqlite_sink(
+                table,
+                i,
+                |e: &Event, row: &mut weir_io::SqlRow<'_, '_>| {
+                    row.push(e.key as i64).push(e.value as i64).push(e.seq as i64);
+                },
+                emitted,
+            ))
+        }
+        SinkKind::Upsert => {
+            // The latest running sum per key: one row per key.
+            let table = weir_io::SqliteTable::new(dir.join("out.db"), "events", &["key", "value", "seq"])
+                .key(&["key"])
+                .create("CREATE TABLE IF NOT EXISTS events (key INTEGER PRIMARY KEY, value INTEGER, seq INTEGER)");
+            Box::new(weir_io::SqliteUpsertSink::new(
                 table,
                 i,
                 |e: &Event, row: &mut weir_io::SqlRow<'_, '_>| {

@@ -1,22 +1,66 @@
-//! The SVG figure of `weir compare`: latency percentile curves per mode on
-//! a log scale (p0 to p99.99), and checkpoint durations over time.
+//! The SVG figure of `weir compare`, three panels: visibility latency by
+//! percentile per row (log-log, as HdrHistogram plots them), processing
+//! latency by percentile per row with the platform probe's curve beside
+//! them, and visibility p50 and p99 against the checkpoint interval.
 
 use std::path::Path;
 
 use hdrhistogram::Histogram;
+use plotters::coord::combinators::LogCoord;
+use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
-/// One mode's data for the figure.
-pub struct Series {
-    /// Mode name (legend).
+/// One curve of a percentile panel.
+pub struct Curve {
+    /// Legend.
     pub name: String,
-    /// End-to-end latency, nanoseconds.
+    /// Colour index (the row's, the same in every panel); `None`: black.
+    pub color: Option<usize>,
+    /// Latency, nanoseconds.
     pub latency_ns: Histogram<u64>,
-    /// (trigger time ms, duration ms) per completed checkpoint.
-    pub checkpoints: Vec<(f64, f64)>,
 }
 
-/// Percentiles plotted: x = 1 / (1 - q), from p0 (1) to p99.99 (10^4).
+/// One exactly-once row's visibility across the interval sweep.
+pub struct Sweep {
+    /// Legend (the row).
+    pub name: String,
+    /// Colour index (the row's).
+    pub color: usize,
+    /// (interval ms, visible p50 µs, visible p99 µs), by interval.
+    pub points: Vec<(f64, f64, f64)>,
+}
+
+/// Everything the figure shows.
+pub struct Figure {
+    /// Title prefix (pipeline and scenario).
+    pub title: String,
+    /// The interval of the percentile panels, ms.
+    pub base_interval_ms: u64,
+    /// Panel 1: visibility latency per row.
+    pub visible: Vec<Curve>,
+    /// Panel 2: processing latency per row, and the platform's.
+    pub processing: Vec<Curve>,
+    /// Panel 3: visibility against the interval.
+    pub sweep: Vec<Sweep>,
+}
+
+const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+];
+
+fn color(i: Option<usize>) -> RGBColor {
+    i.map_or(BLACK, |i| COLORS[i % COLORS.len()])
+}
+
+/// Percentiles plotted: x = 1 / (1 - q), from p0 (1) to p99.99 (10^4);
+/// y in microseconds.
 fn curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
     let mut pts = Vec::new();
     let mut x = 1.0f64;
@@ -28,85 +72,171 @@ fn curve(h: &Histogram<u64>) -> Vec<(f64, f64)> {
     pts
 }
 
-const COLORS: [RGBColor; 4] = [
-    RGBColor(31, 119, 180),
-    RGBColor(255, 127, 14),
-    RGBColor(44, 160, 44),
-    RGBColor(214, 39, 40),
-];
+/// `950 ns`, `12 µs`, `3.5 ms`, `1.2 s` for an axis label in microseconds.
+fn duration_label(us: f64) -> String {
+    let short = |v: f64| {
+        if v >= 10.0 || v == v.trunc() {
+            format!("{v:.0}")
+        } else {
+            format!("{v:.1}")
+        }
+    };
+    if us < 1.0 {
+        format!("{} ns", short(us * 1e3))
+    } else if us < 1e3 {
+        format!("{} µs", short(us))
+    } else if us < 1e6 {
+        format!("{} ms", short(us / 1e3))
+    } else {
+        format!("{} s", short(us / 1e6))
+    }
+}
+
+/// `p0`, `p90`, `p99`, `p99.9` for x = 1/(1-q).
+fn percentile_label(x: f64) -> String {
+    let p = 100.0 * (1.0 - 1.0 / x);
+    let s = format!("{p:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    format!("p{s}")
+}
+
+/// The y range covering `values` (µs) on a log axis.
+fn y_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
+    let (lo, hi) = values
+        .filter(|v| *v > 0.0)
+        .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    if hi == 0.0 {
+        return 0.1..10.0;
+    }
+    lo / 2.0..hi * 2.0
+}
+
+type Chart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
+
+fn legend(chart: &mut Chart<'_>) -> Result<(), Box<dyn std::error::Error>> {
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .border_style(BLACK)
+        .background_style(WHITE.mix(0.85))
+        .label_font(("sans-serif", 12))
+        .draw()?;
+    Ok(())
+}
+
+fn percentile_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    caption: &str,
+    y_desc: &str,
+    curves: &[Curve],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let curves: Vec<(&Curve, Vec<(f64, f64)>)> = curves
+        .iter()
+        .filter(|c| !c.latency_ns.is_empty())
+        .map(|c| (c, curve(&c.latency_ns)))
+        .collect();
+    let y = y_range(curves.iter().flat_map(|(_, pts)| pts.iter().map(|p| p.1)));
+    let mut chart = ChartBuilder::on(area)
+        .caption(caption, ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d((1.0f64..10_000.0f64).log_scale(), y.log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("percentile (log of 1/(1-q))")
+        .y_desc(y_desc)
+        .x_label_formatter(&|x| percentile_label(*x))
+        .y_label_formatter(&|v| duration_label(*v))
+        .draw()?;
+    for (c, pts) in curves {
+        let style = color(c.color).stroke_width(if c.color.is_none() { 3 } else { 2 });
+        chart
+            .draw_series(LineSeries::new(pts, style))?
+            .label(c.name.clone())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], style));
+    }
+    legend(&mut chart)
+}
+
+fn sweep_panel(
+    area: &DrawingArea<SVGBackend<'_>, plotters::coord::Shift>,
+    sweep: &[Sweep],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let (lo, hi) = sweep
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.0))
+        .fold((f64::MAX, 0.0f64), |(lo, hi), v| (lo.min(v), hi.max(v)));
+    let x = if hi == 0.0 { 1.0..1000.0 } else { lo / 2.0..hi * 2.0 };
+    let y = y_range(sweep.iter().flat_map(|s| s.points.iter().flat_map(|p| [p.1, p.2])));
+    let mut chart = ChartBuilder::on(area)
+        .caption("visibility against the checkpoint interval", ("sans-serif", 15))
+        .margin(10)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(x.log_scale(), y.log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("checkpoint interval, ms")
+        .y_desc("visibility latency (open loop)")
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&|v| duration_label(*v))
+        .draw()?;
+    for s in sweep {
+        let c = color(Some(s.color));
+        let p50: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, p.1.max(1e-3))).collect();
+        let p99: Vec<(f64, f64)> = s.points.iter().map(|p| (p.0, p.2.max(1e-3))).collect();
+        chart
+            .draw_series(LineSeries::new(p50.clone(), c.stroke_width(2)))?
+            .label(format!("{} p50", s.name))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+        chart.draw_series(p50.iter().map(|&p| Circle::new(p, 3, c.filled())))?;
+        chart
+            .draw_series(DashedLineSeries::new(p99.clone(), 6, 4, c.stroke_width(2)))?
+            .label(format!("{} p99", s.name))
+            .legend(move |(x, y)| DashedPathElement::new(vec![(x, y), (x + 15, y)], 4, 3, c.stroke_width(2)));
+        chart.draw_series(p99.iter().map(|&p| TriangleMarker::new(p, 4, c.filled())))?;
+    }
+    legend(&mut chart)
+}
 
 /// Writes the figure to `path`.
-pub fn write_svg(path: &Path, title: &str, series: &[Series]) -> Result<(), Box<dyn std::error::Error>> {
-    let root = SVGBackend::new(path, (1100, 500)).into_drawing_area();
+pub fn write_svg(path: &Path, fig: &Figure) -> Result<(), Box<dyn std::error::Error>> {
+    let root = SVGBackend::new(path, (1680, 560)).into_drawing_area();
     root.fill(&WHITE)?;
-    let (left, right) = root.split_horizontally(560);
-    let max_us = series
-        .iter()
-        .flat_map(|s| curve(&s.latency_ns))
-        .map(|p| p.1)
-        .fold(1.0f64, f64::max);
-    let mut chart = ChartBuilder::on(&left)
-        .caption(format!("{title}: latency by percentile"), ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d((1.0f64..10_000.0f64).log_scale(), (0.1f64..max_us * 2.0).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("percentile (x = 1/(1-q): 10 = p90, 100 = p99, 1000 = p99.9)")
-        .y_desc("latency µs")
-        .draw()?;
-    for (i, s) in series.iter().enumerate() {
-        let c = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(LineSeries::new(curve(&s.latency_ns), c.stroke_width(2)))?
-            .label(s.name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
-
-    let max_t = series
-        .iter()
-        .flat_map(|s| s.checkpoints.iter().map(|p| p.0))
-        .fold(1.0f64, f64::max);
-    let max_d = series
-        .iter()
-        .flat_map(|s| s.checkpoints.iter().map(|p| p.1))
-        .fold(0.1f64, f64::max);
-    let mut chart = ChartBuilder::on(&right)
-        .caption("checkpoint duration over time", ("sans-serif", 16))
-        .margin(10)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0f64..max_t * 1.05, (0.01f64..max_d * 2.0).log_scale())?;
-    chart
-        .configure_mesh()
-        .x_desc("time since start, ms")
-        .y_desc("duration ms")
-        .draw()?;
-    for (i, s) in series.iter().enumerate() {
-        if s.checkpoints.is_empty() {
-            continue;
-        }
-        let c = COLORS[i % COLORS.len()];
-        chart
-            .draw_series(
-                s.checkpoints
-                    .iter()
-                    .map(|&(t, d)| Circle::new((t, d.max(0.01)), 3, c.filled())),
-            )?
-            .label(s.name.clone())
-            .legend(move |(x, y)| Circle::new((x + 7, y), 3, c.filled()));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()?;
+    let panels = root.split_evenly((1, 3));
+    percentile_panel(
+        &panels[0],
+        &format!(
+            "{}: visibility by percentile, {} ms interval",
+            fig.title, fig.base_interval_ms
+        ),
+        "emission to visible in the target",
+        &fig.visible,
+    )?;
+    percentile_panel(
+        &panels[1],
+        &format!("processing latency by percentile, {} ms interval", fig.base_interval_ms),
+        "emission to sink; platform: wake-up lateness",
+        &fig.processing,
+    )?;
+    sweep_panel(&panels[2], &fig.sweep)?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn labels() {
+        assert_eq!(percentile_label(1.0), "p0");
+        assert_eq!(percentile_label(10.0), "p90");
+        assert_eq!(percentile_label(1000.0), "p99.9");
+        assert_eq!(duration_label(0.5), "500 ns");
+        assert_eq!(duration_label(12.0), "12 µs");
+        assert_eq!(duration_label(2500.0), "2.5 ms");
+        assert_eq!(duration_label(1.2e6), "1.2 s");
+    }
 }

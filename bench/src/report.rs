@@ -29,6 +29,74 @@ impl Percentiles {
     }
 }
 
+/// How the platform figure of a run was measured (see `crate::platform`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ProbeInfo {
+    /// `fifo` (the machine's delays only) or `other` (SCHED_FIFO refused:
+    /// also waiting behind other threads, weir's included).
+    pub policy: crate::platform::Policy,
+    /// Time between the probe's ticks, microseconds.
+    pub tick_us: u64,
+    /// Wake-ups measured, summed over the cores.
+    pub samples: u64,
+    /// Probe threads, one per core used by the workers.
+    pub cores: usize,
+    /// Seconds the probe ran (from just before the job was built until
+    /// it was joined).
+    pub seconds: f64,
+    /// Each probe thread: its core, p99 and samples (a core whose p99
+    /// stands out is where the machine's delays landed).
+    pub per_core: Vec<crate::platform::CoreFigures>,
+}
+
+impl ProbeInfo {
+    /// Describes a probe's result.
+    pub fn of(p: &crate::platform::PlatformResult) -> Self {
+        ProbeInfo {
+            policy: p.policy,
+            tick_us: p.tick_us,
+            samples: p.samples,
+            cores: p.cores,
+            seconds: p.seconds,
+            per_core: p.per_core.clone(),
+        }
+    }
+
+    /// `fifo, 200 µs ticks, 10234 samples on 2 cores`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{}, {} µs ticks, {} samples on {} core{}",
+            self.policy.name(),
+            self.tick_us,
+            self.samples,
+            self.cores,
+            if self.cores == 1 { "" } else { "s" }
+        )
+    }
+}
+
+/// weir's latency minus the platform's in the same run, microseconds (can
+/// be negative).
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Excess {
+    /// weir p99 − platform p99.
+    pub p99: f64,
+    /// weir p99.9 − platform p99.9.
+    pub p999: f64,
+}
+
+impl Excess {
+    /// `weir` minus `platform`.
+    pub fn of(weir: &Percentiles, platform: &Percentiles) -> Self {
+        // Rounded to the nanosecond, the histograms' unit.
+        let minus = |a: f64, b: f64| ((a - b) * 1e3).round() / 1e3;
+        Excess {
+            p99: minus(weir.p99, platform.p99),
+            p999: minus(weir.p999, platform.p999),
+        }
+    }
+}
+
 /// Three percentiles of a small sample, in milliseconds.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq, Default)]
 pub struct MsPercentiles {
@@ -160,6 +228,16 @@ pub struct BenchResult {
     /// Checkpoint figures (absent when checkpointing is off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointSummary>,
+    /// How late this machine woke an on-time thread on the workers' cores
+    /// during the run (the platform probe; absent when it was off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_us: Option<Percentiles>,
+    /// How the platform figure was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub platform_probe: Option<ProbeInfo>,
+    /// `latency_us` minus `platform_us` (p99 and p99.9).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub excess_us: Option<Excess>,
     /// Where and when.
     pub machine: Machine,
 }
@@ -195,6 +273,40 @@ pub fn header() -> String {
         "ckpt p50",
         "ckpt p99"
     )
+}
+
+/// The platform row under a run's [`row`]: the probe's lateness in the
+/// latency columns; `None` when the probe was off.
+pub fn platform_row(r: &BenchResult) -> Option<String> {
+    let (l, probe) = (r.platform_us?, r.platform_probe.as_ref()?);
+    Some(format!(
+        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
+        "platform",
+        probe.policy.name(),
+        "-",
+        "-",
+        probe.seconds,
+        "-",
+        l.p50,
+        l.p99,
+        l.p999,
+        l.max,
+        "-",
+        "-",
+        "-"
+    ))
+}
+
+/// `weir − platform: p99 +X µs, p99.9 +Y µs (probe: ...)`; `None` when
+/// the probe was off.
+pub fn excess_line(r: &BenchResult) -> Option<String> {
+    let (e, probe) = (r.excess_us?, r.platform_probe.as_ref()?);
+    Some(format!(
+        "weir − platform: p99 {:+.1} µs, p99.9 {:+.1} µs (probe: {})",
+        e.p99,
+        e.p999,
+        probe.describe()
+    ))
 }
 
 /// One table row.
