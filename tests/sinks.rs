@@ -1071,3 +1071,113 @@ fn a_failed_detached_pre_commit_fsync_restarts_the_job_exactly_once() {
     );
     assert_exactly_once(&parse_count_lines(&out));
 }
+
+/// Turns `fault::forbid_on_workers` off again, even if the test fails.
+struct ForbidOnWorkers;
+
+impl ForbidOnWorkers {
+    fn on() -> Self {
+        fault::forbid_on_workers(true);
+        ForbidOnWorkers
+    }
+}
+
+impl Drop for ForbidOnWorkers {
+    fn drop(&mut self) {
+        fault::forbid_on_workers(false);
+    }
+}
+
+/// The WAL sink does every durable step on its own threads: a job with
+/// checkpoints and failures, in which any WAL fault point hit on a worker
+/// thread would fail the task (and name the point), commits exactly once
+/// and never restarts for that reason.
+#[test]
+fn wal_sink_does_no_io_on_worker_threads() {
+    let _g = serial();
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let dir = scratch();
+        let cfg = WalSinkConfig {
+            // Several appends and rolls per epoch, and commits read back.
+            segment_bytes: 64 << 10,
+            buffer_bytes: 4 << 10,
+            memory_bytes: 0,
+            ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
+        };
+        let forbid = ForbidOnWorkers::on();
+        let restarts = keyed_job_restarts(mode, dir.path(), |s| {
+            s.sink("wal", move |i| WalSink::new(cfg.clone(), i, count_line, count_stamp))
+        });
+        drop(forbid);
+        assert!(!restarts.is_empty(), "{mode:?}: the injected failures restart the job");
+        assert!(
+            restarts.iter().all(|e| !e.contains("worker thread")),
+            "{mode:?}: a durable step ran on a worker: {restarts:?}"
+        );
+        assert_exactly_once(&parse_count_lines(&dir.path().join("out")));
+    }
+}
+
+/// A slow disk (every log append sleeps 2 ms): the WAL sink says it is not
+/// ready instead of buffering without bound, the worker (here, the test,
+/// writing only while the sink is ready, like the runtime) never waits,
+/// and nothing is lost.
+#[test]
+fn wal_sink_backpressures_when_its_log_thread_lags() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig {
+        buffer_bytes: 4 << 10,
+        segment_bytes: 64 << 10,
+        ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
+    };
+    let bound = wal::APPENDS_IN_FLIGHT * cfg.buffer_bytes;
+    let (records, batch, per_epoch) = (30_000u64, 300u64, 7_000u64);
+    fault::arm(wal::FAULT_APPEND, Action::Sleep(2000));
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    let (mut pos, mut id, mut not_ready, mut most) = (0u64, 0u64, 0u64, 0usize);
+    let mut write_time = Duration::ZERO;
+    while pos < records {
+        if !h.ready_sink(&mut sink).unwrap() {
+            not_ready += 1;
+            std::thread::sleep(Duration::from_micros(100));
+            continue;
+        }
+        let hi = (pos + batch).min(records);
+        let mut b: Vec<Rec> = (pos..hi).map(|s| (s, 0)).collect();
+        let batch_bytes: usize = b.iter().map(|r| codec::HEADER_BYTES + r.0.to_string().len() + 1).sum();
+        let t = std::time::Instant::now();
+        h.write_sink(&mut sink, &mut b).unwrap();
+        write_time += t.elapsed();
+        let buffered = sink.buffered_bytes();
+        assert!(
+            buffered <= bound + batch_bytes,
+            "{buffered} bytes buffered, more than {bound} and one batch ({batch_bytes})"
+        );
+        most = most.max(buffered);
+        let before = pos / per_epoch;
+        pos = hi;
+        if pos / per_epoch > before || pos == records {
+            // A barrier, its checkpoint complete: the waits run here (off
+            // the "worker"), like the runtime's snapshot pool.
+            id += 1;
+            let pc = sink.pre_commit_detached(id).unwrap();
+            pc.wait().unwrap();
+            sink.commit(id).unwrap();
+        }
+    }
+    h.finish_sink(&mut sink).unwrap();
+    fault::disarm_all();
+    eprintln!(
+        "backpressure: {not_ready} turns not ready, at most {most} bytes buffered (bound {bound}), \
+         {write_time:?} in write"
+    );
+    assert!(not_ready > 0, "the slow log thread never backpressured the sink");
+    assert!(
+        write_time < Duration::from_secs(1),
+        "write waited for the disk: {write_time:?}"
+    );
+    assert_eq!(committed_lines(&cfg.target_dir), (0..records).collect::<Vec<_>>());
+    assert_eq!(sink.buffered_bytes(), 0);
+}
