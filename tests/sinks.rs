@@ -86,15 +86,13 @@ where
     }
 }
 
-impl<T, F, E> Settle for WalSink<T, F, E> {
+impl<T, F, E> Settle for WalSink<T, F, E>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+{
     fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
-    }
-}
-
-impl Settle for Settled {
-    fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
+        self.wait_idle()
     }
 }
 
@@ -364,63 +362,6 @@ fn wal_config(dir: &Path) -> WalSinkConfig {
     }
 }
 
-/// A WAL sink whose `commit` waits for its background committer, so that a
-/// fault in the committer fails the step it belongs to.
-struct Settled(LineWal);
-
-impl Sink<Rec> for Settled {
-    fn write(&mut self, batch: &mut Vec<Rec>, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), BoxError> {
-        self.0.write(batch, ctx)
-    }
-    fn finish(&mut self, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), BoxError> {
-        self.0.finish(ctx)
-    }
-    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.0.pre_commit(checkpoint)
-    }
-    fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        self.0.commit(checkpoint)?;
-        Ok(self.0.wait_for_commits()?)
-    }
-    fn abort(&mut self, checkpoint: u64) -> Result<(), BoxError> {
-        self.0.abort(checkpoint)
-    }
-    fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        self.0.restore(checkpoint, state)
-    }
-}
-
-#[test]
-fn wal_sink_with_background_commits_survives_a_crash_at_every_durable_step() {
-    let _g = serial();
-    let restore_only = [(wal::FAULT_FSYNC, wal::FAULT_RESTORE_TRUNCATE)];
-    let crashes = crash_everywhere(
-        wal::FAULT_POINTS,
-        &restore_only,
-        SCRIPT,
-        Guarantee::ExactlyOnce,
-        &|dir| {
-            let cfg = WalSinkConfig {
-                background_commit: true,
-                ..wal_config(dir)
-            };
-            let out = dir.join("out");
-            (
-                Box::new(move || {
-                    Settled(WalSink::new(
-                        cfg.clone(),
-                        0,
-                        line as fn(&Rec, &mut Vec<u8>),
-                        stamp as fn(&Rec) -> u64,
-                    ))
-                }),
-                Box::new(move || committed_lines(&out)),
-            )
-        },
-    );
-    eprintln!("WAL sink (background commits) crashes per fault point: {crashes:?}");
-}
-
 #[test]
 fn wal_sink_survives_a_crash_at_every_durable_step() {
     let _g = serial();
@@ -578,6 +519,7 @@ fn wal_with_epochs(cfg: &WalSinkConfig, epochs: u64) -> (LineWal, Vec<u8>) {
         state = sink.pre_commit(e).unwrap();
         sink.commit(e).unwrap();
     }
+    sink.wait_idle().unwrap();
     (sink, state)
 }
 
@@ -669,6 +611,7 @@ fn wal_commit_repeated_after_recovery_changes_nothing() {
     let expected: Vec<u64> = (0..30).collect();
     sink.commit(3).unwrap();
     sink.commit(2).unwrap();
+    sink.wait_idle().unwrap();
     assert_eq!(committed_lines(&cfg.target_dir), expected);
     drop(sink);
     for _ in 0..2 {
@@ -676,6 +619,7 @@ fn wal_commit_repeated_after_recovery_changes_nothing() {
         again.restore(3, &state3).unwrap();
         assert_eq!(again.last_recovery().unwrap().recommitted_epochs, Vec::<u64>::new());
         again.commit(3).unwrap();
+        again.wait_idle().unwrap();
         assert_eq!(committed_lines(&cfg.target_dir), expected);
     }
     // An older checkpoint than the committed output is refused.
@@ -686,13 +630,20 @@ fn wal_commit_repeated_after_recovery_changes_nothing() {
     let mut older = WalSink::new(cfg.clone(), 0, line, stamp);
     let e = older.restore(1, &state1).unwrap_err().to_string();
     assert!(e.contains("committed through epoch 3"), "{e}");
-    // So is a fresh start into the used target.
+    // So is a fresh start into the used target (by the sink's threads: the
+    // error comes with the next call, or here when waiting for them), and
+    // no checkpoint of it can complete.
     let mut fresh = WalSink::new(cfg.clone(), 0, line, stamp);
-    let e = Harness::new(0, 1)
-        .write_sink(&mut fresh, &mut vec![(0, 0)])
-        .unwrap_err()
-        .to_string();
+    Harness::new(0, 1).write_sink(&mut fresh, &mut vec![(0, 0)]).unwrap();
+    let refused = fresh.pre_commit(1).unwrap_err().to_string();
+    assert!(refused.contains("starts without a checkpoint"), "{refused}");
+    let e = fresh.wait_idle().unwrap_err().to_string();
     assert!(e.contains("starts without a checkpoint"), "{e}");
+    assert_eq!(committed_lines(&cfg.target_dir), expected);
+    assert!(
+        wal::segment_file(&wal::subtask_log_dir(&cfg, 0), 1).exists(),
+        "the refused start deleted no segment"
+    );
 }
 
 #[test]
@@ -709,6 +660,7 @@ fn wal_aborted_epochs_are_committed_with_the_next_checkpoint() {
     h.write_sink(&mut sink, &mut (5..8).map(|s| (s, 0)).collect()).unwrap();
     let _ = sink.pre_commit(2).unwrap();
     sink.commit(2).unwrap();
+    sink.wait_idle().unwrap();
     assert_eq!(committed_lines(&cfg.target_dir), (0..8).collect::<Vec<_>>());
     let names: Vec<String> = weir_io::committed_files(&cfg.target_dir)
         .unwrap()
@@ -774,23 +726,6 @@ fn sinks_record_visibility_latency_at_commit() {
     sink.commit(1).unwrap();
     h.finish_sink(&mut sink).unwrap();
     assert_latencies(&h, 50, pause);
-
-    // With a background committer the same way.
-    let cfg = WalSinkConfig {
-        background_commit: true,
-        ..WalSinkConfig::new(dir.path().join("wal-bg"), dir.path().join("out-bg"))
-    };
-    let mut h = Harness::new(0, 1);
-    let mut sink = WalSink::new(cfg, 0, line, stamp);
-    let emitted = weir_core::clock::now_ns();
-    h.write_sink(&mut sink, &mut (0..40).map(|s| (s, emitted)).collect())
-        .unwrap();
-    let _ = sink.pre_commit(1).unwrap();
-    std::thread::sleep(pause);
-    sink.commit(1).unwrap();
-    h.finish_sink(&mut sink).unwrap();
-    assert_latencies(&h, 40, pause);
-    assert_eq!(committed_lines(&dir.path().join("out-bg")), (0..40).collect::<Vec<_>>());
 
     // The two-phase sink the same way.
     let mut h = Harness::new(0, 1);
@@ -1027,12 +962,9 @@ fn parse_count_lines(dir: &Path) -> Vec<(u64, u64, u64)> {
 #[test]
 fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
     let _g = serial();
-    // WAL sink committing in the background, aligned checkpoints.
+    // WAL sink, aligned checkpoints.
     let dir = scratch();
-    let cfg = WalSinkConfig {
-        background_commit: true,
-        ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
-    };
+    let cfg = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"));
     let restarts = keyed_job(CheckpointMode::Aligned, dir.path(), |s| {
         s.sink("wal", move |i| WalSink::new(cfg.clone(), i, count_line, count_stamp))
     });
@@ -1138,4 +1070,114 @@ fn a_failed_detached_pre_commit_fsync_restarts_the_job_exactly_once() {
         "{restarts:?}"
     );
     assert_exactly_once(&parse_count_lines(&out));
+}
+
+/// Turns `fault::forbid_on_workers` off again, even if the test fails.
+struct ForbidOnWorkers;
+
+impl ForbidOnWorkers {
+    fn on() -> Self {
+        fault::forbid_on_workers(true);
+        ForbidOnWorkers
+    }
+}
+
+impl Drop for ForbidOnWorkers {
+    fn drop(&mut self) {
+        fault::forbid_on_workers(false);
+    }
+}
+
+/// The WAL sink does every durable step on its own threads: a job with
+/// checkpoints and failures, in which any WAL fault point hit on a worker
+/// thread would fail the task (and name the point), commits exactly once
+/// and never restarts for that reason.
+#[test]
+fn wal_sink_does_no_io_on_worker_threads() {
+    let _g = serial();
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let dir = scratch();
+        let cfg = WalSinkConfig {
+            // Several appends and rolls per epoch, and commits read back.
+            segment_bytes: 64 << 10,
+            buffer_bytes: 4 << 10,
+            memory_bytes: 0,
+            ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
+        };
+        let forbid = ForbidOnWorkers::on();
+        let restarts = keyed_job_restarts(mode, dir.path(), |s| {
+            s.sink("wal", move |i| WalSink::new(cfg.clone(), i, count_line, count_stamp))
+        });
+        drop(forbid);
+        assert!(!restarts.is_empty(), "{mode:?}: the injected failures restart the job");
+        assert!(
+            restarts.iter().all(|e| !e.contains("worker thread")),
+            "{mode:?}: a durable step ran on a worker: {restarts:?}"
+        );
+        assert_exactly_once(&parse_count_lines(&dir.path().join("out")));
+    }
+}
+
+/// A slow disk (every log append sleeps 2 ms): the WAL sink says it is not
+/// ready instead of buffering without bound, the worker (here, the test,
+/// writing only while the sink is ready, like the runtime) never waits,
+/// and nothing is lost.
+#[test]
+fn wal_sink_backpressures_when_its_log_thread_lags() {
+    let _g = serial();
+    let dir = scratch();
+    let cfg = WalSinkConfig {
+        buffer_bytes: 4 << 10,
+        segment_bytes: 64 << 10,
+        ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("out"))
+    };
+    let bound = wal::APPENDS_IN_FLIGHT * cfg.buffer_bytes;
+    let (records, batch, per_epoch) = (30_000u64, 300u64, 7_000u64);
+    fault::arm(wal::FAULT_APPEND, Action::Sleep(2000));
+    let mut h = Harness::new(0, 1);
+    let mut sink = WalSink::new(cfg.clone(), 0, line, stamp);
+    let (mut pos, mut id, mut not_ready, mut most) = (0u64, 0u64, 0u64, 0usize);
+    let mut write_time = Duration::ZERO;
+    while pos < records {
+        if !h.ready_sink(&mut sink).unwrap() {
+            not_ready += 1;
+            std::thread::sleep(Duration::from_micros(100));
+            continue;
+        }
+        let hi = (pos + batch).min(records);
+        let mut b: Vec<Rec> = (pos..hi).map(|s| (s, 0)).collect();
+        let batch_bytes: usize = b.iter().map(|r| codec::HEADER_BYTES + r.0.to_string().len() + 1).sum();
+        let t = std::time::Instant::now();
+        h.write_sink(&mut sink, &mut b).unwrap();
+        write_time += t.elapsed();
+        let buffered = sink.buffered_bytes();
+        assert!(
+            buffered <= bound + batch_bytes,
+            "{buffered} bytes buffered, more than {bound} and one batch ({batch_bytes})"
+        );
+        most = most.max(buffered);
+        let before = pos / per_epoch;
+        pos = hi;
+        if pos / per_epoch > before || pos == records {
+            // A barrier, its checkpoint complete: the waits run here (off
+            // the "worker"), like the runtime's snapshot pool.
+            id += 1;
+            let pc = sink.pre_commit_detached(id).unwrap();
+            pc.wait().unwrap();
+            sink.commit(id).unwrap();
+        }
+    }
+    h.finish_sink(&mut sink).unwrap();
+    fault::disarm_all();
+    eprintln!(
+        "backpressure: {not_ready} turns not ready, at most {most} bytes buffered (bound {bound}), \
+         {write_time:?} in write"
+    );
+    assert!(not_ready > 0, "the slow log thread never backpressured the sink");
+    assert!(
+        write_time < Duration::from_secs(1),
+        "write waited for the disk: {write_time:?}"
+    );
+    assert_eq!(committed_lines(&cfg.target_dir), (0..records).collect::<Vec<_>>());
+    assert_eq!(sink.buffered_bytes(), 0);
 }

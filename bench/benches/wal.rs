@@ -9,16 +9,20 @@
 //! `epoch` records a barrier (`pre_commit`: the log is written and fsynced)
 //! is followed by the checkpoint's completion (`commit`: the epoch's output
 //! is written to its file, fsynced, renamed, the folder fsynced, the marker
-//! written and fsynced, the committed log segments deleted; inline, or on
-//! the committer thread with `bg`). The clock runs from the first write to
-//! the last commit done, so every record counted is durable and visible.
-//! Each record costs 48 bytes of log (16 of framing) and 32 bytes of output.
+//! written and fsynced, the committed log segments deleted, on the sink's
+//! committer thread). The sink's log thread writes and fsyncs the log; the
+//! driver writes only while the sink is ready (`Sink::ready`), as a worker
+//! does, and waits for the barrier's sync where the runtime's snapshot
+//! pool would. The clock runs from the first write to the last commit
+//! done, so every record counted is durable and visible. Each record costs
+//! 48 bytes of log (16 of framing) and 32 bytes of output.
 //!
-//! Columns: `par` sink subtasks (threads), `bg` background commits,
-//! `write`/`fsync`/`commit` the share of the subtasks' time in `write`,
-//! `pre_commit` and `commit` calls, `records/CPU-s` records per second of
-//! the process's CPU time (all threads): the sink's own cost, whatever
-//! else the machine runs.
+//! Columns: `par` sink subtasks (driver threads, each with the sink's two
+//! threads), `write`/`fsync`/`commit` the share of the drivers' time in
+//! `write` (and waiting for `ready`), waiting for the barrier's sync, and
+//! in `commit` calls, `records/CPU-s` records per second of the process's
+//! CPU time (all threads): the sink's own cost, whatever else the machine
+//! runs.
 //!
 //! The runs go to two folders: `target/bench-wal` (the disk) and, where it
 //! exists, `/dev/shm` (memory: the sink's own cost, without the disk's).
@@ -95,6 +99,11 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
         let end = (seq + epoch).min(records);
         let t = Instant::now();
         while seq < end {
+            if !h.ready_sink(&mut sink).unwrap() {
+                // Backpressure: the log thread lags.
+                std::thread::yield_now();
+                continue;
+            }
             let hi = (seq + BATCH).min(end);
             batch.extend(seq..hi);
             h.write_sink(&mut sink, &mut batch).unwrap();
@@ -110,9 +119,9 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
         pre_commit += t2 - t1;
         commit += t3 - t2;
     }
-    // The last commits, if in the background, are part of the run.
+    // The last commits, on the committer thread, are part of the run.
     let t = Instant::now();
-    sink.wait_for_commits().unwrap();
+    sink.wait_idle().unwrap();
     commit += t.elapsed();
     let seconds = start.elapsed().as_secs_f64();
     h.finish_sink(&mut sink).unwrap();
@@ -127,12 +136,9 @@ fn drive(cfg: &WalSinkConfig, subtask: usize, records: u64, epoch: u64) -> Run {
 /// `subtasks` sink subtasks on their own threads, `records` in all; the
 /// output is checked, then deleted.
 /// Returns each subtask's figures and the process's CPU time.
-fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize, background: bool) -> (Vec<Run>, Option<Duration>) {
+fn run(dir: &Path, records: u64, epoch: u64, subtasks: usize) -> (Vec<Run>, Option<Duration>) {
     let _ = std::fs::remove_dir_all(dir);
-    let cfg = WalSinkConfig {
-        background_commit: background,
-        ..WalSinkConfig::new(dir.join("wal"), dir.join("out"))
-    };
+    let cfg = WalSinkConfig::new(dir.join("wal"), dir.join("out"));
     let each = records / subtasks as u64;
     let cpu0 = process_cpu();
     let runs: Vec<Run> = std::thread::scope(|s| {
@@ -179,29 +185,13 @@ fn main() {
     }
     eprintln!("WAL sink: {records} records of {RECORD_BYTES} bytes per run, batches of {BATCH}");
     eprintln!(
-        "{:<8} {:>9} {:>3} {:>4} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
-        "place",
-        "epoch",
-        "par",
-        "bg",
-        "seconds",
-        "records/s",
-        "log+out MB/s",
-        "write",
-        "fsync",
-        "commit",
-        "records/CPU-s"
+        "{:<8} {:>9} {:>3} {:>8} {:>11} {:>12} {:>8} {:>8} {:>8} {:>15}",
+        "place", "epoch", "par", "seconds", "records/s", "log+out MB/s", "write", "fsync", "commit", "records/CPU-s"
     );
     for (name, dir) in &places {
         // 200 K records is one 10 ms checkpoint at 20 M/s; 2 M is 100 ms.
-        for (epoch, subtasks, background) in [
-            (200_000u64, 1usize, false),
-            (2_000_000, 1, false),
-            (200_000, 2, false),
-            (200_000, 1, true),
-            (200_000, 2, true),
-        ] {
-            let (runs, cpu) = run(dir, records, epoch, subtasks, background);
+        for (epoch, subtasks) in [(200_000u64, 1usize), (2_000_000, 1), (200_000, 2)] {
+            let (runs, cpu) = run(dir, records, epoch, subtasks);
             let seconds = runs.iter().map(|r| r.seconds).fold(0.0, f64::max);
             let total = (records / subtasks as u64 * subtasks as u64) as f64;
             let rate = total / seconds;
@@ -211,11 +201,10 @@ fn main() {
             let pct = |d: f64| 100.0 * d / busy;
             let per_cpu = cpu.map_or("-".to_string(), |c| format!("{:.2} M", total / c.as_secs_f64() / 1e6));
             eprintln!(
-                "{:<8} {:>9} {:>3} {:>4} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
+                "{:<8} {:>9} {:>3} {:>8.3} {:>9.2} M {:>12.0} {:>7.1}% {:>7.1}% {:>7.1}% {:>15}",
                 name,
                 epoch,
                 subtasks,
-                if background { "yes" } else { "no" },
                 seconds,
                 rate / 1e6,
                 mbs,

@@ -1,6 +1,6 @@
 //! Committing closed epochs of a WAL sink subtask: their output files,
-//! the commit marker and the deletion of committed segments; inline on the
-//! sink's thread, or on a background committer thread.
+//! the commit marker and the deletion of committed segments, on the
+//! subtask's committer thread (a restore commits on its own thread).
 //!
 //! [`Committer`] does one commit: for each epoch, in order, a hidden
 //! temporary file in the target folder gets the epoch's output (kept in
@@ -8,35 +8,37 @@
 //! of them are renamed into place, the folder is fsynced once, the marker
 //! records the commit, and segments wholly before it are deleted.
 //!
-//! [`Committing::Background`] runs the same on a thread of its own, so that
-//! the fsyncs of a commit overlap with the sink's writes instead of
-//! stalling its worker. At most [`QUEUED_COMMITS`] commits wait; a commit
-//! that fails stops the thread, and the sink reports the failure at its
-//! next call. Dropping the sink waits for the commit in progress.
+//! [`CommitIo`] is the committer thread's handler (see
+//! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
+//! the sink's writes instead of stalling its worker. At most
+//! [`QUEUED_COMMITS`] commits are in flight; a commit that fails stops the
+//! thread, and the sink reports the failure at its next call. Dropping the
+//! sink waits for the commit in progress.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, SyncSender};
-use std::thread::JoinHandle;
+use std::path::{Path, PathBuf};
 
-use weir_core::clock;
+use weir_core::io_thread::{IoHandler, Ticket};
+use weir_core::{clock, BoxError, SyncJob};
 
 use super::codec::{self, WalPos};
 use super::log::{segment_path, LogReader};
 use super::marker::{Committed, Marker};
 use super::{FAULT_COMMIT_DELETE, FAULT_COMMIT_DIRSYNC, FAULT_COMMIT_FSYNC, FAULT_COMMIT_RENAME, FAULT_COMMIT_WRITE};
 use crate::error::IoContext;
-use crate::fsutil::{self, fault, remove_if_exists, sync_dir};
+use crate::fsutil::{self, create_dir_durable, fault, remove_if_exists, sync_dir};
 use crate::latency::StampRuns;
 use crate::{Error, Result};
 
 /// Bytes of committed output written to a file at once: 1 MiB.
 const OUT_CHUNK: usize = 1 << 20;
 
-/// Commits queued for the background committer before `commit` waits: 4.
-/// Bounds the memory of epochs in flight; a committer this far behind means
-/// the target is slower than the input.
+/// Commits in flight on the committer thread beyond which the sink holds
+/// further commits back (merged into one) and says it is not ready: 4.
+/// Bounds the memory of closed epochs (their stamps, and output kept in
+/// memory); a committer this far behind means the target is slower than
+/// the input, and the task is backpressured.
 pub const QUEUED_COMMITS: usize = 4;
 
 /// An epoch closed by a barrier, not yet committed.
@@ -49,6 +51,9 @@ pub(super) struct Closed {
     /// Its output bytes, if they were kept in memory.
     pub(super) payload: Option<Vec<u8>>,
     pub(super) stamps: StampRuns,
+    /// The log thread's ticket of the sync that makes its records durable
+    /// (0: durable already, found by a restore).
+    pub(super) sync: Ticket,
 }
 
 /// The committed output of one commit being written.
@@ -232,6 +237,12 @@ impl Committer {
         if self.oldest_seg >= seg {
             return Ok(());
         }
+        // Safe while the log thread appends: this runs for a completed
+        // checkpoint (or at the end, after the log sync that `after`
+        // waited for), so every append to a segment before `seg` (the one
+        // the commit's last epoch ends in) was submitted before that sync
+        // and handled before it completed; the log thread only ever moves
+        // on to later segments, and never touches these again.
         fault(FAULT_COMMIT_DELETE, "delete committed WAL segments in", &self.dir)?;
         for s in self.oldest_seg..seg {
             remove_if_exists(&segment_path(&self.dir, s))?;
@@ -244,120 +255,135 @@ impl Committer {
     }
 }
 
-/// A commit handed to the background committer.
-struct Job {
-    n: u64,
-    epochs: Vec<Closed>,
+/// What the sink's worker asks of its committer thread ([`CommitIo`]).
+pub(super) enum CommitRequest {
+    /// The committer half of a start without a checkpoint: create the
+    /// target folder, remove this subtask's temporaries, open the marker,
+    /// and refuse ([`Error::TargetAhead`]) if it shows committed output.
+    Start,
+    /// Commit `epochs` (closed, in log order, the first starting at the
+    /// marker's position) and record checkpoint `n` in the marker, once
+    /// `after` (the log sync that made their records durable) succeeded.
+    Commit {
+        n: u64,
+        epochs: Vec<Closed>,
+        after: Option<SyncJob>,
+    },
 }
 
-/// A commit done (or failed), handed back with its epochs for recycling.
-pub(super) struct Done {
-    pub(super) n: u64,
-    pub(super) result: Result<Vec<u64>>,
-    pub(super) epochs: Vec<Closed>,
-    /// When the output became visible.
-    pub(super) visible_ns: u64,
+/// What the committer thread hands back, in request order.
+pub(super) enum CommitReply {
+    Started,
+    /// The epochs committed, for their buffers and stamps, and when their
+    /// output became visible.
+    Committed {
+        n: u64,
+        epochs: Vec<Closed>,
+        visible_ns: u64,
+    },
 }
 
-/// Where commits run.
-pub(super) enum Committing {
-    /// On the sink's thread, inside `commit`.
-    Inline(Box<Committer>),
-    /// On a committer thread.
-    Background(Background),
+/// Where a fresh start puts things, for the committer thread.
+#[derive(Debug)]
+pub(super) struct Fresh {
+    pub(super) dir: PathBuf,
+    pub(super) subtask: usize,
+    pub(super) target: PathBuf,
+    pub(super) suffix: String,
 }
 
-impl std::fmt::Debug for Committing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Committing::Inline(c) => f.debug_tuple("Inline").field(c).finish(),
-            Committing::Background(b) => write!(f, "Background({} in flight)", b.in_flight),
+/// The committer thread of one WAL sink subtask: owns the [`Committer`]
+/// (the target, the marker; it reads the log and deletes committed
+/// segments).
+#[derive(Debug)]
+pub(super) enum CommitIo {
+    /// Started by a restore, which opened the marker on its own thread.
+    Ready(Box<Committer>),
+    /// Waiting for [`CommitRequest::Start`].
+    Fresh(Fresh),
+}
+
+impl CommitIo {
+    fn start(f: &Fresh) -> Result<Committer> {
+        create_dir_durable(&f.target)?;
+        remove_temporaries(&f.target, &f.suffix, f.subtask)?;
+        let (marker, committed) = Marker::open(f.dir.join("committed"))?;
+        if let Some(c) = committed.filter(|c| c.epoch > 0) {
+            return Err(Error::TargetAhead {
+                sink: "wal",
+                subtask: f.subtask,
+                target: f.target.display().to_string(),
+                committed: c.epoch,
+                restored: None,
+            });
         }
-    }
-}
-
-/// The handle of a committer thread.
-pub(super) struct Background {
-    jobs: Option<SyncSender<Job>>,
-    done: Receiver<Done>,
-    thread: Option<JoinHandle<()>>,
-    /// Commits sent and not yet reported done.
-    pub(super) in_flight: usize,
-}
-
-impl Background {
-    /// Starts a committer thread for `committer`.
-    pub(super) fn start(mut committer: Committer) -> Result<Self> {
-        let (job_tx, job_rx) = mpsc::sync_channel::<Job>(QUEUED_COMMITS);
-        let (done_tx, done_rx) = mpsc::channel::<Done>();
-        let name = format!("weir-wal-commit-{}", committer.subtask);
-        let dir = committer.dir.clone();
-        let thread = std::thread::Builder::new()
-            .name(name)
-            .spawn(move || {
-                for job in job_rx {
-                    let result = committer.commit(job.n, &job.epochs);
-                    let failed = result.is_err();
-                    let done = Done {
-                        n: job.n,
-                        result,
-                        epochs: job.epochs,
-                        visible_ns: committer.visible_ns(),
-                    };
-                    if done_tx.send(done).is_err() || failed {
-                        return;
-                    }
-                }
-            })
-            .map_err(|e| Error::io("start a committer thread for", &dir, e))?;
-        Ok(Background {
-            jobs: Some(job_tx),
-            done: done_rx,
-            thread: Some(thread),
-            in_flight: 0,
-        })
-    }
-
-    /// Queues a commit; waits while [`QUEUED_COMMITS`] are queued.
-    pub(super) fn send(&mut self, n: u64, epochs: Vec<Closed>) -> Result<()> {
-        let sent = self.jobs.as_ref().map(|j| j.send(Job { n, epochs }));
-        match sent {
-            Some(Ok(())) => {
-                self.in_flight += 1;
-                Ok(())
-            }
-            _ => Err(Error::io(
-                "queue a commit for",
-                std::path::Path::new("the committer thread"),
-                std::io::Error::other("the committer thread stopped after a failed commit"),
-            )),
-        }
-    }
-
-    /// The next finished commit: waits for one if `wait`, else only takes
-    /// one that is ready.
-    pub(super) fn next(&mut self, wait: bool) -> Option<Done> {
-        if self.in_flight == 0 {
-            return None;
-        }
-        let done = if wait {
-            self.done.recv().ok()
-        } else {
-            self.done.try_recv().ok()
+        let start = Committed {
+            epoch: 0,
+            pos: WalPos {
+                seg: 1,
+                off: codec::SEGMENT_HEADER_BYTES as u64,
+            },
         };
-        if done.is_some() {
-            self.in_flight -= 1;
-        }
-        done
+        Ok(Committer::new(
+            f.dir.clone(),
+            f.subtask,
+            f.target.clone(),
+            f.suffix.clone(),
+            marker,
+            start,
+        ))
     }
 }
 
-impl Drop for Background {
-    fn drop(&mut self) {
-        // Closing the queue ends the thread after the commit in progress.
-        self.jobs = None;
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+impl IoHandler for CommitIo {
+    type Request = CommitRequest;
+    type Reply = CommitReply;
+
+    fn handle(&mut self, request: CommitRequest) -> std::result::Result<CommitReply, BoxError> {
+        match request {
+            CommitRequest::Start => {
+                if let CommitIo::Fresh(f) = self {
+                    *self = CommitIo::Ready(Box::new(Self::start(f)?));
+                }
+                Ok(CommitReply::Started)
+            }
+            CommitRequest::Commit { n, epochs, after } => {
+                let CommitIo::Ready(c) = self else {
+                    return Err("a commit before the committer started".into());
+                };
+                let subtask = c.subtask;
+                if let Some(after) = after {
+                    after().map_err(|e| -> BoxError {
+                        format!(
+                            "WAL sink subtask {subtask}: checkpoint {n} not committed: the log sync it needs failed: {e}"
+                        )
+                        .into()
+                    })?;
+                }
+                c.commit(n, &epochs).map_err(|e| -> BoxError {
+                    format!("WAL sink subtask {subtask}: commit of checkpoint {n} failed: {e}").into()
+                })?;
+                Ok(CommitReply::Committed {
+                    n,
+                    epochs,
+                    visible_ns: c.visible_ns(),
+                })
+            }
         }
     }
+}
+
+/// Removes the hidden temporary files of `subtask` from `target`: the
+/// leftovers of a commit cut short, which a commit writes anew.
+pub(super) fn remove_temporaries(target: &Path, suffix: &str, subtask: usize) -> Result<()> {
+    for name in fsutil::list_names(target)? {
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            if let Some((s, _)) = fsutil::parse_part_name(&name, suffix) {
+                if s == subtask {
+                    remove_if_exists(&target.join(&name))?;
+                }
+            }
+        }
+    }
+    Ok(())
 }

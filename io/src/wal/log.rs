@@ -1,10 +1,12 @@
 //! The log of one WAL sink subtask: segment files `<seq>.wal` (20-digit
 //! sequence numbers, so name order is log order) in the subtask's folder.
 //!
-//! [`LogWriter`] appends frames through a buffer that is written out when
-//! it reaches its limit and fsynced only by [`LogWriter::sync`], once per
-//! checkpoint barrier (group commit). A segment is closed (fsynced) when it
-//! reaches its size limit at a record boundary; a frame never spans two
+//! [`LogIo`] is the log thread's handler (see
+//! [`weir_core::io_thread`]): the sink's worker encodes frames into
+//! buffers and decides where they go (segment, rolls); the thread writes
+//! each buffer to its segment (creating it with its header), fsyncs a
+//! segment it closes (the roll) and, at a barrier, fsyncs the open segment
+//! and the folder (one group commit per epoch). A frame never spans two
 //! segments.
 //!
 //! [`LogReader`] reads a range of positions back, verifying every segment
@@ -15,9 +17,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
+use weir_core::io_thread::IoHandler;
+use weir_core::{BoxError, SyncJob};
+
 use super::codec::{self, check_segment_header, segment_header, Decoded, WalPos, SEGMENT_HEADER_BYTES};
 use crate::error::IoContext;
-use crate::fsutil::{fault, list_names, sync_dir};
+use crate::fsutil::{create_dir_durable, fault, list_names, remove_if_exists, sync_dir};
 use crate::{Error, Result};
 
 /// Fault point before a buffer of frames is written to a segment.
@@ -47,121 +52,125 @@ pub(crate) fn list_segments(dir: &Path) -> Result<Vec<u64>> {
     Ok(seqs)
 }
 
-/// Appends frames to the log of one subtask.
+/// What the sink's worker asks of its log thread ([`LogIo`]).
+pub(crate) enum LogRequest {
+    /// The log half of a start without a checkpoint, once `after` (the
+    /// committer's half, which checks the marker) succeeded: create the
+    /// log folder durably, delete leftover segments, fsync the folder.
+    Start { after: SyncJob },
+    /// Append `buf` (whole frames) to segment `seq`, creating it (with its
+    /// header) if it is not the open one; `close`: fsync and close it
+    /// afterwards (the roll: the next append goes to `seq + 1`).
+    Append { seq: u64, buf: Vec<u8>, close: bool },
+    /// Make everything appended so far durable: fdatasync the open
+    /// segment if it was written since the last sync, and the folder if a
+    /// segment was created since. At the barrier of `checkpoint` (`None`:
+    /// at the end).
+    Sync { checkpoint: Option<u64> },
+}
+
+/// What the log thread hands back, in request order.
+pub(crate) enum LogReply {
+    Started,
+    /// The buffer, cleared for reuse, and the bytes it held.
+    Appended {
+        buf: Vec<u8>,
+        len: usize,
+    },
+    Synced,
+}
+
+/// The log thread of one WAL sink subtask: owns the open segment and does
+/// every write and sync of the log. It keeps no position of its own: the
+/// worker decides where frames go (segment and rolls) and tells it.
 #[derive(Debug)]
-pub(crate) struct LogWriter {
+pub(crate) struct LogIo {
     dir: PathBuf,
     subtask: u32,
-    /// Sequence number of the segment being written.
+    /// The open segment (or the last one closed; 0 before the first):
+    /// its sequence number, path and file.
     seq: u64,
     path: PathBuf,
-    file: File,
-    /// Bytes already written to `file`.
-    written: u64,
-    /// Frames not yet written; the sink encodes records straight into it.
-    pub(crate) buf: Vec<u8>,
-    /// `buf` is written out when it holds this many bytes.
-    buf_limit: usize,
-    /// A segment is closed once it holds this many bytes.
-    segment_bytes: u64,
+    file: Option<File>,
     /// Bytes written to `file` since its last fsync.
     file_dirty: bool,
     /// A segment was created since the folder's last fsync.
     dir_dirty: bool,
 }
 
-impl LogWriter {
-    /// Creates segment `seq` (replacing any file of that name) and starts
-    /// writing there.
-    pub(crate) fn create(dir: &Path, subtask: u32, seq: u64, buf_limit: usize, segment_bytes: u64) -> Result<Self> {
-        let path = segment_path(dir, seq);
-        let file = create_segment(&path)?;
-        let mut buf = Vec::with_capacity(buf_limit + (buf_limit >> 2));
-        buf.extend_from_slice(&segment_header(seq, subtask));
-        Ok(LogWriter {
-            dir: dir.to_path_buf(),
+impl LogIo {
+    /// The log thread's handler for the log in `dir`; nothing is touched
+    /// until the first request.
+    pub(crate) fn new(dir: PathBuf, subtask: u32) -> Self {
+        LogIo {
+            path: dir.clone(),
+            dir,
             subtask,
-            seq,
-            path,
-            file,
-            written: 0,
-            buf,
-            buf_limit,
-            segment_bytes,
+            seq: 0,
+            file: None,
             file_dirty: false,
-            dir_dirty: true,
-        })
-    }
-
-    /// The position after the last frame appended (written or buffered).
-    #[inline]
-    pub(crate) fn pos(&self) -> WalPos {
-        WalPos {
-            seg: self.seq,
-            off: self.written + self.buf.len() as u64,
+            dir_dirty: false,
         }
     }
 
-    /// Writes the buffer out if it is full, and closes the segment if it is.
-    #[inline]
-    pub(crate) fn maybe_flush(&mut self) -> Result<()> {
-        if self.buf.len() >= self.buf_limit {
-            self.flush()?;
-            self.maybe_roll()?;
+    /// The log half of a fresh start; see [`LogRequest::Start`].
+    fn start(&mut self) -> Result<()> {
+        create_dir_durable(&self.dir)?;
+        let old = list_segments(&self.dir)?;
+        for &seq in &old {
+            remove_if_exists(&segment_path(&self.dir, seq))?;
+        }
+        if !old.is_empty() {
+            sync_dir(&self.dir, super::FAULT_RESTORE_TRUNCATE)?;
         }
         Ok(())
     }
 
-    /// Closes the segment and starts the next one if the segment is full.
-    pub(crate) fn maybe_roll(&mut self) -> Result<()> {
-        if self.written + self.buf.len() as u64 >= self.segment_bytes {
-            self.roll()?;
+    fn append(&mut self, seq: u64, buf: &[u8], close: bool) -> Result<()> {
+        if self.file.is_none() || self.seq != seq {
+            let path = segment_path(&self.dir, seq);
+            fault(FAULT_APPEND, "append to WAL segment", &path)?;
+            if self.file.is_some() || seq <= self.seq {
+                // The worker closes a segment before it moves on: a bug.
+                return Err(Error::io(
+                    "append to WAL segment",
+                    &path,
+                    std::io::Error::other(format!("segment {} is still open, or later than {seq}", self.seq)),
+                ));
+            }
+            let mut file = create_segment(&path)?;
+            file.write_all(&segment_header(seq, self.subtask))
+                .ctx("append to WAL segment", &path)?;
+            self.file = Some(file);
+            self.seq = seq;
+            self.path = path;
+            self.file_dirty = true;
+            self.dir_dirty = true;
+        } else {
+            fault(FAULT_APPEND, "append to WAL segment", &self.path)?;
+        }
+        let file = self.file.as_mut().expect("opened above");
+        if !buf.is_empty() {
+            file.write_all(buf).ctx("append to WAL segment", &self.path)?;
+            self.file_dirty = true;
+        }
+        if close {
+            fault(FAULT_ROLL, "close WAL segment", &self.path)?;
+            if self.file_dirty {
+                weir_core::disk::sync_data(file).ctx("fsync WAL segment", &self.path)?;
+            }
+            self.file = None;
+            self.file_dirty = false;
         }
         Ok(())
     }
 
-    /// Writes the buffer to the segment (no fsync).
-    pub(crate) fn flush(&mut self) -> Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        fault(FAULT_APPEND, "append to WAL segment", &self.path)?;
-        self.file
-            .write_all(&self.buf)
-            .ctx("append to WAL segment", &self.path)?;
-        self.written += self.buf.len() as u64;
-        self.buf.clear();
-        self.file_dirty = true;
-        Ok(())
-    }
-
-    #[cold]
-    fn roll(&mut self) -> Result<()> {
-        self.flush()?;
-        fault(FAULT_ROLL, "close WAL segment", &self.path)?;
+    fn sync(&mut self) -> Result<()> {
         if self.file_dirty {
-            weir_core::disk::sync_data(&self.file).ctx("fsync WAL segment", &self.path)?;
-        }
-        let seq = self.seq + 1;
-        let path = segment_path(&self.dir, seq);
-        self.file = create_segment(&path)?;
-        self.path = path;
-        self.seq = seq;
-        self.written = 0;
-        self.file_dirty = false;
-        self.dir_dirty = true;
-        self.buf.extend_from_slice(&segment_header(seq, self.subtask));
-        Ok(())
-    }
-
-    /// Makes everything appended so far durable: writes the buffer, fsyncs
-    /// the segment and, if segments were created, the folder. Does nothing
-    /// if nothing changed since the last sync.
-    pub(crate) fn sync(&mut self) -> Result<()> {
-        self.flush()?;
-        if self.file_dirty {
-            fault(FAULT_FSYNC, "fsync WAL segment", &self.path)?;
-            weir_core::disk::sync_data(&self.file).ctx("fsync WAL segment", &self.path)?;
+            if let Some(file) = &self.file {
+                fault(FAULT_FSYNC, "fsync WAL segment", &self.path)?;
+                weir_core::disk::sync_data(file).ctx("fsync WAL segment", &self.path)?;
+            }
             self.file_dirty = false;
         }
         if self.dir_dirty {
@@ -169,6 +178,38 @@ impl LogWriter {
             self.dir_dirty = false;
         }
         Ok(())
+    }
+}
+
+impl IoHandler for LogIo {
+    type Request = LogRequest;
+    type Reply = LogReply;
+
+    fn handle(&mut self, request: LogRequest) -> std::result::Result<LogReply, BoxError> {
+        match request {
+            LogRequest::Start { after } => {
+                // Never delete segments of a log whose target shows
+                // committed output: the committer refuses such a start.
+                after()?;
+                self.start()?;
+                Ok(LogReply::Started)
+            }
+            LogRequest::Append { seq, mut buf, close } => {
+                self.append(seq, &buf, close)?;
+                let len = buf.len();
+                buf.clear();
+                Ok(LogReply::Appended { buf, len })
+            }
+            LogRequest::Sync { checkpoint } => {
+                self.sync().map_err(|e| -> BoxError {
+                    match checkpoint {
+                        Some(n) => format!("WAL sink subtask {}, barrier of checkpoint {n}: {e}", self.subtask).into(),
+                        None => format!("WAL sink subtask {}, at the end: {e}", self.subtask).into(),
+                    }
+                })?;
+                Ok(LogReply::Synced)
+            }
+        }
     }
 }
 

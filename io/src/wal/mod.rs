@@ -7,41 +7,68 @@
 //! barrier `n` form **epoch** `n` (precisely: records carry the id of the
 //! last barrier plus one).
 //!
-//! The protocol, one durable step at a time (each step names its fault
-//! point):
+//! No worker ever waits for the disk: each subtask has two threads of its
+//! own ([`weir_core::io_thread::IoThread`]). The worker only encodes
+//! frames into a buffer and keeps the log's position itself (segment,
+//! offset: it decides where every frame goes and when a segment is full);
+//! the **log thread** writes and fsyncs the log, and the **committer
+//! thread** commits. The worker hands a buffer to the log thread when it
+//! holds [`WalSinkConfig::buffer_bytes`], at a segment's end, at a barrier
+//! and at the end, so the thread wakes a bounded number of times a second.
+//! With [`APPENDS_IN_FLIGHT`] buffers in flight, or [`QUEUED_COMMITS`]
+//! commits, [`Sink::ready`] says false and the task reads no input
+//! (backpressure, like a full ring): nothing is dropped, memory stays
+//! bounded. A thread's error fails the sink's next call.
 //!
-//! 1. `write`: frames go into a buffer, written to the current segment when
-//!    full (`wal.append`); a full segment is fsynced and the next one begun
-//!    (`wal.roll`). Nothing is fsynced per record.
-//! 2. `pre_commit(n)` (barrier `n`): the log is written and fsynced, with
-//!    its folder if a segment was created (`wal.fsync`): one group commit
-//!    for the whole epoch. The checkpoint stores the log's end position.
-//! 3. `commit(n)` (checkpoint `n` complete): the output of every epoch up
-//!    to `n` not yet committed (kept in memory up to
-//!    [`WalSinkConfig::memory_bytes`], otherwise read back from the log and
-//!    verified) is written, one file per epoch, to hidden temporary files
-//!    in the target folder
+//! The protocol, one durable step at a time (each step names its fault
+//! point and the thread it runs on):
+//!
+//! 1. `write`: frames go into a buffer, which the log thread writes to the
+//!    current segment (`wal.append`; it creates the segment, with its
+//!    header, at its first buffer); a segment is closed once it holds
+//!    [`WalSinkConfig::segment_bytes`] at a record boundary (a frame never
+//!    spans two segments): the log thread fsyncs it (`wal.roll`) and the
+//!    next buffer goes to the next segment. Nothing is fsynced per record.
+//! 2. `pre_commit(n)` (barrier `n`): the buffer and a sync go to the log
+//!    thread, which fsyncs the segment, with its folder if a segment was
+//!    created (`wal.fsync`): one group commit for the whole epoch. The
+//!    checkpoint stores the log's end position, known on the worker, and
+//!    is acknowledged only once that sync is done (a job of the runtime's
+//!    snapshot pool waits for it, see [`weir_core::PreCommit::with_sync`]).
+//! 3. `commit(n)` (checkpoint `n` complete): the committer thread gets the
+//!    closed epochs up to `n` as one request (the worker does not wait).
+//!    The output of every epoch up to `n` not yet committed (kept in
+//!    memory up to [`WalSinkConfig::memory_bytes`], otherwise read back
+//!    from the log and verified: its records are durable, since the
+//!    checkpoint completed after their sync) is written, one file per
+//!    epoch, to hidden temporary files in the target folder
 //!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), renamed to
 //!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`), and the
 //!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
 //!    records `n` and the log position where its records end
 //!    (`wal.commit.marker`), and segments wholly before it are deleted
-//!    (`wal.commit.delete`).
-//! 4. `restore(n, state)`: the log between the marker and the checkpoint's
-//!    end position is verified (any damage there is an error naming the
-//!    segment file and byte offset) and its epochs, all `<= n`, are
-//!    committed again as in step 3. Re-committing an epoch that was
+//!    (`wal.commit.delete`), while the log thread writes a later one.
+//! 4. `restore(n, state)`, on the thread that starts the job, before the
+//!    sink's threads start: the log between the marker and the
+//!    checkpoint's end position is verified (any damage there is an error
+//!    naming the segment file and byte offset) and its epochs, all `<= n`,
+//!    are committed again as in step 3. Re-committing an epoch that was
 //!    committed before the crash rewrites the same file under the same
 //!    name, so output lands exactly once. Everything after the checkpoint's
 //!    end is discarded: the tail of that segment is cut off (a torn record
 //!    there is reported in [`WalRecovery::torn_tail`]), later segments are
-//!    deleted (`wal.restore.truncate`).
+//!    deleted (`wal.restore.truncate`). The log goes on in a new segment.
 //!
 //! `abort(n)` keeps epoch `n`: its records are committed with the next
 //! completed checkpoint. Without checkpointing, `finish` commits everything
-//! as one epoch. A sink that starts without a checkpoint finds an empty log
-//! (it deletes leftovers of an attempt that never completed a checkpoint)
-//! and refuses a target whose marker shows committed output.
+//! as one epoch (the commit waits for the log's last sync); after `finish`
+//! the sink is ready once both threads are done. A sink that starts
+//! without a checkpoint finds an empty log: its threads carry the start
+//! out, the committer first (it creates the target folder, removes this
+//! subtask's temporaries and refuses a target whose marker shows committed
+//! output), then the log thread (it deletes leftovers of an attempt that
+//! never completed a checkpoint, never those of a refused start); no
+//! checkpoint completes before both succeeded.
 //!
 //! Visibility latency is recorded when an epoch is committed (see
 //! [`crate::latency`]); records re-committed by a restore have no stamps
@@ -57,15 +84,16 @@ use std::fs::OpenOptions;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
-use weir_core::{BoxError, Sink, SinkContext};
+use weir_core::io_thread::{IoThread, Ticket};
+use weir_core::{BoxError, PreCommit, Sink, SinkContext};
 
 use crate::error::IoContext;
-use crate::fsutil::{self, create_dir_durable, fault, remove_if_exists, sync_dir};
+use crate::fsutil::{create_dir_durable, fault, remove_if_exists, sync_dir};
 use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
-use commit::{Background, Closed, Committer, Committing, Done};
-use log::{list_segments, segment_path, LogReader, LogWriter};
+use commit::{remove_temporaries, Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
+use log::{list_segments, segment_path, LogIo, LogReader, LogReply, LogRequest};
 use marker::{Committed, Marker};
 
 pub use commit::QUEUED_COMMITS;
@@ -106,10 +134,15 @@ pub struct WalSinkConfig {
     pub wal_dir: PathBuf,
     /// Folder of the committed output files.
     pub target_dir: PathBuf,
-    /// A segment is closed once it holds this many bytes (default 64 MiB).
+    /// A segment is closed once it holds this many bytes (default 64 MiB):
+    /// at the record boundary that reaches it, or, while the log thread
+    /// lags ([`APPENDS_IN_FLIGHT`] buffers in flight), with the next buffer
+    /// it takes (at most one scheduling turn's output later).
     pub segment_bytes: u64,
-    /// Frames are written to the segment when this many bytes are
-    /// buffered (default 1 MiB).
+    /// Frames are handed to the log thread, to be written to the segment,
+    /// when this many bytes are buffered (default 1 MiB); the sink holds at
+    /// most [`APPENDS_IN_FLIGHT`] such buffers before it says it is not
+    /// ready.
     pub buffer_bytes: usize,
     /// Ending of output file names (default `.csv`).
     pub suffix: String,
@@ -117,11 +150,6 @@ pub struct WalSinkConfig {
     /// 64 MiB). An epoch that does not fit is read back from the log at
     /// commit (verified) instead; 0 always reads back.
     pub memory_bytes: usize,
-    /// Commit on a committer thread of the subtask's own (default false):
-    /// the fsyncs of a commit then overlap with the next epoch's writes
-    /// instead of stalling the sink's worker; `commit` returns once the
-    /// commit is queued, and a failed commit fails the sink's next call.
-    pub background_commit: bool,
 }
 
 impl WalSinkConfig {
@@ -134,7 +162,6 @@ impl WalSinkConfig {
             buffer_bytes: 1 << 20,
             suffix: ".csv".into(),
             memory_bytes: 64 << 20,
-            background_commit: false,
         }
     }
 
@@ -180,20 +207,68 @@ pub struct WalRecovery {
     pub torn_tail: Option<(PathBuf, u64)>,
 }
 
+/// Log buffers in flight to the log thread beyond which the sink says it
+/// is not ready: 4. Two would already keep the worker and the thread busy
+/// at once (the thread writes one buffer while the worker fills the next);
+/// four absorb a write that stalls for a few buffers' time (writeback, a
+/// busy disk) before the task is backpressured. Memory stays within this
+/// many buffers ([`WalSinkConfig::buffer_bytes`] each, 4 MiB by default)
+/// plus one scheduling turn's output.
+pub const APPENDS_IN_FLIGHT: usize = 4;
+
+/// Requests the log thread holds at most: the appends above and, beyond
+/// them, the append and sync of barriers and of the end, which the
+/// runtime cannot refuse. The sink says it is not ready once half of this
+/// is in flight, so only a pile of barriers behind a stalled disk could
+/// fill it (and then the worker waits, the last resort of the bound).
+const LOG_QUEUE: usize = 64;
+
 /// Spare output buffers kept for reuse: enough for the epochs of a few
 /// checkpoints in flight.
 const SPARE_BUFFERS: usize = 4;
 
-/// The log and bookkeeping of a started sink subtask.
-#[derive(Debug)]
+/// A started sink subtask: its two threads and the worker's bookkeeping.
+///
+/// The worker encodes frames into `buf` and keeps the log position
+/// itself: the log thread writes what it is handed where it is told. The
+/// committer thread commits closed epochs once their checkpoint completed.
 struct Running {
-    writer: LogWriter,
-    committing: Committing,
-    /// The last epoch known committed (for a background committer: the
-    /// last one reported done).
+    log: IoThread<LogIo>,
+    committer: IoThread<CommitIo>,
+    buffer_bytes: usize,
+    segment_bytes: u64,
+    /// Frames not yet handed to the log thread, all of segment `seg`; the
+    /// sink encodes records straight into it.
+    buf: Vec<u8>,
+    /// The segment being filled, and its bytes already handed to the log
+    /// thread (its header included): the log's end is `(seg, seg_base +
+    /// buf.len())`.
+    seg: u64,
+    seg_base: u64,
+    /// An append to `seg` was submitted: the log thread created it.
+    seg_created: bool,
+    /// `write` hands `buf` over once it holds this many bytes: a buffer's
+    /// worth, or what is left of the segment, whichever is less.
+    hand_over_at: usize,
+    /// Appends submitted whose reply was not taken yet, and their bytes.
+    appends_in_flight: usize,
+    bytes_in_flight: usize,
+    /// Log buffers back from the thread, for reuse.
+    spare_bufs: Vec<Vec<u8>>,
+    /// After a fresh start, the committer's `Start` ticket until its reply
+    /// was taken: a pre-commit waits for it too.
+    start_ticket: Option<Ticket>,
+    /// The highest checkpoint whose commit was asked for (by `commit`, or
+    /// `finish`): closed epochs up to it wait here only while
+    /// [`QUEUED_COMMITS`] commits are in flight.
+    commit_through: u64,
+    commits_in_flight: usize,
+    /// The last epoch known committed (the last commit reported done).
     committed_epoch: u64,
-    /// Why a background commit failed; every later call fails with it.
-    failed: Option<String>,
+    /// `finish` was called: ready once everything is done.
+    finishing: bool,
+    /// The worker's waker was handed to the threads.
+    waker_set: bool,
     /// Epoch of the records being written: the last barrier plus one.
     open_tag: u64,
     open_records: u64,
@@ -207,10 +282,49 @@ struct Running {
     memory_limit: usize,
     spare_stamps: Vec<StampRuns>,
     spare_payloads: Vec<Vec<u8>>,
+    spare_epochs: Vec<Vec<Closed>>,
     visible: Visible,
 }
 
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("pos", &self.pos())
+            .field("appends_in_flight", &self.appends_in_flight)
+            .field("commits_in_flight", &self.commits_in_flight)
+            .field("open_tag", &self.open_tag)
+            .field("closed", &self.closed.len())
+            .finish()
+    }
+}
+
 impl Running {
+    /// The position after the last frame appended (handed over or not).
+    #[inline]
+    fn pos(&self) -> WalPos {
+        WalPos {
+            seg: self.seg,
+            off: self.seg_base + self.buf.len() as u64,
+        }
+    }
+
+    /// Encoded bytes not yet written by the log thread.
+    fn buffered(&self) -> usize {
+        self.buf.len() + self.bytes_in_flight
+    }
+
+    /// Whether `buf` should go to the log thread: a buffer's worth, or the
+    /// segment is full.
+    fn due(&self) -> bool {
+        self.buf.len() >= self.buffer_bytes || self.pos().off >= self.segment_bytes
+    }
+
+    /// Where the next buffer is due, from the segment's bytes handed over.
+    fn next_hand_over_at(&self) -> usize {
+        let room = self.segment_bytes.saturating_sub(self.seg_base).max(1);
+        (self.buffer_bytes as u64).min(room) as usize
+    }
+
     /// Stops keeping the open epoch in memory if it no longer fits.
     #[inline]
     fn check_memory(&mut self) {
@@ -220,16 +334,108 @@ impl Running {
         }
     }
 
-    /// Closes the open epoch at barrier `n` and makes the log durable;
-    /// returns the log's end.
-    fn pre_commit(&mut self, n: u64) -> Result<WalPos> {
-        self.collect(false)?;
+    /// Hands this sink's worker to the threads for wake-ups, once.
+    fn wake_me(&mut self, ctx: &SinkContext<'_>) {
+        if !self.waker_set {
+            self.log.set_waker(ctx.waker());
+            self.committer.set_waker(ctx.waker());
+            self.waker_set = true;
+        }
+    }
+
+    /// `buf` reached `hand_over_at` in `write`: hands it over, unless
+    /// [`APPENDS_IN_FLIGHT`] are in flight (then it keeps filling, and
+    /// `ready` says false after this turn).
+    #[cold]
+    #[inline(never)]
+    fn on_full(&mut self) -> Result<(), BoxError> {
+        if self.appends_in_flight >= APPENDS_IN_FLIGHT {
+            self.take_replies()?;
+        }
+        if self.appends_in_flight >= APPENDS_IN_FLIGHT {
+            // Look again after another buffer's worth.
+            self.hand_over_at = self.buf.len().saturating_add(self.buffer_bytes);
+            return Ok(());
+        }
+        self.hand_over()
+    }
+
+    /// Hands `buf` to the log thread, closing the segment if it is full (a
+    /// frame never spans two segments: `buf` ends at a record boundary).
+    fn hand_over(&mut self) -> Result<(), BoxError> {
+        let close = self.pos().off >= self.segment_bytes;
+        let cap = self.buffer_bytes + (self.buffer_bytes >> 2);
+        let next = self.spare_bufs.pop().unwrap_or_else(|| Vec::with_capacity(cap));
+        let buf = std::mem::replace(&mut self.buf, next);
+        let len = buf.len();
+        self.log.submit(LogRequest::Append {
+            seq: self.seg,
+            buf,
+            close,
+        })?;
+        self.appends_in_flight += 1;
+        self.bytes_in_flight += len;
+        if close {
+            self.seg += 1;
+            self.seg_base = SEGMENT_HEADER_BYTES as u64;
+            self.seg_created = false;
+        } else {
+            self.seg_base += len as u64;
+            self.seg_created = true;
+        }
+        self.hand_over_at = self.next_hand_over_at();
+        Ok(())
+    }
+
+    /// Hands over whatever `buf` holds; with `create`, also an empty
+    /// append if segment `seg` was not created yet (a checkpoint's end
+    /// position must name a segment that exists).
+    fn flush_log(&mut self, create: bool) -> Result<(), BoxError> {
+        if !self.buf.is_empty() || (create && !self.seg_created) {
+            self.hand_over()?;
+        }
+        Ok(())
+    }
+
+    /// What `ready` and `wait_idle` do besides taking replies: hand over a
+    /// due buffer and the commits held back, as room allows.
+    fn pump(&mut self) -> Result<(), BoxError> {
+        if self.due() && self.appends_in_flight < APPENDS_IN_FLIGHT {
+            self.hand_over()?;
+        }
+        self.submit_commits()
+    }
+
+    /// Whether closed epochs wait for a commit that was asked for.
+    fn commit_pending(&self) -> bool {
+        self.closed.front().is_some_and(|c| c.tag <= self.commit_through)
+    }
+
+    /// Everything handed to the threads is done and its reply taken.
+    fn idle(&self) -> bool {
+        self.buf.is_empty() && !self.commit_pending() && self.log.in_flight() == 0 && self.committer.in_flight() == 0
+    }
+
+    /// Whether the sink takes more records now (the backpressure bound).
+    fn can_take_more(&self) -> bool {
+        self.appends_in_flight < APPENDS_IN_FLIGHT
+            && self.buffered() < APPENDS_IN_FLIGHT * self.buffer_bytes
+            && self.log.in_flight() < LOG_QUEUE / 2
+            && self.commits_in_flight < QUEUED_COMMITS
+    }
+
+    /// Closes the open epoch at barrier `n` (`checkpoint`: `Some(n)`, or
+    /// `None` at the end) and hands the log to the thread with a sync;
+    /// returns the log's end and the sync's ticket.
+    fn barrier(&mut self, n: u64, checkpoint: Option<u64>) -> Result<(WalPos, Ticket), BoxError> {
         assert!(
             n >= self.open_tag,
             "barrier {n} after epoch {} was opened: barrier ids must increase",
             self.open_tag
         );
-        let end = self.writer.pos();
+        let end = self.pos();
+        self.flush_log(true)?;
+        let sync = self.log.submit(LogRequest::Sync { checkpoint })?;
         if self.open_records > 0 {
             let payload = if self.open_in_memory {
                 let fresh = self.spare_payloads.pop().unwrap_or_default();
@@ -245,74 +451,69 @@ impl Running {
                 end,
                 payload,
                 stamps: std::mem::replace(&mut self.open_stamps, fresh),
+                sync,
             });
         }
-        self.writer.sync()?;
         self.open_tag = n + 1;
         self.open_records = 0;
         self.open_payload.clear();
         self.open_in_memory = true;
-        Ok(end)
+        Ok((end, sync))
     }
 
-    /// Commits (or queues the commit of) every closed epoch up to `n`.
-    fn commit_through(&mut self, n: u64) -> Result<()> {
-        self.collect(false)?;
-        let k = self.closed.iter().take_while(|c| c.tag <= n).count();
-        if k == 0 {
+    /// Submits the commit of every closed epoch up to `commit_through`, as
+    /// one request, unless [`QUEUED_COMMITS`] are in flight (then `ready`
+    /// or `wait_idle` submits it later, merged with any later one).
+    fn submit_commits(&mut self) -> Result<(), BoxError> {
+        if self.commits_in_flight >= QUEUED_COMMITS || !self.commit_pending() {
             return Ok(());
         }
-        let epochs: Vec<Closed> = self.closed.drain(..k).collect();
-        match &mut self.committing {
-            Committing::Inline(c) => {
-                c.commit(n, &epochs)?;
-                let visible_ns = c.visible_ns();
-                self.committed_epoch = n;
-                self.recycle(epochs, visible_ns);
-            }
-            Committing::Background(b) => b.send(n, epochs)?,
-        }
+        let k = self.closed.iter().take_while(|c| c.tag <= self.commit_through).count();
+        let mut epochs = self.spare_epochs.pop().unwrap_or_default();
+        epochs.extend(self.closed.drain(..k));
+        // The committer may read these epochs back from the log: it waits
+        // for the sync that covers them (done already for a completed
+        // checkpoint; not yet, maybe, at the end).
+        let sync = epochs.iter().map(|c| c.sync).max().unwrap_or(0);
+        let after = (sync > 0).then(|| self.log.completion(sync));
+        self.committer.submit(CommitRequest::Commit {
+            n: self.commit_through,
+            epochs,
+            after,
+        })?;
+        self.commits_in_flight += 1;
         Ok(())
     }
 
-    /// Takes the results of background commits (all of them, waiting, if
-    /// `wait`); fails if one failed.
-    fn collect(&mut self, wait: bool) -> Result<()> {
-        if let Some(f) = &self.failed {
-            return Err(Error::io(
-                "commit",
-                std::path::Path::new("the committer thread"),
-                std::io::Error::other(f.clone()),
-            ));
-        }
-        let Committing::Background(b) = &mut self.committing else {
-            return Ok(());
-        };
-        let mut finished = Vec::new();
-        while let Some(done) = b.next(wait) {
-            finished.push(done);
-        }
-        for Done {
-            n,
-            result,
-            epochs,
-            visible_ns,
-        } in finished
-        {
-            if let Err(e) = result {
-                self.failed = Some(format!("background commit of checkpoint {n} failed: {e}"));
-                return Err(e);
+    /// Takes the threads' replies: recycles buffers, notes commits and
+    /// their visibility; fails with a thread's error.
+    fn take_replies(&mut self) -> Result<(), BoxError> {
+        while let Some(reply) = self.committer.try_reply()? {
+            match reply {
+                CommitReply::Started => self.start_ticket = None,
+                CommitReply::Committed { n, epochs, visible_ns } => {
+                    self.commits_in_flight -= 1;
+                    self.committed_epoch = self.committed_epoch.max(n);
+                    self.recycle(epochs, visible_ns);
+                }
             }
-            self.committed_epoch = self.committed_epoch.max(n);
-            self.recycle(epochs, visible_ns);
+        }
+        while let Some(reply) = self.log.try_reply()? {
+            if let LogReply::Appended { buf, len } = reply {
+                self.appends_in_flight -= 1;
+                self.bytes_in_flight -= len;
+                if self.spare_bufs.len() <= APPENDS_IN_FLIGHT {
+                    self.spare_bufs.push(buf);
+                }
+            }
         }
         Ok(())
     }
 
     /// Committed epochs became visible at `visible_ns`: their latencies are
     /// due, their buffers free.
-    fn recycle(&mut self, epochs: Vec<Closed>, visible_ns: u64) {
-        for mut c in epochs {
+    fn recycle(&mut self, mut epochs: Vec<Closed>, visible_ns: u64) {
+        for mut c in epochs.drain(..) {
             self.visible.add(&c.stamps, visible_ns);
             c.stamps.clear();
             self.spare_stamps.push(c.stamps);
@@ -323,6 +524,9 @@ impl Running {
                     self.spare_payloads.push(p);
                 }
             }
+        }
+        if self.spare_epochs.len() < 2 {
+            self.spare_epochs.push(epochs);
         }
     }
 }
@@ -350,7 +554,8 @@ impl Running {
 /// h.write_sink(&mut sink, &mut vec![1, 2, 3]).unwrap();
 /// let state = sink.pre_commit(1).unwrap(); // barrier 1: durable, not visible
 /// assert!(std::fs::read_dir(dir.path().join("out")).unwrap().next().is_none());
-/// sink.commit(1).unwrap(); // checkpoint 1 complete: visible
+/// sink.commit(1).unwrap(); // checkpoint 1 complete: committed on the sink's thread
+/// sink.wait_idle().unwrap(); // (blocking: for tests and tools)
 /// let out = std::fs::read_to_string(dir.path().join("out/part-000-000000001.csv")).unwrap();
 /// assert_eq!(out, "1\n2\n3\n");
 /// # let _ = state;
@@ -373,7 +578,7 @@ where
 {
     /// The sink instance of `subtask`. Nothing is touched on disk until the
     /// first call of the sink: a restore, or a fresh start at the first
-    /// write, barrier or finish.
+    /// write, barrier or finish (which its threads carry out).
     pub fn new(config: WalSinkConfig, subtask: usize, encode: F, emitted_ns: E) -> Self {
         WalSink {
             config,
@@ -391,18 +596,43 @@ where
         self.recovery.as_ref()
     }
 
-    /// The last epoch committed, as the commit marker records it (0 before
-    /// the sink started or if nothing was committed).
+    /// The last epoch known committed: as the commit marker records it
+    /// after a restore, then as the committer thread reported (0 before
+    /// the sink started or if nothing was committed). [`WalSink::wait_idle`]
+    /// brings it up to date.
     pub fn committed_epoch(&self) -> u64 {
         self.run.as_ref().map_or(0, |r| r.committed_epoch)
     }
 
-    /// Waits until every commit queued to the background committer is
-    /// done (immediately true without one); fails if one failed.
-    pub fn wait_for_commits(&mut self) -> Result<()> {
-        match self.run.as_mut() {
-            Some(run) => run.collect(true),
-            None => Ok(()),
+    /// Encoded bytes handed to the sink and not yet written to the log by
+    /// its thread (being filled, or in appends in flight). The sink says it
+    /// is not ready beyond [`APPENDS_IN_FLIGHT`] buffers, so this stays
+    /// below that many [`WalSinkConfig::buffer_bytes`] plus what one
+    /// scheduling turn writes.
+    pub fn buffered_bytes(&self) -> usize {
+        self.run.as_ref().map_or(0, Running::buffered)
+    }
+
+    /// Waits (blocking) until the sink's threads did everything handed to
+    /// them (appends and syncs, commits, also those held back for room),
+    /// and takes their replies; fails with a thread's error. For tests and
+    /// tools, never on a worker. Does not hand over a buffer that is not
+    /// due: what `write` buffered stays buffered until a barrier or the end.
+    pub fn wait_idle(&mut self) -> Result<(), BoxError> {
+        let Some(run) = self.run.as_mut() else {
+            return Ok(());
+        };
+        loop {
+            run.take_replies()?;
+            run.pump()?;
+            let log = run.log.wait_for(run.log.last_ticket());
+            let commits = run.committer.wait_for(run.committer.last_ticket());
+            log?;
+            commits?;
+            run.take_replies()?;
+            if !run.commit_pending() && !run.due() {
+                return Ok(());
+            }
         }
     }
 
@@ -411,11 +641,127 @@ where
         subtask_log_dir(&self.config, self.subtask)
     }
 
-    fn running(&mut self) -> Result<&mut Running> {
+    /// The started subtask; a fresh start at the first call, handed to
+    /// the threads (nothing here touches the disk).
+    fn running(&mut self) -> Result<&mut Running, BoxError> {
         if self.run.is_none() {
-            self.run = Some(self.fresh_start()?);
+            self.config.validate()?;
+            self.run = Some(self.start(None, 1, 1)?);
         }
         Ok(self.run.as_mut().expect("started above"))
+    }
+
+    /// Starts the threads: the committer with `committer` (after a
+    /// restore) or its half of a fresh start (`None`: then the log thread
+    /// does the other half once the committer's succeeded); writing goes on
+    /// in segment `next_seg`, epoch `open_tag`.
+    fn start(&self, committer: Option<Committer>, next_seg: u64, open_tag: u64) -> Result<Running, BoxError> {
+        let dir = self.log_dir();
+        let log = IoThread::spawn(
+            &format!("weir-wal-log-{:03}", self.subtask),
+            LogIo::new(dir.clone(), self.subtask as u32),
+            LOG_QUEUE,
+        )
+        .map_err(|e| Error::io("start the log thread of", &dir, e))?;
+        let fresh = committer.is_none();
+        let (handler, committed_epoch) = match committer {
+            Some(c) => {
+                let epoch = c.committed.epoch;
+                (CommitIo::Ready(Box::new(c)), epoch)
+            }
+            None => (
+                CommitIo::Fresh(Fresh {
+                    dir: dir.clone(),
+                    subtask: self.subtask,
+                    target: self.config.target_dir.clone(),
+                    suffix: self.config.suffix.clone(),
+                }),
+                0,
+            ),
+        };
+        // Room for the start and every commit in flight: never waits.
+        let committer = IoThread::spawn(
+            &format!("weir-wal-commit-{:03}", self.subtask),
+            handler,
+            QUEUED_COMMITS + 1,
+        )
+        .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
+        let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
+        let mut run = Running {
+            log,
+            committer,
+            buffer_bytes,
+            segment_bytes,
+            buf: Vec::with_capacity(buffer_bytes + (buffer_bytes >> 2)),
+            seg: next_seg,
+            seg_base: SEGMENT_HEADER_BYTES as u64,
+            seg_created: false,
+            hand_over_at: buffer_bytes,
+            appends_in_flight: 0,
+            bytes_in_flight: 0,
+            spare_bufs: Vec::new(),
+            start_ticket: None,
+            commit_through: 0,
+            commits_in_flight: 0,
+            committed_epoch,
+            finishing: false,
+            waker_set: false,
+            open_tag,
+            open_records: 0,
+            open_stamps: StampRuns::default(),
+            open_payload: Vec::new(),
+            open_in_memory: true,
+            closed: VecDeque::new(),
+            memory_used: 0,
+            memory_limit: self.config.memory_bytes,
+            spare_stamps: Vec::new(),
+            spare_payloads: Vec::new(),
+            spare_epochs: Vec::new(),
+            visible: Visible::default(),
+        };
+        run.hand_over_at = run.next_hand_over_at();
+        if fresh {
+            let t = run.committer.submit(CommitRequest::Start)?;
+            let after = run.committer.completion(t);
+            run.log.submit(LogRequest::Start { after })?;
+            run.start_ticket = Some(t);
+        }
+        Ok(run)
+    }
+
+    /// Creates the folders, removes temporaries and reads the marker (for
+    /// a restore, on its own thread).
+    fn prepare(&self) -> Result<(Marker, Option<Committed>)> {
+        self.config.validate()?;
+        let dir = self.log_dir();
+        create_dir_durable(&dir)?;
+        create_dir_durable(&self.config.target_dir)?;
+        remove_temporaries(&self.config.target_dir, &self.config.suffix, self.subtask)?;
+        Marker::open(dir.join("committed"))
+    }
+
+    fn restore_from(&mut self, n: u64, state: &[u8]) -> Result<(), BoxError> {
+        let bad = |reason: String| Error::BadState {
+            sink: format!("WAL sink subtask {}", self.subtask),
+            checkpoint: n,
+            reason,
+        };
+        let st = SinkState::decode(state).map_err(bad)?;
+        if st.subtask as usize != self.subtask || st.epoch != n {
+            return Err(bad(format!(
+                "the state belongs to subtask {} at checkpoint {}",
+                st.subtask, st.epoch
+            ))
+            .into());
+        }
+        // Stops the threads of the instance restored over, after the
+        // request each has in hand: none of their I/O overlaps with this.
+        self.run = None;
+        let (committer, end, report) = self.recover(n, st)?;
+        // Write on in a new segment, on the threads.
+        self.run = Some(self.start(Some(committer), end.seg + 1, n + 1)?);
+        self.recovery = Some(report);
+        Ok(())
     }
 
     /// A committer for this subtask whose marker records `committed`.
@@ -430,110 +776,15 @@ where
         )
     }
 
-    /// The bookkeeping of a started subtask: commits through `committer`,
-    /// writing on in a new segment `next_seg`, epoch `open_tag`.
-    fn open(&self, committer: Committer, next_seg: u64, open_tag: u64) -> Result<Running> {
-        let writer = LogWriter::create(
-            &self.log_dir(),
-            self.subtask as u32,
-            next_seg,
-            self.config.buffer_bytes,
-            self.config.segment_bytes,
-        )?;
-        let committed_epoch = committer.committed.epoch;
-        let committing = if self.config.background_commit {
-            Committing::Background(Background::start(committer)?)
-        } else {
-            Committing::Inline(Box::new(committer))
-        };
-        Ok(Running {
-            writer,
-            committing,
-            committed_epoch,
-            failed: None,
-            open_tag,
-            open_records: 0,
-            open_stamps: StampRuns::default(),
-            open_payload: Vec::new(),
-            open_in_memory: true,
-            closed: VecDeque::new(),
-            memory_used: 0,
-            memory_limit: self.config.memory_bytes,
-            spare_stamps: Vec::new(),
-            spare_payloads: Vec::new(),
-            visible: Visible::default(),
-        })
-    }
-
-    /// Creates the folders and reads the marker.
-    fn prepare(&self) -> Result<(Marker, Option<Committed>)> {
-        self.config.validate()?;
-        let dir = self.log_dir();
-        create_dir_durable(&dir)?;
-        create_dir_durable(&self.config.target_dir)?;
-        self.remove_temporaries()?;
-        Marker::open(dir.join("committed"))
-    }
-
-    /// Removes this subtask's hidden temporary files from the target: the
-    /// leftovers of a commit cut short, which a commit writes anew.
-    fn remove_temporaries(&self) -> Result<()> {
-        for name in fsutil::list_names(&self.config.target_dir)? {
-            if name.starts_with('.') && name.ends_with(".tmp") {
-                if let Some((s, _)) = fsutil::parse_part_name(&name, &self.config.suffix) {
-                    if s == self.subtask {
-                        remove_if_exists(&self.config.target_dir.join(&name))?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// A start without a checkpoint: an empty log, nothing committed.
-    fn fresh_start(&self) -> Result<Running> {
-        let (marker, committed) = self.prepare()?;
-        if let Some(c) = committed.filter(|c| c.epoch > 0) {
-            return Err(Error::TargetAhead {
-                sink: "wal",
-                subtask: self.subtask,
-                target: self.config.target_dir.display().to_string(),
-                committed: c.epoch,
-                restored: None,
-            });
-        }
-        let dir = self.log_dir();
-        let old = list_segments(&dir)?;
-        for &seq in &old {
-            remove_if_exists(&segment_path(&dir, seq))?;
-        }
-        if !old.is_empty() {
-            sync_dir(&dir, FAULT_RESTORE_TRUNCATE)?;
-        }
-        let start = Committed {
-            epoch: 0,
-            pos: WalPos {
-                seg: 1,
-                off: SEGMENT_HEADER_BYTES as u64,
-            },
-        };
-        self.open(self.committer(marker, start), 1, 1)
-    }
-
-    fn restore_from(&mut self, n: u64, state: &[u8]) -> Result<()> {
+    /// The synchronous part of a restore: verifies the log up to the
+    /// checkpoint, cuts off what follows, commits again what it
+    /// pre-committed; returns the committer and the checkpoint's end.
+    fn recover(&self, n: u64, st: SinkState) -> Result<(Committer, WalPos, WalRecovery)> {
         let bad = |reason: String| Error::BadState {
             sink: format!("WAL sink subtask {}", self.subtask),
             checkpoint: n,
             reason,
         };
-        let st = SinkState::decode(state).map_err(bad)?;
-        if st.subtask as usize != self.subtask || st.epoch != n {
-            return Err(bad(format!(
-                "the state belongs to subtask {} at checkpoint {}",
-                st.subtask, st.epoch
-            )));
-        }
-        self.run = None;
         let (marker, committed) = self.prepare()?;
         let dir = self.log_dir();
         let committed = committed.unwrap_or(Committed {
@@ -595,6 +846,7 @@ where
                         end,
                         payload: None,
                         stamps: StampRuns::default(),
+                        sync: 0,
                     }),
                 _ => {
                     let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
@@ -646,16 +898,12 @@ where
             sync_dir(&dir, FAULT_RESTORE_TRUNCATE)?;
         }
 
-        // 3. Commit again what the checkpoint pre-committed; write on in a new segment.
+        // 3. Commit again what the checkpoint pre-committed.
         let mut committer = self.committer(marker, committed);
         let closed: Vec<Closed> = closed.into();
         report.recommitted_epochs = committer.commit(n, &closed)?;
         report.recommitted_records = records;
-        let mut run = self.open(committer, st.end.seg + 1, n + 1)?;
-        run.committed_epoch = run.committed_epoch.max(committed.epoch);
-        self.run = Some(run);
-        self.recovery = Some(report);
-        Ok(())
+        Ok((committer, st.end, report))
     }
 }
 
@@ -669,16 +917,16 @@ where
         self.running()?;
         let (encode, emitted_ns) = (&self.encode, &self.emitted_ns);
         let run = self.run.as_mut().expect("started above");
-        run.collect(false)?;
+        run.wake_me(ctx);
+        run.take_replies()?;
         run.visible.flush(ctx);
         crate::latency::record_arrival(ctx, batch, emitted_ns);
-        run.writer.maybe_roll()?;
         let tag = run.open_tag;
         let n = batch.len() as u64;
         for record in batch.drain(..) {
-            let at = codec::begin_frame(&mut run.writer.buf);
-            encode(&record, &mut run.writer.buf);
-            if let Err(len) = codec::finish_frame(&mut run.writer.buf, at, tag) {
+            let at = codec::begin_frame(&mut run.buf);
+            encode(&record, &mut run.buf);
+            if let Err(len) = codec::finish_frame(&mut run.buf, at, tag) {
                 return Err(Error::RecordTooLarge {
                     sink: "wal",
                     subtask: self.subtask,
@@ -688,47 +936,89 @@ where
                 .into());
             }
             if run.open_in_memory {
-                run.open_payload
-                    .extend_from_slice(&run.writer.buf[at + codec::HEADER_BYTES..]);
+                run.open_payload.extend_from_slice(&run.buf[at + codec::HEADER_BYTES..]);
             }
             run.open_stamps.push(emitted_ns(&record));
-            run.writer.maybe_flush()?;
+            if run.buf.len() >= run.hand_over_at {
+                run.on_full()?;
+            }
         }
         run.open_records += n;
         run.check_memory();
         Ok(())
     }
 
+    fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
+        let Some(run) = self.run.as_mut() else {
+            return Ok(true);
+        };
+        run.wake_me(ctx);
+        run.take_replies()?;
+        run.visible.flush(ctx);
+        run.pump()?;
+        if run.finishing {
+            return Ok(run.idle());
+        }
+        Ok(run.can_take_more())
+    }
+
     fn finish(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
         let run = self.running()?;
+        run.wake_me(ctx);
+        run.take_replies()?;
         if run.open_records > 0 {
             // Without checkpointing (or after the last barrier): commit now.
             let tag = run.open_tag;
-            run.pre_commit(tag)?;
+            run.barrier(tag, None)?;
+        } else {
+            run.flush_log(false)?;
+            run.log.submit(LogRequest::Sync { checkpoint: None })?;
         }
         if let Some(last) = run.closed.back().map(|c| c.tag) {
-            run.commit_through(last)?;
+            run.commit_through = run.commit_through.max(last);
         }
-        run.collect(true)?;
-        run.writer.sync()?;
+        run.submit_commits()?;
+        run.finishing = true;
         run.visible.flush(ctx);
         Ok(())
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
+        self.pre_commit_detached(checkpoint)?.wait()
+    }
+
+    fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
         let subtask = self.subtask as u32;
-        let end = self.running()?.pre_commit(checkpoint)?;
-        Ok(SinkState {
+        let run = self.running()?;
+        run.take_replies()?;
+        let (end, sync) = run.barrier(checkpoint, Some(checkpoint))?;
+        let synced = run.log.completion(sync);
+        // After a fresh start, the committer's half of it too: a target
+        // that refuses (or a start that failed) never lets a checkpoint
+        // complete. (The log thread's start waits for it as well.)
+        let started = run.start_ticket.map(|t| run.committer.completion(t));
+        let state = SinkState {
             subtask,
             epoch: checkpoint,
             end,
         }
-        .encode())
+        .encode();
+        Ok(PreCommit::with_sync(
+            state,
+            Box::new(move || {
+                if let Some(started) = started {
+                    started()?;
+                }
+                synced()
+            }),
+        ))
     }
 
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
         if let Some(run) = self.run.as_mut() {
-            run.commit_through(checkpoint)?;
+            run.take_replies()?;
+            run.commit_through = run.commit_through.max(checkpoint);
+            run.submit_commits()?;
         }
         Ok(())
     }
@@ -739,7 +1029,7 @@ where
     }
 
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        Ok(self.restore_from(checkpoint, state)?)
+        self.restore_from(checkpoint, state)
     }
 }
 
@@ -789,6 +1079,7 @@ mod tests {
         h.write_sink(&mut sink, &mut (0..500).collect()).unwrap();
         let _ = sink.pre_commit(1).unwrap();
         sink.commit(1).unwrap();
+        sink.wait_idle().unwrap();
         let log = sink.log_dir();
         let segs = list_segments(&log).unwrap();
         assert_eq!(segs.len(), 1, "committed segments are deleted: {segs:?}");
@@ -799,6 +1090,8 @@ mod tests {
         h.write_sink(&mut sink, &mut (900..1300).collect()).unwrap();
         let state3 = sink.pre_commit(3).unwrap();
         h.write_sink(&mut sink, &mut (1300..1700).collect()).unwrap();
+        // The crash comes once the log thread wrote what it was handed.
+        sink.wait_idle().unwrap();
         drop(sink);
         assert!(list_segments(&log).unwrap().len() >= 4);
         let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
