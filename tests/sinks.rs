@@ -98,9 +98,9 @@ impl Settle for Settled {
     }
 }
 
-impl<T, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommitSink<T, P> {
+impl<T: Send + 'static, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommitSink<T, P> {
     fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
+        self.wait_idle()
     }
 }
 
@@ -828,6 +828,9 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     assert!(out.join(".part-000-000000001.csv.tmp").exists());
     sink.commit(1).unwrap();
     sink.commit(1).unwrap();
+    // The commits run on the sink's thread: wait for them.
+    sink.wait_idle().unwrap();
+    assert_eq!(committed_lines(&out), (0..10).collect::<Vec<_>>());
     drop(sink);
     for _ in 0..2 {
         let mut again = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
@@ -865,10 +868,13 @@ fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
     let mut recovered = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
     recovered.restore(2, &state2).unwrap();
     assert_eq!(rows(), (0..20).collect::<Vec<_>>());
-    // ... and the stale first instance's commits are no-ops.
+    // ... and the stale first instance's commits are no-ops (once its
+    // thread ran them).
     sink.commit(1).unwrap();
     sink.commit(2).unwrap();
     recovered.commit(2).unwrap();
+    sink.wait_idle().unwrap();
+    recovered.wait_idle().unwrap();
     assert_eq!(rows(), (0..20).collect::<Vec<_>>(), "no duplicates");
     let conn = Connection::open(&db).unwrap();
     let fence: i64 = conn
@@ -888,6 +894,7 @@ fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
     h.write_sink(&mut other, &mut vec![(100, 0)]).unwrap();
     let _ = other.pre_commit(1).unwrap();
     other.commit(1).unwrap();
+    other.wait_idle().unwrap();
     assert_eq!(rows().len(), 21);
 }
 
@@ -923,7 +930,7 @@ fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stre
 
 /// [`keyed_job`], giving the failures that caused its restarts. (Its
 /// checkpoints complete between the failures: a fault test below sees the
-/// detached sync of one fail and the others succeed.)
+/// pre-commit fsync of one fail and the others succeed.)
 fn keyed_job_restarts(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stream<Count>)) -> Vec<String> {
     let p = Pipeline::new("sinks-test");
     let chaos = Chaos {
@@ -1116,12 +1123,12 @@ fn a_non_replayable_source_is_refused_in_exactly_once_modes() {
     }
 }
 
-/// The two-phase file sink fsyncs at the barrier off the worker (its
-/// detached pre-commit). A failed fsync there declines its checkpoint and
-/// fails the sink's next call: the job restarts from its last completed
-/// checkpoint, and the output is still exactly once.
+/// The two-phase file sink fsyncs at the barrier on its own thread, off
+/// the worker. A failed fsync there declines its checkpoint and fails the
+/// sink's next call: the job restarts from its last completed checkpoint,
+/// and the output is still exactly once.
 #[test]
-fn a_failed_detached_pre_commit_fsync_restarts_the_job_exactly_once() {
+fn a_failed_pre_commit_fsync_on_the_sinks_thread_restarts_the_job_exactly_once() {
     let _g = serial();
     let dir = scratch();
     let out: PathBuf = dir.path().join("out");
