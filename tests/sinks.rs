@@ -104,9 +104,14 @@ impl<T: Send + 'static, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommit
     }
 }
 
-impl<T, B, E> Settle for SqliteUpsertSink<T, B, E> {
+impl<T, B, E> Settle for SqliteUpsertSink<T, B, E>
+where
+    T: Send + 'static,
+    B: Fn(&T, &mut SqlRow<'_, '_>) + Send + 'static,
+    E: Fn(&T) -> u64,
+{
     fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
+        self.wait_idle()
     }
 }
 
@@ -505,15 +510,10 @@ fn upsert_sink_converges_after_a_crash_at_every_step() {
         script,
         Guarantee::ExactlyOnce,
         &|dir| {
-            let table = SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
-                .key(&["k"])
-                .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
+            let table = kv_table(dir);
             let db = table.db.clone();
-            let bind = |r: &Rec, row: &mut SqlRow<'_, '_>| {
-                row.push(r.0 as i64).push(r.0 as i64 * 10);
-            };
             (
-                Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind, stamp)),
+                Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind_kv, stamp)),
                 Box::new(move || sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k")),
             )
         },
@@ -812,6 +812,26 @@ fn sinks_record_visibility_latency_at_commit() {
     h.write_sink(&mut sink, &mut batch).unwrap();
     h.finish_sink(&mut sink).unwrap();
     assert_latencies(&h, 10, Duration::ZERO);
+
+    // The upsert sink: visible once its thread committed the batch.
+    let mut h = Harness::new(0, 1);
+    let mut sink = SqliteUpsertSink::new(kv_table(&dir.path().join("upsert")), 0, bind_kv, stamp);
+    let emitted = weir_core::clock::now_ns();
+    let mut batch: Vec<Rec> = (0..20).map(|s| (s, if s < 10 { emitted } else { 0 })).collect();
+    h.write_sink(&mut sink, &mut batch).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_latencies(&h, 10, Duration::ZERO);
+}
+
+/// A table keyed by sequence number, for the upsert sink.
+fn kv_table(dir: &Path) -> SqliteTable {
+    SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
+        .key(&["k"])
+        .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+}
+
+fn bind_kv(r: &Rec, row: &mut SqlRow<'_, '_>) {
+    row.push(r.0 as i64).push(r.0 as i64 * 10);
 }
 
 #[test]

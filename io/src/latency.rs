@@ -213,16 +213,6 @@ pub(crate) fn record_arrival<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_
     runs(batch, emitted_ns, |stamp, n| ctx.record_latency_n(stamp, n));
 }
 
-/// Records the latency of `batch`, arrived and visible now (a direct or
-/// idempotent sink): both the processing and the visibility latency.
-#[inline]
-pub(crate) fn record_visible<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
-    runs(batch, emitted_ns, |stamp, n| {
-        ctx.record_latency_n(stamp, n);
-        ctx.record_visible_latency_n(stamp, n);
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
