@@ -72,18 +72,16 @@ fn committed(dir: &Path) -> Vec<(String, u64, i64)> {
     rows
 }
 
-/// `weir` with `args`; with `forbid_worker_io`, a fault point hit on a
-/// worker thread fails the job (`WEIR_FORBID_WORKER_IO`): the sink's
-/// durable steps must run on its own threads.
-fn weir(args: &[String], forbid_worker_io: bool) -> Command {
+/// `weir` with `args`, in which a fault point hit on a worker thread fails
+/// the job (`WEIR_FORBID_WORKER_IO`): the sink's durable steps must run on
+/// its own threads.
+fn weir(args: &[String]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
     c.args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
-        .env("WEIR_LOG", "warn");
-    if forbid_worker_io {
-        c.env("WEIR_FORBID_WORKER_IO", "1");
-    }
+        .env("WEIR_LOG", "warn")
+        .env("WEIR_FORBID_WORKER_IO", "1");
     c
 }
 
@@ -92,12 +90,12 @@ fn weir(args: &[String], forbid_worker_io: bool) -> Command {
 // `try_wait` reaps the child when it has exited; every other path kills and
 // waits or waits. The lint cannot follow the `try_wait` branch.
 #[allow(clippy::zombie_processes)]
-fn run_with_kills(args: &[String], forbid_worker_io: bool, kills: usize, rng: &mut Rng) -> usize {
+fn run_with_kills(args: &[String], kills: usize, rng: &mut Rng) -> usize {
     let mut landed = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
         assert!(Instant::now() < deadline, "weir run never finished");
-        let mut child = weir(args, forbid_worker_io).spawn().unwrap();
+        let mut child = weir(args).spawn().unwrap();
         if landed < kills {
             let wait = Duration::from_millis(30 + rng.next() % 400);
             let start = Instant::now();
@@ -215,9 +213,9 @@ fn scenario(mode: &str, sink: &str, kills: usize, seed: u64) -> usize {
     .map(|s| s.to_string())
     .collect();
     let mut rng = Rng(seed ^ 0x5eed);
-    // The sinks whose I/O runs on threads of their own.
-    let forbid_worker_io = matches!(sink, "wal" | "direct");
-    let landed = run_with_kills(&args, forbid_worker_io, kills, &mut rng);
+    // Every sink does its I/O on threads of its own: a durable step on a
+    // worker fails the run.
+    let landed = run_with_kills(&args, kills, &mut rng);
     check(&values, &committed(&out), mode != "at-least-once");
     landed
 }

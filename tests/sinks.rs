@@ -96,15 +96,20 @@ where
     }
 }
 
-impl<T, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommitSink<T, P> {
+impl<T: Send + 'static, P: weir_io::TwoPhaseCommit<T>> Settle for TwoPhaseCommitSink<T, P> {
     fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
+        self.wait_idle()
     }
 }
 
-impl<T, B, E> Settle for SqliteUpsertSink<T, B, E> {
+impl<T, B, E> Settle for SqliteUpsertSink<T, B, E>
+where
+    T: Send + 'static,
+    B: Fn(&T, &mut SqlRow<'_, '_>) + Send + 'static,
+    E: Fn(&T) -> u64,
+{
     fn settle(&mut self) -> Result<(), BoxError> {
-        Ok(())
+        self.wait_idle()
     }
 }
 
@@ -446,15 +451,10 @@ fn upsert_sink_converges_after_a_crash_at_every_step() {
         script,
         Guarantee::ExactlyOnce,
         &|dir| {
-            let table = SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
-                .key(&["k"])
-                .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)");
+            let table = kv_table(dir);
             let db = table.db.clone();
-            let bind = |r: &Rec, row: &mut SqlRow<'_, '_>| {
-                row.push(r.0 as i64).push(r.0 as i64 * 10);
-            };
             (
-                Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind, stamp)),
+                Box::new(move || SqliteUpsertSink::new(table.clone(), 0, bind_kv, stamp)),
                 Box::new(move || sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k")),
             )
         },
@@ -747,6 +747,114 @@ fn sinks_record_visibility_latency_at_commit() {
     h.write_sink(&mut sink, &mut batch).unwrap();
     h.finish_sink(&mut sink).unwrap();
     assert_latencies(&h, 10, Duration::ZERO);
+
+    // The upsert sink: visible once its thread committed the batch.
+    let mut h = Harness::new(0, 1);
+    let mut sink = SqliteUpsertSink::new(kv_table(&dir.path().join("upsert")), 0, bind_kv, stamp);
+    let emitted = weir_core::clock::now_ns();
+    let mut batch: Vec<Rec> = (0..20).map(|s| (s, if s < 10 { emitted } else { 0 })).collect();
+    h.write_sink(&mut sink, &mut batch).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_latencies(&h, 10, Duration::ZERO);
+}
+
+/// A table keyed by sequence number, for the upsert sink.
+fn kv_table(dir: &Path) -> SqliteTable {
+    SqliteTable::new(dir.join("latest.sqlite"), "latest", &["k", "v"])
+        .key(&["k"])
+        .create("CREATE TABLE IF NOT EXISTS latest (k INTEGER PRIMARY KEY, v INTEGER NOT NULL)")
+}
+
+fn bind_kv(r: &Rec, row: &mut SqlRow<'_, '_>) {
+    row.push(r.0 as i64).push(r.0 as i64 * 10);
+}
+
+/// Writes `total` records in batches of `batch` into `sink`, like the
+/// runtime: only while `ready` says true. Checks after every batch that
+/// the records staged and in flight (`buffered`) exceed `bound` by at most
+/// one batch; returns how often the sink was not ready.
+fn write_with_backpressure<S: Sink<Rec>>(
+    sink: &mut S,
+    h: &mut Harness,
+    buffered: impl Fn(&S) -> usize,
+    bound: usize,
+    total: u64,
+    batch: u64,
+) -> u64 {
+    let (mut next, mut not_ready) = (0u64, 0u64);
+    while next < total {
+        if !h.ready_sink(sink).unwrap() {
+            not_ready += 1;
+            std::thread::sleep(Duration::from_micros(200));
+            continue;
+        }
+        let hi = (next + batch).min(total);
+        let now = weir_core::clock::now_ns();
+        h.write_sink(sink, &mut (next..hi).map(|s| (s, now)).collect()).unwrap();
+        next = hi;
+        let b = buffered(sink);
+        assert!(b <= bound + batch as usize, "{b} records buffered, bound {bound}");
+    }
+    not_ready
+}
+
+/// A slow target (a sleep at the fault point of every write on the sink's
+/// thread) backpressures the two-phase SQLite and the upsert sinks: the
+/// task stops reading input at the bound, memory stays bounded, and
+/// nothing is lost.
+#[test]
+fn slow_targets_backpressure_the_sink_and_nothing_is_lost() {
+    let _g = serial();
+    let dir = scratch();
+
+    fault::arm(twophase::sqlite::FAULT_WRITE, Action::Sleep(5_000));
+    let table = seq_table(dir.path());
+    let db = table.db.clone();
+    let mut h = Harness::new(0, 1);
+    let mut sink = weir_io::two_phase_sqlite_sink(table, 0, bind_seq, stamp);
+    let total = 100_000;
+    let not_ready = write_with_backpressure(
+        &mut sink,
+        &mut h,
+        |s| s.buffered_records(),
+        twophase::MAX_BUFFERED_RECORDS,
+        total,
+        1_000,
+    );
+    fault::disarm_all();
+    assert!(not_ready > 0, "the two-phase sink never backpressured");
+    let _ = sink.pre_commit(1).unwrap();
+    sink.commit(1).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(
+        sqlite_rows(&db, "SELECT seq FROM out ORDER BY rowid"),
+        (0..total).collect::<Vec<_>>()
+    );
+    assert_eq!(h.latency_ns().len(), total, "every record counted on arrival");
+    assert_eq!(h.visible_latency_ns().len(), total, "every record counted at commit");
+
+    fault::arm(upsert::FAULT_WRITE, Action::Sleep(5_000));
+    let table = kv_table(dir.path());
+    let db = table.db.clone();
+    let mut h = Harness::new(0, 1);
+    let mut sink = SqliteUpsertSink::new(table, 0, bind_kv, stamp);
+    let total = 100_000;
+    let not_ready = write_with_backpressure(
+        &mut sink,
+        &mut h,
+        |s| s.buffered_records(),
+        upsert::MAX_BUFFERED_RECORDS,
+        total,
+        1_000,
+    );
+    fault::disarm_all();
+    assert!(not_ready > 0, "the upsert sink never backpressured");
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(
+        sqlite_rows(&db, "SELECT v / 10 FROM latest ORDER BY k"),
+        (0..total).collect::<Vec<_>>()
+    );
+    assert_eq!(h.visible_latency_ns().len(), total, "every record counted when visible");
 }
 
 #[test]
@@ -763,6 +871,9 @@ fn two_phase_file_sink_repeated_commit_and_lost_transactions() {
     assert!(out.join(".part-000-000000001.csv.tmp").exists());
     sink.commit(1).unwrap();
     sink.commit(1).unwrap();
+    // The commits run on the sink's thread: wait for them.
+    sink.wait_idle().unwrap();
+    assert_eq!(committed_lines(&out), (0..10).collect::<Vec<_>>());
     drop(sink);
     for _ in 0..2 {
         let mut again = weir_io::two_phase_file_sink(out.clone(), 0, line, stamp);
@@ -800,10 +911,13 @@ fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
     let mut recovered = weir_io::two_phase_sqlite_sink(table.clone(), 0, bind_seq, stamp);
     recovered.restore(2, &state2).unwrap();
     assert_eq!(rows(), (0..20).collect::<Vec<_>>());
-    // ... and the stale first instance's commits are no-ops.
+    // ... and the stale first instance's commits are no-ops (once its
+    // thread ran them).
     sink.commit(1).unwrap();
     sink.commit(2).unwrap();
     recovered.commit(2).unwrap();
+    sink.wait_idle().unwrap();
+    recovered.wait_idle().unwrap();
     assert_eq!(rows(), (0..20).collect::<Vec<_>>(), "no duplicates");
     let conn = Connection::open(&db).unwrap();
     let fence: i64 = conn
@@ -823,6 +937,7 @@ fn sqlite_committed_epoch_fences_repeated_and_stale_commits() {
     h.write_sink(&mut other, &mut vec![(100, 0)]).unwrap();
     let _ = other.pre_commit(1).unwrap();
     other.commit(1).unwrap();
+    other.wait_idle().unwrap();
     assert_eq!(rows().len(), 21);
 }
 
@@ -858,7 +973,7 @@ fn keyed_job(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stre
 
 /// [`keyed_job`], giving the failures that caused its restarts. (Its
 /// checkpoints complete between the failures: a fault test below sees the
-/// detached sync of one fail and the others succeed.)
+/// pre-commit fsync of one fail and the others succeed.)
 fn keyed_job_restarts(mode: CheckpointMode, dir: &Path, sink: impl FnOnce(weir_core::Stream<Count>)) -> Vec<String> {
     let p = Pipeline::new("sinks-test");
     let chaos = Chaos {
@@ -988,18 +1103,29 @@ fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
     let table = SqliteTable::new(dir.path().join("counts.sqlite"), "counts", &["k", "n", "total"])
         .create("CREATE TABLE IF NOT EXISTS counts (k INTEGER, n INTEGER, total INTEGER)");
     let db = table.db.clone();
-    let bind = |r: &Count, row: &mut SqlRow<'_, '_>| {
-        row.push(r.0 as i64).push(r.1 as i64).push(r.2 as i64);
-    };
     let restarts = keyed_job(CheckpointMode::Aligned, dir.path(), move |s| {
         s.sink("2pc-sqlite", move |i| {
-            TwoPhaseCommitSink::new(weir_io::SqliteTransactions::new(table.clone(), i, bind, count_stamp))
+            TwoPhaseCommitSink::new(weir_io::SqliteTransactions::new(
+                table.clone(),
+                i,
+                bind_count,
+                count_stamp,
+            ))
         })
     });
     assert!(restarts >= 1, "{restarts} restarts");
-    let conn = Connection::open(&db).unwrap();
+    assert_exactly_once(&count_rows(&db));
+}
+
+fn bind_count(r: &Count, row: &mut SqlRow<'_, '_>) {
+    row.push(r.0 as i64).push(r.1 as i64).push(r.2 as i64);
+}
+
+/// The rows `(k, n, total)` of table `counts`.
+fn count_rows(db: &Path) -> Vec<(u64, u64, u64)> {
+    let conn = Connection::open(db).unwrap();
     let mut stmt = conn.prepare("SELECT k, n, total FROM counts").unwrap();
-    let rows: Vec<(u64, u64, u64)> = stmt
+    let rows = stmt
         .query_map([], |r| {
             Ok((
                 r.get::<_, i64>(0)? as u64,
@@ -1007,10 +1133,8 @@ fn jobs_with_failures_commit_exactly_once_through_every_transactional_sink() {
                 r.get::<_, i64>(2)? as u64,
             ))
         })
-        .unwrap()
-        .map(|r| r.unwrap())
-        .collect();
-    assert_exactly_once(&rows);
+        .unwrap();
+    rows.map(|r| r.unwrap()).collect()
 }
 
 #[test]
@@ -1048,12 +1172,12 @@ fn a_non_replayable_source_is_refused_in_exactly_once_modes() {
     }
 }
 
-/// The two-phase file sink fsyncs at the barrier off the worker (its
-/// detached pre-commit). A failed fsync there declines its checkpoint and
-/// fails the sink's next call: the job restarts from its last completed
-/// checkpoint, and the output is still exactly once.
+/// The two-phase file sink fsyncs at the barrier on its own thread, off
+/// the worker. A failed fsync there declines its checkpoint and fails the
+/// sink's next call: the job restarts from its last completed checkpoint,
+/// and the output is still exactly once.
 #[test]
-fn a_failed_detached_pre_commit_fsync_restarts_the_job_exactly_once() {
+fn a_failed_pre_commit_fsync_on_the_sinks_thread_restarts_the_job_exactly_once() {
     let _g = serial();
     let dir = scratch();
     let out: PathBuf = dir.path().join("out");
@@ -1180,4 +1304,64 @@ fn wal_sink_backpressures_when_its_log_thread_lags() {
     );
     assert_eq!(committed_lines(&cfg.target_dir), (0..records).collect::<Vec<_>>());
     assert_eq!(sink.buffered_bytes(), 0);
+}
+
+/// Every restart of a job was one of the chaos operator's failures, not an
+/// I/O step caught on a worker.
+fn assert_only_chaos(sink: &str, restarts: &[String]) {
+    assert!(!restarts.is_empty(), "{sink}: no restarts");
+    for e in restarts {
+        assert!(
+            e.contains("injected failure"),
+            "{sink}: restarted for another reason: {e}"
+        );
+    }
+}
+
+/// No worker waits for the disk: with every durable step hit on a worker
+/// failing (`fault::forbid_on_workers`), a keyed job with aligned
+/// checkpoints and injected failures writes through the two-phase file
+/// sink, the two-phase SQLite sink and the upsert sink, exactly once
+/// (effectively once for the upsert sink, whose table is keyed by key and
+/// count).
+#[test]
+fn sinks_with_their_own_threads_do_no_io_on_a_worker() {
+    let _g = serial();
+    let _forbid = ForbidOnWorkers::on();
+
+    let dir = scratch();
+    let out: PathBuf = dir.path().join("out");
+    let o = out.clone();
+    let restarts = keyed_job_restarts(CheckpointMode::Aligned, dir.path(), move |s| {
+        s.sink("2pc-file", move |i| {
+            weir_io::two_phase_file_sink(o.clone(), i, count_line, count_stamp)
+        })
+    });
+    assert_only_chaos("2pc-file", &restarts);
+    assert_exactly_once(&parse_count_lines(&out));
+
+    let dir = scratch();
+    let table = SqliteTable::new(dir.path().join("counts.sqlite"), "counts", &["k", "n", "total"])
+        .create("CREATE TABLE IF NOT EXISTS counts (k INTEGER, n INTEGER, total INTEGER)");
+    let db = table.db.clone();
+    let restarts = keyed_job_restarts(CheckpointMode::Aligned, dir.path(), move |s| {
+        s.sink("2pc-sqlite", move |i| {
+            weir_io::two_phase_sqlite_sink(table.clone(), i, bind_count, count_stamp)
+        })
+    });
+    assert_only_chaos("2pc-sqlite", &restarts);
+    assert_exactly_once(&count_rows(&db));
+
+    let dir = scratch();
+    let table = SqliteTable::new(dir.path().join("counts.sqlite"), "counts", &["k", "n", "total"])
+        .key(&["k", "n"])
+        .create("CREATE TABLE IF NOT EXISTS counts (k INTEGER, n INTEGER, total INTEGER, PRIMARY KEY (k, n))");
+    let db = table.db.clone();
+    let restarts = keyed_job_restarts(CheckpointMode::Aligned, dir.path(), move |s| {
+        s.sink("upsert", move |i| {
+            SqliteUpsertSink::new(table.clone(), i, bind_count, count_stamp)
+        })
+    });
+    assert_only_chaos("upsert", &restarts);
+    assert_exactly_once(&count_rows(&db));
 }

@@ -12,6 +12,14 @@
 //! latencies at commit (`Visible::add`), and hand those to the runtime
 //! at the next `write` or `finish` (`Visible::flush`).
 //!
+//! A sink whose I/O runs on a thread of its own learns when records became
+//! visible (or, for the two-phase sink, whose target reads the stamps
+//! there, when they arrived) from that thread's replies: the thread turns
+//! stamps into `(latency, count)` runs, and the sink hands them to the
+//! runtime at its next call with a context (`Visible::extend`,
+//! `Arrived`), shifted so that the runtime records the latency measured
+//! on the thread, not the time the reply waited.
+//!
 //! Bounded memory: sources stamp whole batches with one clock reading, so
 //! equal stamps come in runs and one run costs one entry. When an epoch holds
 //! more than `MAX_RUNS` (64 Ki) runs (a rated source stamps every record
@@ -53,6 +61,30 @@ impl StampRuns {
             self.coarsen();
         }
         self.runs.push((stamp, 1));
+    }
+
+    /// Notes `count` records emitted at `stamp` (a run of equal stamps).
+    #[inline]
+    pub(crate) fn push_n(&mut self, stamp: u64, count: u64) {
+        if stamp == 0 || count == 0 {
+            return;
+        }
+        if let Some(last) = self.runs.last_mut() {
+            if stamp.abs_diff(last.0) <= self.resolution {
+                last.1 += count;
+                return;
+            }
+        }
+        if self.runs.len() >= MAX_RUNS {
+            self.coarsen();
+        }
+        self.runs.push((stamp, count));
+    }
+
+    /// Appends the latencies `(at_ns - stamp, count)` of these records,
+    /// seen at `at_ns` (visible, for a transactional sink's thread).
+    pub(crate) fn latencies_at(&self, at_ns: u64, out: &mut Vec<(u64, u64)>) {
+        out.extend(self.runs.iter().map(|&(stamp, n)| (at_ns.saturating_sub(stamp), n)));
     }
 
     /// Doubles the resolution and merges runs that are now close enough.
@@ -102,6 +134,12 @@ impl Visible {
         );
     }
 
+    /// Latencies `(latency ns, count)` measured elsewhere (on a sink's own
+    /// thread, when the records became visible).
+    pub(crate) fn extend(&mut self, latencies: &[(u64, u64)]) {
+        self.pending.extend_from_slice(latencies);
+    }
+
     /// Hands the pending latencies to the runtime, as visibility latency.
     pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
         if self.pending.is_empty() {
@@ -116,11 +154,42 @@ impl Visible {
     }
 }
 
+/// Processing latencies measured off the worker, waiting for a
+/// [`SinkContext`]: a sink whose emission stamps are read on its own thread
+/// (the two-phase sink's target knows them) gets `(arrival - emission,
+/// count)` runs back with the thread's reply and records them here, with
+/// the same shift as [`Visible`].
+#[derive(Debug, Default)]
+pub(crate) struct Arrived {
+    /// `(latency ns, count)`.
+    pending: Vec<(u64, u64)>,
+}
+
+impl Arrived {
+    /// Latencies `(latency ns, count)` measured at the records' arrival.
+    pub(crate) fn extend(&mut self, latencies: &[(u64, u64)]) {
+        self.pending.extend_from_slice(latencies);
+    }
+
+    /// Hands the pending latencies to the runtime, as processing latency.
+    pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
+        if self.pending.is_empty() {
+            return;
+        }
+        let now = ctx.now_ns();
+        for (latency, n) in self.pending.drain(..) {
+            // `record_latency_n` measures `now - emitted`: shift the stamp so
+            // that the difference is the latency at arrival.
+            ctx.record_latency_n(now.saturating_sub(latency), n);
+        }
+    }
+}
+
 /// Calls `each(stamp, count)` for every run of equal, known (non-zero)
 /// emission stamps in `batch`: one histogram update per run, since sources
 /// stamp whole batches with one clock reading.
 #[inline]
-fn runs<T>(batch: &[T], emitted_ns: impl Fn(&T) -> u64, mut each: impl FnMut(u64, u64)) {
+pub(crate) fn runs<T>(batch: &[T], emitted_ns: impl Fn(&T) -> u64, mut each: impl FnMut(u64, u64)) {
     let mut run = (0u64, 0u64);
     for r in batch {
         let stamp = emitted_ns(r);
@@ -144,16 +213,6 @@ pub(crate) fn record_arrival<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_
     runs(batch, emitted_ns, |stamp, n| ctx.record_latency_n(stamp, n));
 }
 
-/// Records the latency of `batch`, arrived and visible now (a direct or
-/// idempotent sink): both the processing and the visibility latency.
-#[inline]
-pub(crate) fn record_visible<T>(ctx: &mut SinkContext<'_>, batch: &[T], emitted_ns: impl Fn(&T) -> u64) {
-    runs(batch, emitted_ns, |stamp, n| {
-        ctx.record_latency_n(stamp, n);
-        ctx.record_visible_latency_n(stamp, n);
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,6 +230,47 @@ mod tests {
         let mut v = Visible::default();
         v.add(&s, 100);
         assert_eq!(v.pending, vec![(95, 1000), (93, 1)]);
+    }
+
+    #[test]
+    fn latencies_measured_elsewhere_are_shifted_into_the_histograms() {
+        let mut s = StampRuns::default();
+        s.push_n(5, 3);
+        s.push_n(5, 2);
+        s.push_n(0, 9);
+        s.push_n(8, 1);
+        assert_eq!(s.runs, vec![(5, 5), (8, 1)]);
+        let mut out = Vec::new();
+        s.latencies_at(20, &mut out);
+        assert_eq!(out, vec![(15, 5), (12, 1)]);
+        // A sink that hands them to the runtime at its next call.
+        #[derive(Default)]
+        struct Flush(Arrived, Visible);
+        impl weir_core::Sink<u8> for Flush {
+            fn write(&mut self, batch: &mut Vec<u8>, ctx: &mut SinkContext<'_>) -> Result<(), weir_core::BoxError> {
+                batch.clear();
+                self.0.flush(ctx);
+                self.1.flush(ctx);
+                Ok(())
+            }
+        }
+        let mut sink = Flush::default();
+        sink.0.extend(&[(1_000_000, 4)]);
+        sink.1.extend(&out);
+        let mut h = weir_core::harness::Harness::new(0, 1);
+        h.write_sink(&mut sink, &mut vec![1]).unwrap();
+        h.finish_sink(&mut sink).unwrap();
+        let (arrival, visible) = (h.latency_ns(), h.visible_latency_ns());
+        assert_eq!(arrival.len(), 4);
+        assert!(arrival.equivalent(arrival.value_at_quantile(0.5), 1_000_000));
+        assert_eq!(visible.len(), 6);
+        assert!(
+            visible.max() <= 15 && visible.min() >= 12,
+            "{}..{}",
+            visible.min(),
+            visible.max()
+        );
+        assert!(sink.0.pending.is_empty() && sink.1.pending.is_empty());
     }
 
     #[test]

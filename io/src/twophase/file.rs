@@ -7,10 +7,7 @@
 //!   write (`2pc.file.write`, also before each buffer written);
 //! - pre-commit: the buffer is written, the file fsynced and closed
 //!   (`2pc.file.precommit.fsync`), and the target folder fsynced so that
-//!   the file's name survives a crash (`2pc.file.precommit.dirsync`); in a
-//!   job the sink runs off the worker thread, the two fsyncs
-//!   ([`TwoPhaseCommit::pre_commit_detached`],
-//!   [`TwoPhaseCommit::sync_commits_detached`]);
+//!   the file's name survives a crash (`2pc.file.precommit.dirsync`);
 //! - commit: the file is renamed to `part-<subtask>-<e><suffix>` in the
 //!   same folder (`2pc.file.commit.rename`): readers see it from then on.
 //!   The rename is made durable by the folder's next fsync, at the next
@@ -27,6 +24,9 @@
 //!   existing is an error (lost output);
 //! - abort: the temporary file is deleted (`2pc.file.abort`).
 //!
+//! Every step runs on the sink's own thread (see [`super`]): the writes
+//! and fsyncs block there, never on a worker.
+//!
 //! On recovery, temporary files of this subtask newer than the restored
 //! checkpoint are deleted (also in [`IN_PROGRESS_DIR`], where checkpoints
 //! of earlier versions recorded them; restoring those still commits them
@@ -39,7 +39,7 @@ use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use weir_core::{BoxError, SyncJob};
+use weir_core::BoxError;
 
 use super::TwoPhaseCommit;
 use crate::error::IoContext;
@@ -206,33 +206,22 @@ where
         Ok(())
     }
 
+    /// Writes what is buffered, fsyncs and closes the file, then fsyncs
+    /// the folder: the new file's name, and the renames of commits since
+    /// the last barrier, in one disk wait (the sink's `sync_commits` right
+    /// after then finds nothing to do).
     fn pre_commit(&mut self, txn: &mut FileTxn) -> Result<(), BoxError> {
-        if let Some(sync) = self.pre_commit_detached(txn)? {
-            sync()?;
-        }
-        // The new file's name, and the renames of commits since the last
-        // barrier, in one disk wait.
-        self.sync_commits()
-    }
-
-    /// Writes what is buffered and closes the file here; its fsync is the
-    /// job. (The folder's fsync comes with `sync_commits_detached`, which
-    /// the sink calls right after.)
-    fn pre_commit_detached(&mut self, txn: &mut FileTxn) -> Result<Option<SyncJob>, BoxError> {
-        if txn.bytes == 0 {
-            return Ok(None);
-        }
-        if !self.buf.is_empty() || self.file.is_none() {
-            self.write_out(txn)?;
-        }
-        let temp = self.temp_path(txn);
-        let (_, f) = self.file.take().expect("written above");
-        self.precommitted = true;
-        Ok(Some(Box::new(move || {
+        if txn.bytes > 0 {
+            if !self.buf.is_empty() || self.file.is_none() {
+                self.write_out(txn)?;
+            }
+            let temp = self.temp_path(txn);
+            let (_, f) = self.file.take().expect("written above");
+            self.precommitted = true;
             fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
             weir_core::disk::sync_data(&f).ctx("fsync", &temp)?;
-            Ok(())
-        })))
+        }
+        self.sync_commits()
     }
 
     fn commit(&mut self, txn: &FileTxn) -> Result<(), BoxError> {
@@ -261,17 +250,9 @@ where
         Ok(())
     }
 
-    fn sync_commits(&mut self) -> Result<(), BoxError> {
-        match self.sync_commits_detached()? {
-            Some(sync) => sync(),
-            None => Ok(()),
-        }
-    }
-
     /// The target folder's fsync, if a temporary file was created or a
-    /// commit renamed since the last: the job opens the folder after this
-    /// returns, so its fsync covers every change made before.
-    fn sync_commits_detached(&mut self) -> Result<Option<SyncJob>, BoxError> {
+    /// commit renamed since the last.
+    fn sync_commits(&mut self) -> Result<(), BoxError> {
         // The fault point says which step of the protocol this is: the
         // pre-commit's (a new file's name) or only the commits'.
         let point = if std::mem::take(&mut self.precommitted) {
@@ -280,10 +261,9 @@ where
             FAULT_COMMIT_DIRSYNC
         };
         if !std::mem::take(&mut self.target_dirty) {
-            return Ok(None);
+            return Ok(());
         }
-        let target = self.target.clone();
-        Ok(Some(Box::new(move || Ok(sync_dir(&target, point)?))))
+        Ok(sync_dir(&self.target, point)?)
     }
 
     fn abort(&mut self, txn: &FileTxn) -> Result<(), BoxError> {

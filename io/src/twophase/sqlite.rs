@@ -19,6 +19,9 @@
 //!   wrote, nothing is committed and the loss is reported;
 //! - abort: the epoch's staged rows are deleted (`2pc.sqlite.abort`).
 //!
+//! Every step runs on the sink's own thread (see [`super`]): the
+//! database transactions block there, never on a worker.
+//!
 //! On recovery, staged rows of epochs newer than the restored checkpoint
 //! are deleted, and a fence newer than it (or any, for a start without a
 //! checkpoint) makes the sink refuse to run.
