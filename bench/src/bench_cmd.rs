@@ -371,6 +371,13 @@ pub fn watch(job: &JobHandle, events: u64) {
         );
         b
     });
+    let Some(bar) = bar else {
+        // Nothing to show: the caller joins the job, which wakes nobody
+        // while it runs (a polling thread would wake on the workers'
+        // cores and delay their records).
+        return;
+    };
+    let bar = Some(bar);
     // One atomic load per poll; the bar moves every 100 ms.
     let mut shown = std::time::Instant::now();
     while !job.is_finished() {

@@ -6,6 +6,7 @@
 
 use crate::checkpoint::{CheckpointConfig, RestartStrategy};
 use crate::idle::IdleStrategy;
+use crate::placement::HelperPlacement;
 use crate::{Error, Result};
 
 /// Smallest accepted ring capacity: below this, chunked transfers degrade to
@@ -32,6 +33,13 @@ pub struct RuntimeConfig {
     pub workers: usize,
     /// Pin worker `i` to core `i mod cores` with `core_affinity`. Default: true.
     pub pin_workers: bool,
+    /// Where weir's other threads run (the job thread with the checkpoint
+    /// coordinator, the snapshot pool, sinks' I/O threads). Default:
+    /// [`HelperPlacement::SpareCores`], the cores no worker runs on when
+    /// there are any: with `workers` below the core count, the workers'
+    /// cores run nothing but workers, which keeps checkpoints and sink I/O
+    /// out of processing latency (see `docs/architecture.md`).
+    pub helpers: HelperPlacement,
     /// Slots per SPSC ring (one ring per producer/consumer subtask pair).
     /// Default 2048: two batches in flight per ring. Every queued record is
     /// one an aligned barrier waits behind and an unaligned one persists as
@@ -60,6 +68,7 @@ impl Default for RuntimeConfig {
         RuntimeConfig {
             workers: available_cores(),
             pin_workers: true,
+            helpers: HelperPlacement::SpareCores,
             ring_capacity: 2048,
             batch_size: 1024,
             idle: IdleStrategy::default(),

@@ -60,6 +60,16 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// One of weir's other threads (the job thread, the snapshot pool)
+    /// could not be started.
+    #[error("could not start weir's {what}: {source}")]
+    SpawnHelper {
+        /// Which thread or pool.
+        what: &'static str,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
     /// The state backend failed to read or write its files, or was used
     /// inconsistently (for example restored from handles of another layout).
     #[error("state: {context}: {message}")]

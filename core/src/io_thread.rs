@@ -39,6 +39,8 @@
 //!   [`crate::PreCommit`] job and the runtime acknowledges the checkpoint
 //!   only after the request (say, an `fsync`) completed, waiting on the
 //!   snapshot pool instead of the worker.
+//! - **Placement.** The thread runs on the job's helper cores (see
+//!   [`crate::HelperPlacement`]): those of the thread that spawns it.
 //! - **Drop** stops the thread after the request it is handling (those
 //!   still queued are dropped unhandled, as a crash would) and joins it, so
 //!   no I/O of a failed attempt overlaps with the restore of the next one.
@@ -222,7 +224,10 @@ impl<H: IoHandler> IoThread<H> {
         let shared = Arc::new(Shared::default());
         let s = Arc::clone(&shared);
         let label: Arc<str> = Arc::from(name);
+        // On the job's helper cores, like every weir thread but the workers.
+        let helpers = crate::placement::current();
         let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
+            crate::placement::enter(helpers);
             let mut ticket = 0u64;
             for request in req_rx {
                 if s.stop.load(Ordering::Acquire) {

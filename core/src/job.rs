@@ -30,12 +30,13 @@ use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
 use crate::checkpoint::storage::ManifestGroup;
 use crate::checkpoint::{CheckpointStats, RestartRecord, RestoreFrom};
 use crate::collector::RestoreCtx;
-use crate::config::{available_cores, RuntimeConfig};
+use crate::config::RuntimeConfig;
 use crate::context::TaskContext;
 use crate::error::{Error, Result};
 use crate::idle::{IdleStrategy, Idler, Parker};
 use crate::metrics::{JobMetrics, LatencyPair, MetricsRegistry, TaskCounters};
 use crate::pipeline::{BuildCtx, Plan};
+use crate::placement::{self, HelperCores};
 use crate::task::{Task, TaskPoll};
 
 /// How a job ended.
@@ -208,6 +209,7 @@ fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
     (groups, format!("{fp:016x}"))
 }
 
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     plan: &mut Plan,
     config: &RuntimeConfig,
@@ -215,6 +217,7 @@ fn prepare(
     latency: &LatencyPair,
     root: Option<&Path>,
     next_id: u64,
+    pool: &Arc<rayon::ThreadPool>,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
     let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total))
@@ -287,6 +290,7 @@ fn prepare(
                 group: g,
                 root: Arc::from(root),
                 inline_max: ckpt.map_or(crate::checkpoint::DEFAULT_INLINE_STATE_MAX, |c| c.inline_state_max),
+                pool: Arc::clone(pool),
             });
         }
         if let Some(r) = restored {
@@ -354,7 +358,34 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     if let Some(r) = &restored {
         tracing::info!(job = %plan.name, checkpoint = r.manifest.id, "restoring from checkpoint");
     }
-    let prepared = prepare(&mut plan, &config, restored.as_ref(), &latency, root.as_deref(), 1)?;
+    // The cores this job may use, read once here: threads pinned later
+    // (the job thread, to the helper cores) would see only theirs.
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let core_ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    // Weir's own threads go where the workers are not (`placement`).
+    let tasks: usize = plan.groups.iter().map(|g| g.parallelism).sum();
+    let helpers = placement::helper_cores(
+        &config.helpers,
+        worker_count(&config, tasks),
+        config.pin_workers,
+        &core_ids,
+    )?;
+    let pool = snapshot_pool(helpers.clone(), cores.len().max(1))?;
+    // The first attempt is built and restored on the caller's thread: the
+    // threads its sinks start there follow the helper cores too.
+    let callers = placement::current();
+    placement::set_current(helpers.clone());
+    let prepared = prepare(
+        &mut plan,
+        &config,
+        restored.as_ref(),
+        &latency,
+        root.as_deref(),
+        1,
+        &pool,
+    );
+    placement::set_current(callers);
+    let prepared = prepared?;
     let shared = Arc::new(JobShared {
         cancel: AtomicBool::new(false),
         finished: AtomicBool::new(false),
@@ -371,6 +402,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     let thread = thread::Builder::new()
         .name(format!("weir-job-{name}"))
         .spawn(move || {
+            placement::enter(helpers.clone());
             let mut job = JobRun {
                 plan,
                 config,
@@ -380,6 +412,9 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
                 fingerprint,
                 retained,
                 next_id: 1,
+                helpers,
+                pool,
+                cores,
             };
             let r = job.run(prepared);
             sh.finished.store(true, Ordering::Release);
@@ -405,6 +440,12 @@ struct JobRun {
     retained: VecDeque<u64>,
     /// The lowest checkpoint id the next attempt may use.
     next_id: u64,
+    /// Where weir's own threads run (`placement`).
+    helpers: HelperCores,
+    /// Asynchronous snapshot work of every attempt.
+    pool: Arc<rayon::ThreadPool>,
+    /// The cores the job may use (workers are pinned to them in order).
+    cores: Vec<core_affinity::CoreId>,
 }
 
 enum AttemptEnd {
@@ -469,6 +510,7 @@ impl JobRun {
                 &self.latency,
                 root.as_deref(),
                 self.next_id,
+                &self.pool,
             )?;
             *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
         }
@@ -524,7 +566,14 @@ impl JobRun {
             None => (None, None),
         };
         let state_root = prepared.state_root.clone();
-        let threads = match spawn_workers(prepared.placed, &prepared.parkers, &self.config, &attempt) {
+        let threads = match spawn_workers(
+            prepared.placed,
+            &prepared.parkers,
+            &self.config,
+            &attempt,
+            &self.helpers,
+            &self.cores,
+        ) {
             Ok(t) => t,
             Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
         };
@@ -608,6 +657,23 @@ fn coordinator_error(e: CoordinatorError) -> Error {
     }
 }
 
+/// The job's snapshot pool: asynchronous state snapshots and the waits of
+/// sinks' pre-commits, on the helper cores. Its own pool, so that weir
+/// neither competes with nor re-pins the threads of the application's
+/// global rayon pool.
+fn snapshot_pool(helpers: HelperCores, threads: usize) -> Result<Arc<rayon::ThreadPool>> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name(|i| format!("weir-snapshot-{i}"))
+        .start_handler(move |_| placement::enter(helpers.clone()))
+        .build()
+        .map(Arc::new)
+        .map_err(|e| Error::SpawnHelper {
+            what: "snapshot pool",
+            source: std::io::Error::other(e.to_string()),
+        })
+}
+
 /// Workers of an attempt with `tasks` tasks: the configured number, never
 /// more than there are tasks.
 pub(crate) fn worker_count(config: &RuntimeConfig, tasks: usize) -> usize {
@@ -622,6 +688,8 @@ fn spawn_workers(
     parkers: &[Arc<Parker>],
     config: &RuntimeConfig,
     attempt: &Arc<Attempt>,
+    helpers: &HelperCores,
+    cores: &[core_affinity::CoreId],
 ) -> Result<Vec<JoinHandle<()>>> {
     let workers = parkers.len();
     debug_assert_eq!(workers, worker_count(config, placed.len()));
@@ -629,8 +697,7 @@ fn spawn_workers(
     for (k, p) in placed.into_iter().enumerate() {
         per_worker[k % workers].push(p);
     }
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let idle = if workers > available_cores() {
+    let idle = if workers > cores.len().max(1) {
         IdleStrategy {
             spins: 0,
             ..config.idle
@@ -644,9 +711,12 @@ fn spawn_workers(
         let core = (config.pin_workers && !cores.is_empty()).then(|| cores[w % cores.len()]);
         let a = attempt.clone();
         let parker = parkers[w].clone();
-        let spawned = thread::Builder::new()
-            .name(format!("weir-worker-{w}"))
-            .spawn(move || worker_main(tasks, core, idle, &parker, &a));
+        let h = helpers.clone();
+        let spawned = thread::Builder::new().name(format!("weir-worker-{w}")).spawn(move || {
+            // Threads the tasks start (sinks' I/O threads) go to the helper cores.
+            placement::set_current(h);
+            worker_main(tasks, core, idle, &parker, &a)
+        });
         match spawned {
             Ok(t) => {
                 attempt

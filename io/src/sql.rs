@@ -26,6 +26,10 @@ use crate::{Error, Result};
 /// waiting longer means something is stuck.
 pub const BUSY_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// Pause between two attempts to switch a database to the WAL journal
+/// while another connection holds it (see `open`).
+const JOURNAL_RETRY: Duration = Duration::from_millis(2);
+
 /// A table the SQLite sinks write into.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SqliteTable {
@@ -189,9 +193,22 @@ pub(crate) fn open(table: &SqliteTable, subtask: usize) -> Result<Connection> {
     let conn = Connection::open(&table.db).map_err(table.err("open"))?;
     conn.busy_timeout(BUSY_TIMEOUT)
         .map_err(table.err("set the busy timeout"))?;
-    let mode: String = conn
-        .pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0))
-        .map_err(table.err("switch to the WAL journal"))?;
+    // Switching the journal needs the database to itself, and SQLite
+    // answers "busy" at once, without its busy handler, when another
+    // connection (a sibling subtask opening at the same moment) holds a
+    // lock: retry, within the same bound as every other wait here.
+    let deadline = std::time::Instant::now() + BUSY_TIMEOUT;
+    let mode: String = loop {
+        match conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)) {
+            Ok(mode) => break mode,
+            Err(rusqlite::Error::SqliteFailure(f, _))
+                if f.code == rusqlite::ErrorCode::DatabaseBusy && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(JOURNAL_RETRY);
+            }
+            Err(e) => return Err(table.err("switch to the WAL journal")(e)),
+        }
+    };
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(Error::Sqlite {
             db: table.db.clone(),

@@ -141,6 +141,8 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) root: Arc<std::path::Path>,
     /// `CheckpointConfig::inline_state_max`.
     pub(crate) inline_max: usize,
+    /// Where asynchronous snapshot work runs (the job's snapshot pool).
+    pub(crate) pool: Arc<rayon::ThreadPool>,
 }
 
 impl TaskCheckpointing {

@@ -16,6 +16,7 @@
 //! size and whole-frame CRC32.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
@@ -234,7 +235,7 @@ pub(crate) struct TaskAck {
 /// task's thread, and acknowledged at once: it goes inline into the
 /// manifest, with no file and no hand-off to another thread, each of which
 /// costs the checkpoint time on a machine whose cores are busy. Anything
-/// else is written to files on the snapshot pool (rayon) and acknowledged
+/// else is written to files on the job's snapshot pool and acknowledged
 /// from there.
 pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let small = snapshot.state.state_bytes() + snapshot.state.channel_bytes();
@@ -265,7 +266,8 @@ pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
 /// Runs the state jobs and writes the task state on the snapshot pool.
 fn write_off_thread(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let ck = ck.clone();
-    rayon::spawn(move || {
+    let pool = Arc::clone(&ck.pool);
+    pool.spawn(move || {
         let id = snapshot.id();
         let task = ck.task;
         match write_task_state(snapshot, &ck) {

@@ -187,6 +187,13 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         self.arena.snapshot_inline(checkpoint_id)
     }
 
+    /// The barrier's part of an inline snapshot: the pages copied, their
+    /// packing left to [`super::arena::InlineCopy::encode`], off the task
+    /// thread.
+    pub(crate) fn snapshot_inline_copy(&mut self, checkpoint_id: u64) -> super::arena::InlineCopy {
+        self.arena.snapshot_inline_copy(checkpoint_id)
+    }
+
     /// See [`super::ValueStore::full_snapshot_bytes`].
     pub fn full_snapshot_bytes(&self) -> usize {
         self.arena.image_bytes()

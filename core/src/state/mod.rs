@@ -43,7 +43,7 @@
 //! `docs/state.md` describes the page layout, the snapshot protocol and the
 //! file format in full, with measured figures.
 
-mod arena;
+pub(crate) mod arena;
 mod codec;
 mod format;
 mod handle;

@@ -541,6 +541,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         self.arena.snapshot_inline(checkpoint_id)
     }
 
+    /// The barrier's part of an inline snapshot: the pages copied, their
+    /// packing left to [`super::arena::InlineCopy::encode`], off the task
+    /// thread.
+    pub(crate) fn snapshot_inline_copy(&mut self, checkpoint_id: u64) -> super::arena::InlineCopy {
+        self.arena.snapshot_inline_copy(checkpoint_id)
+    }
+
     /// Bytes of a full snapshot of the store now as plain page images with
     /// their record headers, a file header and trailer: the most
     /// [`ValueStore::snapshot_inline`]'s image can take (pages are packed
