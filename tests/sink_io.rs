@@ -231,6 +231,9 @@ impl<S: Sink<Rec> + Buffered> Sink<Rec> for Watch<S> {
         self.note();
         r
     }
+    fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.inner.open(ctx)
+    }
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
         let r = self.inner.ready(ctx);
         self.note();

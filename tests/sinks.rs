@@ -817,7 +817,7 @@ fn slow_targets_backpressure_the_sink_and_nothing_is_lost() {
         &mut sink,
         &mut h,
         |s| s.buffered_records(),
-        twophase::MAX_BUFFERED_RECORDS,
+        twophase::SQLITE_MAX_BUFFERED_RECORDS,
         total,
         1_000,
     );

@@ -63,6 +63,10 @@ pub struct BenchArgs {
     /// Where checkpoints go [default: a temporary folder, removed afterwards].
     #[arg(long)]
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Where keyed state's memory-mapped working files live
+    /// (`RuntimeConfig::state_dir`) [default: the runtime's default].
+    #[arg(long)]
+    pub state_dir: Option<std::path::PathBuf>,
     /// Append one JSON object per run to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
@@ -201,6 +205,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         );
         if let Some(c) = config.checkpointing.as_mut() {
             c.max_concurrent = args.max_concurrent_checkpoints;
+        }
+        if let Some(d) = &args.state_dir {
+            config.state_dir = Some(d.clone());
         }
         let result = run_one(&spec, config, args.mode, args.platform_probe.on());
         if temporary {

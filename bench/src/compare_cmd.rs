@@ -94,6 +94,14 @@ pub struct CompareArgs {
     /// Parallelism of every operator [default: one per core].
     #[arg(long)]
     pub parallelism: Option<usize>,
+    /// Worker threads of the open-loop (latency) runs [default: one per
+    /// core but one, at least 1]. The cores left over run weir's other
+    /// threads (checkpoint coordinator, snapshot pool, sinks' I/O threads:
+    /// `HelperPlacement::SpareCores`), so checkpoints and sink I/O never
+    /// take a worker's core: what a latency-minded embedding would do.
+    /// The closed-loop (throughput) runs use one worker per core.
+    #[arg(long)]
+    pub open_workers: Option<usize>,
     /// Measure the machine's own delays beside every run (the platform probe).
     #[arg(long, value_enum, default_value = "on")]
     pub platform_probe: Switch,
@@ -242,6 +250,8 @@ struct Plan {
     scenario: Scenario,
     parallelism: usize,
     cores: usize,
+    /// Workers of the open-loop runs.
+    open_workers: usize,
     slow_ns: u64,
     closed_events: u64,
     open_events: u64,
@@ -272,8 +282,9 @@ impl Plan {
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();
+        let workers = if rate.is_some() { self.open_workers } else { self.cores };
         let config = runtime_config(
-            self.cores,
+            workers,
             defaults.ring_capacity,
             defaults.batch_size,
             mode,
@@ -310,6 +321,9 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     }
     if args.events == Some(0) {
         return Err(CliError::Usage("--events must be at least 1".into()));
+    }
+    if args.open_workers == Some(0) {
+        return Err(CliError::Usage("--open-workers must be at least 1".into()));
     }
     if args.parallelism == Some(0) {
         return Err(CliError::Usage("--parallelism must be at least 1".into()));
@@ -353,6 +367,7 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
         scenario: args.scenario,
         parallelism: args.parallelism.unwrap_or(cores),
         cores,
+        open_workers: args.open_workers.unwrap_or(cores.saturating_sub(1).max(1)),
         slow_ns,
         closed_events: args.events.unwrap_or(if slow_ns > 0 { 400_000 } else { 10_000_000 }),
         open_events: ((args.rate * args.open_seconds) as u64).max(1000),
@@ -389,6 +404,20 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
          row at the first, {} ms",
         join(&intervals, ", "),
         intervals[0]
+    );
+    println!(
+        "workers: {} in the open-loop runs ({}), {} in the closed-loop runs",
+        plan.open_workers,
+        if plan.open_workers < plan.cores {
+            let spare = plan.cores - plan.open_workers;
+            format!(
+                "one core each; weir's other threads on the {spare} other core{}",
+                if spare > 1 { "s" } else { "" }
+            )
+        } else {
+            "no spare core: weir's other threads share the workers' cores".to_string()
+        },
+        plan.cores
     );
     println!(
         "measured now on this machine: {} ({} cores), unix time {}",

@@ -275,6 +275,10 @@ impl Sink<Event> for CountSink {
         Ok(())
     }
 
+    fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        self.inner.as_mut().map_or(Ok(()), |s| s.open(ctx))
+    }
+
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
         self.inner.as_mut().map_or(Ok(true), |s| s.ready(ctx))
     }

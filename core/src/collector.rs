@@ -17,6 +17,10 @@
 //! - `notify` tells the operator a checkpoint completed (commit) or was
 //!   aborted, then passes the notice on;
 //! - `restore` loads the operator's state before the first record;
+//! - `open` is called once before the job's workers start (after any
+//!   restore), on the thread that starts the job, and passed on: a sink
+//!   starts its own threads there, so the first record does not pay for
+//!   that on a worker;
 //! - `watermark` tells the operator event time advanced to `wm` (or, for
 //!   [`crate::time::IDLE`], that its input went idle); operators with
 //!   event-time timers fire them, then pass the watermark on, in order with
@@ -64,6 +68,10 @@ pub(crate) trait Collector<T>: Send {
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError>;
     fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError>;
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    /// Nothing to open by default (the end of a chain at an exchange).
+    fn open(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
 }
 
 impl<T> Collector<T> for Box<dyn Collector<T>> {
@@ -92,6 +100,9 @@ impl<T> Collector<T> for Box<dyn Collector<T>> {
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         (**self).tick(ctx)
+    }
+    fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        (**self).open(ctx)
     }
 }
 
@@ -127,8 +138,8 @@ macro_rules! forward_control {
 }
 pub(crate) use forward_control;
 
-/// Implements `flush` and `finish` of an operator whose next collector is
-/// the field `next`: both are passed on.
+/// Implements `flush`, `finish` and `open` of an operator whose next
+/// collector is the field `next`: all are passed on.
 macro_rules! forward_flow {
     () => {
         fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
@@ -136,6 +147,9 @@ macro_rules! forward_flow {
         }
         fn finish(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
             self.next.finish(ctx)
+        }
+        fn open(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.open(ctx)
         }
     };
 }

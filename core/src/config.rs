@@ -58,8 +58,17 @@ pub struct RuntimeConfig {
     /// What happens when a task fails. Default: the job fails.
     pub restart: RestartStrategy,
     /// Where keyed state's memory-mapped working files live (each attempt
-    /// uses a fresh subfolder, removed when it ends). Default: the system's
-    /// temporary folder.
+    /// uses a fresh subfolder, removed when it ends). Default (`None`):
+    /// [`default_state_dir`], a memory file system where there is one.
+    ///
+    /// The working files are scratch (checkpoints are what is durable), so
+    /// on a disk their only effect is the kernel writing dirty state pages
+    /// back every few seconds: workers then stall at their next write to
+    /// those pages, and on a virtual machine the hypervisor's disk work
+    /// steals milliseconds from the cores. Set a disk folder here for a
+    /// state larger than memory (the kernel then pages cold state out);
+    /// mind that a store outgrowing its file system fails the process
+    /// (SIGBUS), on a disk as in memory.
     pub state_dir: Option<std::path::PathBuf>,
 }
 
@@ -77,6 +86,35 @@ impl Default for RuntimeConfig {
             state_dir: None,
         }
     }
+}
+
+/// The folder for keyed state's working files when
+/// [`RuntimeConfig::state_dir`] is not set: `/dev/shm` where it is a
+/// writable folder (a memory file system on Linux), else the system's
+/// temporary folder.
+///
+/// With 10,000 keys at 200,000 events/s on a 2-core virtual machine, the
+/// state's pages on the disk-backed temporary folder gave processing
+/// latency p99.9 of 5.5-12 ms and a platform probe p99.9 of 3.3-5.9 ms
+/// (the writeback's disk work), against 0.4-1.1 ms and 0.04-0.08 ms in
+/// `/dev/shm` (docs/benchmarks.md).
+pub fn default_state_dir() -> std::path::PathBuf {
+    let shm = std::path::Path::new("/dev/shm");
+    let writable =
+        shm.is_dir() && std::fs::metadata(shm).is_ok_and(|m| !m.permissions().readonly()) && tempfile_probe(shm);
+    if writable {
+        shm.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    }
+}
+
+/// Whether a folder can be created (and removed) in `dir`.
+fn tempfile_probe(dir: &std::path::Path) -> bool {
+    let probe = dir.join(format!("weir-probe-{}-{}", std::process::id(), crate::clock::now_ns()));
+    let ok = std::fs::create_dir(&probe).is_ok();
+    let _ = std::fs::remove_dir(&probe);
+    ok
 }
 
 /// Number of cores this process may run on (at least 1).

@@ -313,6 +313,12 @@ fn prepare(
             })?;
             ctx.notified = r.manifest.id;
         }
+        task.open(&mut ctx).map_err(|e| Error::OperatorFailed {
+            operator: ctx.operator_name().to_string(),
+            subtask: i,
+            parallelism: group.parallelism,
+            message: format!("could not open: {e}"),
+        })?;
         out.push(Placed { task, ctx });
     }
     Ok(Prepared {

@@ -64,7 +64,10 @@ pub mod window;
 mod ring_tests;
 
 pub use checkpoint::{CheckpointConfig, CheckpointMode, CheckpointStats, RestartStrategy, RestoreFrom, RetainOnCancel};
-pub use config::{available_cores, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS, MIN_RING_CAPACITY};
+pub use config::{
+    available_cores, default_state_dir, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS,
+    MIN_RING_CAPACITY,
+};
 pub use context::{SinkContext, SourceContext};
 pub use data::Data;
 pub use error::{BoxError, Error, Result};

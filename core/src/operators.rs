@@ -107,6 +107,10 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
         ctx.publish_latency();
         Ok(())
     }
+    fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.current_op = self.op;
+        self.sink.open(&mut SinkContext { task: ctx })
+    }
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         match self.sink.pre_commit_detached(barrier.id)?.into_job() {

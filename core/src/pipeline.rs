@@ -116,7 +116,7 @@ impl BuildCtx {
         let state_root = config
             .state_dir
             .clone()
-            .unwrap_or_else(std::env::temp_dir)
+            .unwrap_or_else(crate::config::default_state_dir)
             .join(format!("weir-state-{}-{}", std::process::id(), crate::clock::now_ns()));
         let mut offsets = Vec::with_capacity(plan.groups.len());
         let mut k = 0;

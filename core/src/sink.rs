@@ -165,6 +165,15 @@ pub trait Sink<T>: Send + 'static {
         Ok(true)
     }
 
+    /// Called once before the job's workers start (after
+    /// [`Sink::restore`], if the job restores), on the thread that starts
+    /// or restarts the job: start the sink's own threads (and queue their
+    /// first requests, such as opening files) here, so that the first
+    /// record does not pay for that on a worker. The default does nothing.
+    fn open(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        Ok(())
+    }
+
     /// End of stream: every record has been written; flush and close (or
     /// submit that work, and return true from [`Sink::ready`] once done).
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {

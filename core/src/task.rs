@@ -63,6 +63,9 @@ pub(crate) trait Task: Send {
     }
     /// Loads the task's state from a checkpoint before its first poll.
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    /// Opens the chain (sinks start their threads) before the workers
+    /// start, after any restore.
+    fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError>;
 }
 
 /// Lifecycle of a task; shared by both drivers.
@@ -304,6 +307,10 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             SourcePoll::Ready if emitted > 0 || injected => Ok(TaskPoll::Progress),
             SourcePoll::Ready | SourcePoll::Idle => Ok(if injected { TaskPoll::Progress } else { TaskPoll::Idle }),
         }
+    }
+
+    fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.chain.open(ctx)
     }
 
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -875,6 +882,10 @@ impl<T: Data> Task for InputTask<T> {
             return Ok(TaskPoll::Progress);
         }
         Ok(if progressed { TaskPoll::Progress } else { TaskPoll::Idle })
+    }
+
+    fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.chain.open(ctx)
     }
 
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {

@@ -390,12 +390,22 @@ where
         self.send(Some(now))
     }
 
+    fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        // The thread, and the file's opening as its first request, before
+        // the first record.
+        self.wake_me(ctx)
+    }
+
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
         if self.io.is_some() {
             self.wake_me(ctx)?;
         }
         self.take_replies()?;
-        self.visible.flush(ctx);
+        if self.finishing {
+            self.visible.flush_all(ctx);
+        } else {
+            self.visible.flush(ctx);
+        }
         let now = ctx.now_ns();
         self.send(Some(now))?;
         if self.finishing {

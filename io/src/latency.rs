@@ -20,17 +20,23 @@
 //! `Arrived`), shifted so that the runtime records the latency measured
 //! on the thread, not the time the reply waited.
 //!
-//! Bounded memory: sources stamp whole batches with one clock reading, so
-//! equal stamps come in runs and one run costs one entry. When an epoch holds
-//! more than `MAX_RUNS` (64 Ki) runs (a rated source stamps every record
-//! differently), runs closer than a resolution are merged and the
-//! resolution doubles: the error of a latency is at most that resolution.
-//! A stamp of 0 means "unknown" and is not recorded.
+//! Bounded memory and bounded work: sources stamp whole batches with one
+//! clock reading, so equal stamps come in runs and one run costs one entry.
+//! When an epoch holds more than `MAX_RUNS` (4 Ki) runs (a rated source
+//! stamps every record differently), runs closer than a resolution are
+//! merged and the resolution doubles: the error of a latency is at most
+//! that resolution, about the epoch's length / 2,048 (250-500 µs of a
+//! one-second epoch, whose records wait up to a second to be visible).
+//! Every run is one histogram update on the worker at commit, so fewer
+//! runs is less work there. A stamp of 0 means "unknown" and is not
+//! recorded.
 
 use weir_core::SinkContext;
 
-/// Most runs kept per epoch: 64 Ki runs of 16 bytes, 1 MiB.
-pub(crate) const MAX_RUNS: usize = 1 << 16;
+/// Most runs kept per epoch: 4 Ki runs of 16 bytes, 64 KiB, and as many
+/// histogram updates at commit (64 Ki were 1 MiB and over a millisecond of
+/// the worker's time per commit of a one-second epoch).
+pub(crate) const MAX_RUNS: usize = 1 << 12;
 
 /// The first resolution used when an epoch overflows [`MAX_RUNS`]: 1 µs.
 const FIRST_RESOLUTION_NS: u64 = 1_000;
@@ -117,17 +123,66 @@ impl StampRuns {
     }
 }
 
+/// Latency entries `(latency ns, count)` handed to the runtime per call of
+/// a queue's `flush`: 1,024 histogram updates, ~20 µs. A commit of a long
+/// epoch brings tens of thousands of runs at once (a rated source stamps
+/// every record differently); recording them all in one call stalled the
+/// worker for a millisecond and more, so a queue drains over several turns.
+pub(crate) const FLUSH_BUDGET: usize = 1024;
+
+/// Latencies measured away from a [`SinkContext`] (at a commit, on a
+/// sink's own thread), waiting to be recorded; see [`FLUSH_BUDGET`].
+#[derive(Debug, Default)]
+struct Queue {
+    /// `(latency ns, count)`; those before `next` are recorded.
+    entries: Vec<(u64, u64)>,
+    next: usize,
+}
+
+impl Queue {
+    fn extend(&mut self, latencies: impl IntoIterator<Item = (u64, u64)>) {
+        self.entries.extend(latencies);
+    }
+
+    fn is_empty(&self) -> bool {
+        self.next == self.entries.len()
+    }
+
+    /// Hands at most `budget` entries to `record(shifted stamp, count)`:
+    /// the runtime measures `now - emitted`, so the stamp is shifted to make
+    /// that difference the measured latency.
+    fn flush(
+        &mut self,
+        ctx: &mut SinkContext<'_>,
+        budget: usize,
+        mut record: impl FnMut(&mut SinkContext<'_>, u64, u64),
+    ) {
+        if self.is_empty() {
+            return;
+        }
+        let now = ctx.now_ns();
+        let end = self.entries.len().min(self.next.saturating_add(budget));
+        for &(latency, n) in &self.entries[self.next..end] {
+            record(ctx, now.saturating_sub(latency), n);
+        }
+        self.next = end;
+        if self.is_empty() {
+            self.entries.clear();
+            self.next = 0;
+        }
+    }
+}
+
 /// Latencies of records that became visible, waiting for a [`SinkContext`].
 #[derive(Debug, Default)]
 pub(crate) struct Visible {
-    /// `(latency ns, count)`.
-    pending: Vec<(u64, u64)>,
+    queue: Queue,
 }
 
 impl Visible {
     /// The records of `runs` became visible at `visible_ns`.
     pub(crate) fn add(&mut self, runs: &StampRuns, visible_ns: u64) {
-        self.pending.extend(
+        self.queue.extend(
             runs.runs
                 .iter()
                 .map(|&(stamp, n)| (visible_ns.saturating_sub(stamp), n)),
@@ -137,20 +192,21 @@ impl Visible {
     /// Latencies `(latency ns, count)` measured elsewhere (on a sink's own
     /// thread, when the records became visible).
     pub(crate) fn extend(&mut self, latencies: &[(u64, u64)]) {
-        self.pending.extend_from_slice(latencies);
+        self.queue.extend(latencies.iter().copied());
     }
 
-    /// Hands the pending latencies to the runtime, as visibility latency.
+    /// Hands up to [`FLUSH_BUDGET`] pending latencies to the runtime, as
+    /// visibility latency (all of them with `all`, at the end).
     pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let now = ctx.now_ns();
-        for (latency, n) in self.pending.drain(..) {
-            // `record_visible_latency_n` measures `now - emitted`: shift the
-            // stamp so that the difference is the latency at visibility.
-            ctx.record_visible_latency_n(now.saturating_sub(latency), n);
-        }
+        self.queue.flush(ctx, FLUSH_BUDGET, |ctx, stamp, n| {
+            ctx.record_visible_latency_n(stamp, n)
+        });
+    }
+
+    /// Hands every pending latency to the runtime (at the end of input).
+    pub(crate) fn flush_all(&mut self, ctx: &mut SinkContext<'_>) {
+        self.queue
+            .flush(ctx, usize::MAX, |ctx, stamp, n| ctx.record_visible_latency_n(stamp, n));
     }
 }
 
@@ -161,27 +217,26 @@ impl Visible {
 /// the same shift as [`Visible`].
 #[derive(Debug, Default)]
 pub(crate) struct Arrived {
-    /// `(latency ns, count)`.
-    pending: Vec<(u64, u64)>,
+    queue: Queue,
 }
 
 impl Arrived {
     /// Latencies `(latency ns, count)` measured at the records' arrival.
     pub(crate) fn extend(&mut self, latencies: &[(u64, u64)]) {
-        self.pending.extend_from_slice(latencies);
+        self.queue.extend(latencies.iter().copied());
     }
 
-    /// Hands the pending latencies to the runtime, as processing latency.
+    /// Hands up to [`FLUSH_BUDGET`] pending latencies to the runtime, as
+    /// processing latency.
     pub(crate) fn flush(&mut self, ctx: &mut SinkContext<'_>) {
-        if self.pending.is_empty() {
-            return;
-        }
-        let now = ctx.now_ns();
-        for (latency, n) in self.pending.drain(..) {
-            // `record_latency_n` measures `now - emitted`: shift the stamp so
-            // that the difference is the latency at arrival.
-            ctx.record_latency_n(now.saturating_sub(latency), n);
-        }
+        self.queue
+            .flush(ctx, FLUSH_BUDGET, |ctx, stamp, n| ctx.record_latency_n(stamp, n));
+    }
+
+    /// Hands every pending latency to the runtime (at the end of input).
+    pub(crate) fn flush_all(&mut self, ctx: &mut SinkContext<'_>) {
+        self.queue
+            .flush(ctx, usize::MAX, |ctx, stamp, n| ctx.record_latency_n(stamp, n));
     }
 }
 
@@ -229,7 +284,7 @@ mod tests {
         assert_eq!(s.count(), 1001);
         let mut v = Visible::default();
         v.add(&s, 100);
-        assert_eq!(v.pending, vec![(95, 1000), (93, 1)]);
+        assert_eq!(v.queue.entries, vec![(95, 1000), (93, 1)]);
     }
 
     #[test]
@@ -254,6 +309,10 @@ mod tests {
                 Ok(())
             }
         }
+        // The clock counts from its first reading: a latency can never
+        // exceed the time since, so let 1 ms pass first.
+        let _ = weir_core::clock::now_ns();
+        std::thread::sleep(std::time::Duration::from_millis(2));
         let mut sink = Flush::default();
         sink.0.extend(&[(1_000_000, 4)]);
         sink.1.extend(&out);
@@ -270,7 +329,7 @@ mod tests {
             visible.min(),
             visible.max()
         );
-        assert!(sink.0.pending.is_empty() && sink.1.pending.is_empty());
+        assert!(sink.0.queue.is_empty() && sink.1.queue.is_empty());
     }
 
     #[test]

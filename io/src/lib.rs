@@ -126,7 +126,8 @@ where
 }
 
 /// A two-phase-commit SQLite sink for `subtask` into `table`:
-/// `TwoPhaseCommitSink::new(SqliteTransactions::new(table, subtask, bind, emitted_ns))`.
+/// `TwoPhaseCommitSink::new(SqliteTransactions::new(table, subtask, bind, emitted_ns))`
+/// with [`twophase::SQLITE_MAX_BUFFERED_RECORDS`] as its buffer bound.
 pub fn two_phase_sqlite_sink<T, B, E>(
     table: SqliteTable,
     subtask: usize,
@@ -139,4 +140,5 @@ where
     E: Fn(&T) -> u64 + Send + 'static,
 {
     TwoPhaseCommitSink::new(SqliteTransactions::new(table, subtask, bind, emitted_ns))
+        .max_buffered_records(twophase::SQLITE_MAX_BUFFERED_RECORDS)
 }

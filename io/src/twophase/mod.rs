@@ -67,7 +67,7 @@
 //!   that starts the job, not on a worker) waits for its request.
 //!
 //! **Bounded memory, never a dropped record**: when more than
-//! [`MAX_BUFFERED_RECORDS`] records are staged or handed over and not yet
+//! [`TwoPhaseCommitSink::max_buffered_records`] records are staged or handed over and not yet
 //! written by the thread, [`Sink::ready`] says false and the task reads no
 //! input (backpressure, like a full ring) until the thread catches up; its
 //! completions wake the worker.
@@ -109,29 +109,33 @@ pub use sqlite::{SqliteTransactions, SqliteTxn, SQLITE_FAULT_POINTS};
 /// million records a second, a thousand wake-ups.
 pub const BATCH_RECORDS: usize = 1024;
 
-/// Batches of [`BATCH_RECORDS`] that may wait for the sink's thread (staged
-/// or handed over, not yet written): 2, so that the thread finds the next
-/// batch queued when it finishes one.
-pub const MAX_BATCHES: usize = 2;
+/// Spare record vectors kept for reuse: a batch being written while the
+/// next is staged.
+const SPARE_BATCHES: usize = 2;
 
 /// Records staged or handed to the sink's thread, not yet written, beyond
-/// which [`Sink::ready`] says false: [`MAX_BATCHES`] batches, 2,048
-/// records, as many as one ring holds by default. Memory stays below this
-/// plus one scheduling turn's output.
-///
-/// Small on purpose: a barrier's pre-commit waits on the thread for every
-/// record handed over before it, so a slow target (SQLite, shared by
-/// several subtasks, stages some 50,000 rows a second on a loaded
-/// two-core machine) delays every checkpoint by this bound over its
-/// throughput. (`sqlite_exactly_once`, checkpoint duration median: 2,048
-/// records 51-65 ms, as with the writes on the worker; 4,096 records
-/// 87-122 ms; 32,768 records 233 ms.)
-pub const MAX_BUFFERED_RECORDS: usize = BATCH_RECORDS * MAX_BATCHES;
+/// which [`Sink::ready`] says false, by default
+/// ([`TwoPhaseCommitSink::max_buffered_records`]): 32,768, some 160 ms at
+/// 200,000 records/s, so that the target's pre-commit fsyncs (which hold
+/// its thread for milliseconds, tens at the tail of a busy disk) do not
+/// stop the job; with 2,048, one slow fsync backpressured the keyed
+/// benchmark for over 100 ms. Memory stays below this plus one scheduling
+/// turn's output.
+pub const DEFAULT_MAX_BUFFERED_RECORDS: usize = 32 * BATCH_RECORDS;
 
-/// Requests to the sink's thread: the writes (about [`MAX_BATCHES`]), the
-/// barriers, commits and the end. 64 bounds the barriers and commits that
-/// can queue behind a stalled target before the worker waits.
-const IO_QUEUE: usize = 64;
+/// The bound [`crate::two_phase_sqlite_sink`] sets: 2,048 records. A
+/// barrier's pre-commit waits on the thread for every record handed over
+/// before it, so a slow target (SQLite, shared by several subtasks, stages
+/// some 50,000 rows a second on a loaded two-core machine) delays every
+/// checkpoint by this bound over its throughput (`sqlite_exactly_once`,
+/// checkpoint duration median: 2,048 records 51-65 ms, as with the writes
+/// on the worker; 4,096 records 87-122 ms; 32,768 records 233 ms).
+pub const SQLITE_MAX_BUFFERED_RECORDS: usize = 2 * BATCH_RECORDS;
+
+/// Requests to the sink's thread besides the writes: barriers, commits and
+/// the end. 64 bound those that can queue behind a stalled target before
+/// the worker waits.
+const CONTROL_QUEUE: usize = 64;
 
 /// Spare vectors of commit latencies kept for reuse.
 const SPARE_LATENCIES: usize = 4;
@@ -526,6 +530,8 @@ pub struct TwoPhaseCommitSink<T: Send + 'static, P: TwoPhaseCommit<T>> {
     finishing: bool,
     /// The waker was handed to the thread.
     waker_set: bool,
+    /// See [`TwoPhaseCommitSink::max_buffered_records`].
+    max_buffered: usize,
 }
 
 impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
@@ -547,7 +553,18 @@ impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
             visible: Visible::default(),
             finishing: false,
             waker_set: false,
+            max_buffered: DEFAULT_MAX_BUFFERED_RECORDS,
         }
+    }
+
+    /// Sets how many records may be staged or handed to the sink's thread
+    /// and not yet written before [`Sink::ready`] says false (default
+    /// [`DEFAULT_MAX_BUFFERED_RECORDS`]; at least one batch,
+    /// [`BATCH_RECORDS`]). Smaller for a slow target, whose pre-commit
+    /// waits for all of them; larger for a target whose syncs stall.
+    pub fn max_buffered_records(mut self, records: usize) -> Self {
+        self.max_buffered = records.max(BATCH_RECORDS);
+        self
     }
 
     /// Checkpoints whose transactions are pre-committed, waiting for commit
@@ -559,7 +576,7 @@ impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
 
     /// Records handed to the sink and not yet written into the target by
     /// its thread (staged, or in writes in flight). [`Sink::ready`] says
-    /// false from [`MAX_BUFFERED_RECORDS`] on.
+    /// false from [`TwoPhaseCommitSink::max_buffered_records`] on.
     pub fn buffered_records(&self) -> usize {
         self.staged.len() + self.in_flight_records
     }
@@ -583,7 +600,8 @@ impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
                 .target
                 .take()
                 .ok_or("two-phase commit sink: its thread could not be started, and took the target along")?;
-            let mut io = IoThread::spawn("weir-2pc", target, IO_QUEUE)
+            let queue = self.max_buffered.div_ceil(BATCH_RECORDS) + 1 + CONTROL_QUEUE;
+            let mut io = IoThread::spawn("weir-2pc", target, queue)
                 .map_err(|e| format!("two-phase commit sink: cannot start its thread: {e}"))?;
             if !restoring {
                 io.submit(Request::Start)?;
@@ -625,7 +643,7 @@ impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
                     self.in_flight_records -= bufs.len;
                     self.arrived.extend(&bufs.latencies);
                     bufs.latencies.clear();
-                    if self.spare.len() <= MAX_BATCHES {
+                    if self.spare.len() <= SPARE_BATCHES {
                         self.spare.push(bufs);
                     }
                 }
@@ -699,17 +717,28 @@ where
         Ok(())
     }
 
+    fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        // The thread, and the fresh start (or nothing, after a restore), before
+        // the first record.
+        self.wake_me(ctx)
+    }
+
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
         if self.io.is_some() {
             self.wake_me(ctx)?;
         }
         self.take_replies()?;
-        self.arrived.flush(ctx);
-        self.visible.flush(ctx);
+        if self.finishing {
+            self.arrived.flush_all(ctx);
+            self.visible.flush_all(ctx);
+        } else {
+            self.arrived.flush(ctx);
+            self.visible.flush(ctx);
+        }
         if self.finishing {
             return Ok(self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
         }
-        Ok(self.buffered_records() < MAX_BUFFERED_RECORDS)
+        Ok(self.buffered_records() < self.max_buffered)
     }
 
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
@@ -1061,13 +1090,16 @@ mod tests {
             next = hi;
             most = most.max(sink.buffered_records());
             assert!(
-                sink.buffered_records() <= MAX_BUFFERED_RECORDS + batch as usize,
+                sink.buffered_records() <= DEFAULT_MAX_BUFFERED_RECORDS + batch as usize,
                 "{} records buffered",
                 sink.buffered_records()
             );
         }
         assert!(not_ready > 0, "the sink never backpressured");
-        assert!(most >= MAX_BUFFERED_RECORDS, "the bound was never reached: {most}");
+        assert!(
+            most >= DEFAULT_MAX_BUFFERED_RECORDS,
+            "the bound was never reached: {most}"
+        );
         let _ = sink.pre_commit(1).unwrap();
         sink.commit(1).unwrap();
         h.finish_sink(&mut sink).unwrap();

@@ -948,13 +948,23 @@ where
         Ok(())
     }
 
+    fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        // The threads, and the fresh start's requests, before the first record.
+        self.running()?.wake_me(ctx);
+        Ok(())
+    }
+
     fn ready(&mut self, ctx: &mut SinkContext<'_>) -> Result<bool, BoxError> {
         let Some(run) = self.run.as_mut() else {
             return Ok(true);
         };
         run.wake_me(ctx);
         run.take_replies()?;
-        run.visible.flush(ctx);
+        if run.finishing {
+            run.visible.flush_all(ctx);
+        } else {
+            run.visible.flush(ctx);
+        }
         run.pump()?;
         if run.finishing {
             return Ok(run.idle());
