@@ -65,10 +65,11 @@ pub struct CompareArgs {
     /// Records per second of the open-loop runs.
     #[arg(long, default_value_t = 200_000.0)]
     pub rate: f64,
-    /// Length of each open-loop run, seconds. 2 s keeps the whole default
-    /// run (24 runs) within a minute on 2 cores; a 1000 ms interval then
-    /// holds 2 checkpoints and the final one per run, so its visibility
-    /// percentiles are coarse: raise it for a closer look.
+    /// Length of each open-loop run, seconds, at least: a run at a
+    /// checkpoint interval lasts at least 3 intervals (a 1000 ms interval:
+    /// 3 s), so that it holds several checkpoints and its start (buffers
+    /// growing to their size) weighs less in the tail. 2 s keeps the whole
+    /// default run within a minute on 2 cores; raise it for steadier tails.
     #[arg(long, default_value_t = 2.0)]
     pub open_seconds: f64,
     /// Checkpoint intervals in ms, comma-separated. The exactly-once rows
@@ -267,7 +268,7 @@ impl Plan {
         let spec = Spec {
             kind: self.pipeline,
             events: if rate.is_some() {
-                self.open_events
+                self.open_events.max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
             } else {
                 self.closed_events
             },
@@ -391,8 +392,8 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let machine = Machine::here();
     let scenario = plan.scenario.name();
     println!(
-        "weir compare: {} pipeline, {scenario} scenario, parallelism {}, open loop at {} events/s for {} s, \
-         closed loop {} events",
+        "weir compare: {} pipeline, {scenario} scenario, parallelism {}, open loop at {} events/s for {} s \
+         (at least 3 checkpoint intervals), closed loop {} events",
         plan.pipeline.name(),
         plan.parallelism,
         si(plan.rate),
@@ -564,7 +565,7 @@ fn interval_cell(row: Row, interval_ms: u64) -> String {
 
 fn print_latency_table(m: &Measured, plan: &Plan, open_seconds: f64) {
     println!(
-        "\nlatency, open loop at {} events/s, {open_seconds} s per run (processing: emission to sink; visible: \
+        "\nlatency, open loop at {} events/s, {open_seconds} s per run or 3 intervals (processing: emission to sink; visible: \
          emission until a reader of the target can see the record; platform: the probe in the same run)",
         si(plan.rate)
     );
