@@ -72,14 +72,20 @@ pub struct BenchArgs {
     pub json: Option<std::path::PathBuf>,
     /// Measure, on the workers' cores during the run, how late this machine
     /// wakes a thread that wants to run on time (a SCHED_FIFO thread per
-    /// core waking every 200 µs); `off` to measure the probe's own cost.
-    #[arg(long, value_enum, default_value = "on")]
+    /// core waking every 200 µs). `auto`: in open-loop runs (`--rate`),
+    /// whose latency it explains; not in closed-loop ones, where it would
+    /// cost throughput (it preempts busy workers and the checkpoint
+    /// coordinator 5,000 times a second per core: checkpoint p50 +0.5-0.8
+    /// ms here) and latency is queueing anyway. `off` to measure its cost.
+    #[arg(long, value_enum, default_value = "auto")]
     pub platform_probe: Switch,
 }
 
-/// On or off.
+/// On, off, or decided by the run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Switch {
+    /// In open-loop runs only.
+    Auto,
     /// Enabled.
     On,
     /// Disabled.
@@ -87,9 +93,13 @@ pub enum Switch {
 }
 
 impl Switch {
-    /// Whether it is on.
-    pub fn on(self) -> bool {
-        self == Switch::On
+    /// Whether it is on for a run that is open loop or not.
+    pub fn on_for(self, open_loop: bool) -> bool {
+        match self {
+            Switch::Auto => open_loop,
+            Switch::On => true,
+            Switch::Off => false,
+        }
     }
 }
 
@@ -209,7 +219,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(d) = &args.state_dir {
             config.state_dir = Some(d.clone());
         }
-        let result = run_one(&spec, config, args.mode, args.platform_probe.on());
+        let result = run_one(&spec, config, args.mode, args.platform_probe.on_for(args.rate.is_some()));
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
         }

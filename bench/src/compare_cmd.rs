@@ -103,8 +103,10 @@ pub struct CompareArgs {
     /// The closed-loop (throughput) runs use one worker per core.
     #[arg(long)]
     pub open_workers: Option<usize>,
-    /// Measure the machine's own delays beside every run (the platform probe).
-    #[arg(long, value_enum, default_value = "on")]
+    /// Measure the machine's own delays beside the runs (the platform
+    /// probe); `auto`: beside every open-loop (latency) run, not in the
+    /// closed-loop (throughput) ones, whose throughput it would cost.
+    #[arg(long, value_enum, default_value = "auto")]
     pub platform_probe: Switch,
     /// Write every run as a JSON line here [default: <results>/compare.json].
     #[arg(long)]
@@ -259,7 +261,7 @@ struct Plan {
     rate: f64,
     keys: u64,
     state: StateBackend,
-    probe: bool,
+    probe: Switch,
 }
 
 impl Plan {
@@ -292,7 +294,7 @@ impl Plan {
             interval_ms,
             &dir,
         );
-        let r = run_one_full(&spec, config, mode, self.probe);
+        let r = run_one_full(&spec, config, mode, self.probe.on_for(rate.is_some()));
         let _ = std::fs::remove_dir_all(&dir);
         r
     }
@@ -375,7 +377,7 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
         rate: args.rate,
         keys: args.keys,
         state: args.state,
-        probe: args.platform_probe.on(),
+        probe: args.platform_probe,
     };
     Ok((plan, intervals))
 }

@@ -218,6 +218,7 @@ fn prepare(
     root: Option<&Path>,
     next_id: u64,
     pool: &Arc<rayon::ThreadPool>,
+    offload: bool,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
     let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total))
@@ -291,6 +292,7 @@ fn prepare(
                 root: Arc::from(root),
                 inline_max: ckpt.map_or(crate::checkpoint::DEFAULT_INLINE_STATE_MAX, |c| c.inline_state_max),
                 pool: Arc::clone(pool),
+                offload,
             });
         }
         if let Some(r) = restored {
@@ -389,6 +391,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         root.as_deref(),
         1,
         &pool,
+        helpers.is_some(),
     );
     placement::set_current(callers);
     let prepared = prepared?;
@@ -517,6 +520,7 @@ impl JobRun {
                 root.as_deref(),
                 self.next_id,
                 &self.pool,
+                self.helpers.is_some(),
             )?;
             *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
         }

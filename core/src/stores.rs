@@ -94,6 +94,16 @@ impl StoreLifecycle {
     ) {
         self.pending.push_back(id);
         let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
+        if whole <= snap.inline_max && !snap.offload {
+            // No core of the pool's own: a hand-off would wait for a
+            // worker's core anyway, and add a wake-up to the checkpoint.
+            let handles: Vec<StateHandle> = stores
+                .iter_mut()
+                .map(|s| s.snapshot_inline_copy(id).encode())
+                .collect();
+            snap.put_operator(op, encode_handles(&handles));
+            return;
+        }
         if whole <= snap.inline_max {
             // Packing and checksumming 10,000 keys' pages took the task
             // 0.3-1 ms at every barrier, a stall of every record behind it;
