@@ -219,7 +219,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(d) = &args.state_dir {
             config.state_dir = Some(d.clone());
         }
-        let result = run_one(&spec, config, args.mode, args.platform_probe.on_for(args.rate.is_some()));
+        let result = run_one(
+            &spec,
+            config,
+            args.mode,
+            args.platform_probe.on_for(args.rate.is_some()),
+        );
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
         }

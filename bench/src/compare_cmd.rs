@@ -270,7 +270,8 @@ impl Plan {
         let spec = Spec {
             kind: self.pipeline,
             events: if rate.is_some() {
-                self.open_events.max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
+                self.open_events
+                    .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
             } else {
                 self.closed_events
             },

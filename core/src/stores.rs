@@ -97,10 +97,7 @@ impl StoreLifecycle {
         if whole <= snap.inline_max && !snap.offload {
             // No core of the pool's own: a hand-off would wait for a
             // worker's core anyway, and add a wake-up to the checkpoint.
-            let handles: Vec<StateHandle> = stores
-                .iter_mut()
-                .map(|s| s.snapshot_inline_copy(id).encode())
-                .collect();
+            let handles: Vec<StateHandle> = stores.iter_mut().map(|s| s.snapshot_inline_copy(id).encode()).collect();
             snap.put_operator(op, encode_handles(&handles));
             return;
         }

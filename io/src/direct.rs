@@ -39,7 +39,8 @@ use weir_core::{clock, BoxError, PreCommit, Sink, SinkContext};
 
 use crate::error::IoContext;
 use crate::fsutil::{create_dir_durable, fault};
-use crate::latency::{StampRuns, Visible};
+use crate::handover::Handover;
+use crate::latency::StampRuns;
 use crate::Result;
 
 /// Fault point before a buffer is written.
@@ -190,19 +191,8 @@ pub struct DirectFileSink<T, F, E> {
     /// Started at the first call (a restore, or the first write, barrier or
     /// finish).
     io: Option<IoThread<DirectIo>>,
-    /// Encoded lines not yet handed to the thread, and their stamps.
-    pending: Vec<u8>,
-    pending_stamps: StampRuns,
-    /// Writes submitted and not yet reported done (one, except after a
-    /// barrier), and their bytes.
-    writes_in_flight: usize,
-    bytes_in_flight: usize,
-    /// When the last write was handed over, and the least time between two.
-    last_send_ns: u64,
-    flush_interval_ns: u64,
-    /// Buffers back from the thread, for reuse (at most two).
-    spare: Vec<(Vec<u8>, StampRuns)>,
-    visible: Visible,
+    /// Encoded lines on their way to the thread (see [`crate::handover`]).
+    hand: Handover<Vec<u8>>,
     /// `finish` was called: ready once everything is done.
     finishing: bool,
     /// The waker was handed to the thread.
@@ -225,14 +215,7 @@ where
             encode,
             emitted_ns,
             io: None,
-            pending: Vec::new(),
-            pending_stamps: StampRuns::default(),
-            writes_in_flight: 0,
-            bytes_in_flight: 0,
-            last_send_ns: 0,
-            flush_interval_ns: DEFAULT_FLUSH_INTERVAL.as_nanos() as u64,
-            spare: Vec::new(),
-            visible: Visible::default(),
+            hand: Handover::new(DEFAULT_FLUSH_INTERVAL.as_nanos() as u64, FLUSH_BYTES),
             finishing: false,
             waker_set: false,
             _records: PhantomData,
@@ -243,7 +226,8 @@ where
     /// (default [`DEFAULT_FLUSH_INTERVAL`]): shorter makes records visible
     /// sooner and wakes the thread more often.
     pub fn flush_interval(mut self, interval: std::time::Duration) -> Self {
-        self.flush_interval_ns = interval.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.hand
+            .set_interval_ns(interval.as_nanos().min(u128::from(u64::MAX)) as u64);
         self
     }
 
@@ -255,7 +239,7 @@ where
     /// Encoded bytes handed to the sink and not yet written by its thread
     /// (waiting, or in writes in flight).
     pub fn buffered_bytes(&self) -> usize {
-        self.pending.len() + self.bytes_in_flight
+        self.hand.buffered()
     }
 
     /// The sink's thread, started (with the file's opening as its first
@@ -276,32 +260,12 @@ where
         Ok(self.io.as_mut().expect("started above"))
     }
 
-    /// Hands the pending bytes to the thread: at `Some(now)`, if no write
-    /// is in flight and the flush interval passed (or enough bytes wait);
-    /// at `None` (a barrier, the end) at once.
+    /// Hands the pending bytes to the thread if due (see
+    /// [`Handover::take`]; `None`: at once).
     fn send(&mut self, now: Option<u64>) -> Result<(), BoxError> {
-        if self.pending.is_empty() {
-            return Ok(());
+        if let Some((buf, stamps)) = self.hand.take(now) {
+            self.io()?.submit(Request::Write { buf, stamps })?;
         }
-        let now = match now {
-            Some(now) => {
-                let due = now.saturating_sub(self.last_send_ns) >= self.flush_interval_ns
-                    || self.pending.len() >= FLUSH_BYTES;
-                if self.writes_in_flight > 0 || !due {
-                    return Ok(());
-                }
-                now
-            }
-            None => clock::now_ns(),
-        };
-        let (next, next_stamps) = self.spare.pop().unwrap_or_default();
-        let buf = std::mem::replace(&mut self.pending, next);
-        let stamps = std::mem::replace(&mut self.pending_stamps, next_stamps);
-        let len = buf.len();
-        self.io()?.submit(Request::Write { buf, stamps })?;
-        self.writes_in_flight += 1;
-        self.bytes_in_flight += len;
-        self.last_send_ns = now;
         Ok(())
     }
 
@@ -313,18 +277,12 @@ where
         while let Some(reply) = io.try_reply()? {
             if let Reply::Written {
                 buf,
-                mut stamps,
+                stamps,
                 visible_ns,
                 len,
             } = reply
             {
-                self.writes_in_flight -= 1;
-                self.bytes_in_flight -= len;
-                self.visible.add(&stamps, visible_ns);
-                stamps.clear();
-                if self.spare.len() < 2 {
-                    self.spare.push((buf, stamps));
-                }
+                self.hand.returned(buf, stamps, visible_ns, len);
             }
         }
         Ok(())
@@ -381,8 +339,8 @@ where
         self.wake_me(ctx)?;
         crate::latency::record_arrival(ctx, batch, &self.emitted_ns);
         for r in batch.iter() {
-            (self.encode)(r, &mut self.pending);
-            self.pending_stamps.push((self.emitted_ns)(r));
+            (self.encode)(r, &mut self.hand.pending);
+            self.hand.pending_stamps.push((self.emitted_ns)(r));
         }
         batch.clear();
         self.take_replies()?;
@@ -402,14 +360,14 @@ where
         }
         self.take_replies()?;
         if self.finishing {
-            self.visible.flush_all(ctx);
+            self.hand.visible.flush_all(ctx);
         } else {
-            self.visible.flush(ctx);
+            self.hand.visible.flush(ctx);
         }
         let now = ctx.now_ns();
         self.send(Some(now))?;
         if self.finishing {
-            return Ok(self.pending.is_empty() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
+            return Ok(self.hand.idle() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
         }
         Ok(self.buffered_bytes() < MAX_PENDING_BYTES)
     }
@@ -436,10 +394,7 @@ where
     fn restore(&mut self, _checkpoint: u64, _state: &[u8]) -> Result<(), BoxError> {
         // At-least-once: keep what is there (whole lines), append the replay.
         self.io = None;
-        self.pending.clear();
-        self.pending_stamps.clear();
-        self.writes_in_flight = 0;
-        self.bytes_in_flight = 0;
+        self.hand.reset();
         self.waker_set = false;
         self.finishing = false;
         let io = self.io()?;

@@ -65,6 +65,7 @@ mod error;
 pub mod files;
 mod fsutil;
 pub mod generator;
+mod handover;
 pub mod latency;
 pub mod lines;
 pub mod nexmark;

@@ -41,7 +41,8 @@ use weir_core::io_thread::{IoHandler, IoThread};
 use weir_core::{clock, BoxError, PreCommit, Sink, SinkContext};
 
 use crate::fsutil::fault;
-use crate::latency::{StampRuns, Visible};
+use crate::handover::Handover;
+use crate::latency::StampRuns;
 use crate::sql::{self, SqlRow, SqliteTable};
 use crate::{Error, Result};
 
@@ -222,19 +223,8 @@ where
     db: std::path::PathBuf,
     emitted_ns: E,
     io: Option<IoThread<UpsertIo<T, B>>>,
-    /// Records not yet handed to the thread, and their stamps.
-    pending: Vec<T>,
-    pending_stamps: StampRuns,
-    /// Upserts submitted and not yet reported done (one, except after a
-    /// barrier), and their records.
-    writes_in_flight: usize,
-    records_in_flight: usize,
-    /// When the last batch was handed over, and the least time between two.
-    last_send_ns: u64,
-    flush_interval_ns: u64,
-    /// Buffers back from the thread, for reuse (at most two).
-    spare: Vec<(Vec<T>, StampRuns)>,
-    visible: Visible,
+    /// Records on their way to the thread (see [`crate::handover`]).
+    hand: Handover<Vec<T>>,
     /// Epoch of the last barrier (for the durable mark).
     last_barrier: u64,
     /// `finish` was called: ready once everything is done.
@@ -283,14 +273,7 @@ where
             }),
             emitted_ns,
             io: None,
-            pending: Vec::new(),
-            pending_stamps: StampRuns::default(),
-            writes_in_flight: 0,
-            records_in_flight: 0,
-            last_send_ns: 0,
-            flush_interval_ns: DEFAULT_FLUSH_INTERVAL.as_nanos() as u64,
-            spare: Vec::new(),
-            visible: Visible::default(),
+            hand: Handover::new(DEFAULT_FLUSH_INTERVAL.as_nanos() as u64, FLUSH_RECORDS),
             last_barrier: 0,
             finishing: false,
             waker_set: false,
@@ -301,14 +284,15 @@ where
     /// (default [`DEFAULT_FLUSH_INTERVAL`]): shorter makes records visible
     /// sooner and wakes the thread more often.
     pub fn flush_interval(mut self, interval: std::time::Duration) -> Self {
-        self.flush_interval_ns = interval.as_nanos().min(u128::from(u64::MAX)) as u64;
+        self.hand
+            .set_interval_ns(interval.as_nanos().min(u128::from(u64::MAX)) as u64);
         self
     }
 
     /// Records handed to the sink and not yet upserted by its thread
     /// (waiting, or in the transaction in flight).
     pub fn buffered_records(&self) -> usize {
-        self.pending.len() + self.records_in_flight
+        self.hand.buffered()
     }
 
     /// Waits (blocking) until the thread upserted and synced everything
@@ -350,32 +334,12 @@ where
         Ok(self.io.as_mut().expect("started above"))
     }
 
-    /// Hands the pending records to the thread: at `Some(now)`, if no
-    /// upsert is in flight and the flush interval passed (or enough records
-    /// wait); at `None` (a barrier, the end) at once.
+    /// Hands the pending records to the thread if due (see
+    /// [`Handover::take`]; `None`: at once).
     fn send(&mut self, now: Option<u64>) -> Result<(), BoxError> {
-        if self.pending.is_empty() {
-            return Ok(());
+        if let Some((batch, stamps)) = self.hand.take(now) {
+            self.io()?.submit(Request::Upsert { batch, stamps })?;
         }
-        let now = match now {
-            Some(now) => {
-                let due = now.saturating_sub(self.last_send_ns) >= self.flush_interval_ns
-                    || self.pending.len() >= FLUSH_RECORDS;
-                if self.writes_in_flight > 0 || !due {
-                    return Ok(());
-                }
-                now
-            }
-            None => clock::now_ns(),
-        };
-        let (next, next_stamps) = self.spare.pop().unwrap_or_default();
-        let batch = std::mem::replace(&mut self.pending, next);
-        let stamps = std::mem::replace(&mut self.pending_stamps, next_stamps);
-        let len = batch.len();
-        self.io()?.submit(Request::Upsert { batch, stamps })?;
-        self.writes_in_flight += 1;
-        self.records_in_flight += len;
-        self.last_send_ns = now;
         Ok(())
     }
 
@@ -387,18 +351,12 @@ where
         while let Some(reply) = io.try_reply()? {
             if let Reply::Upserted {
                 batch,
-                mut stamps,
+                stamps,
                 visible_ns,
                 len,
             } = reply
             {
-                self.writes_in_flight -= 1;
-                self.records_in_flight -= len;
-                self.visible.add(&stamps, visible_ns);
-                stamps.clear();
-                if self.spare.len() < 2 {
-                    self.spare.push((batch, stamps));
-                }
+                self.hand.returned(batch, stamps, visible_ns, len);
             }
         }
         Ok(())
@@ -427,11 +385,11 @@ where
         self.wake_me(ctx)?;
         crate::latency::record_arrival(ctx, batch, &self.emitted_ns);
         for r in batch.iter() {
-            self.pending_stamps.push((self.emitted_ns)(r));
+            self.hand.pending_stamps.push((self.emitted_ns)(r));
         }
-        self.pending.append(batch);
+        self.hand.pending.append(batch);
         self.take_replies()?;
-        self.visible.flush(ctx);
+        self.hand.visible.flush(ctx);
         let now = ctx.now_ns();
         self.send(Some(now))
     }
@@ -447,14 +405,14 @@ where
         }
         self.take_replies()?;
         if self.finishing {
-            self.visible.flush_all(ctx);
+            self.hand.visible.flush_all(ctx);
         } else {
-            self.visible.flush(ctx);
+            self.hand.visible.flush(ctx);
         }
         let now = ctx.now_ns();
         self.send(Some(now))?;
         if self.finishing {
-            return Ok(self.pending.is_empty() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
+            return Ok(self.hand.idle() && self.io.as_ref().is_none_or(|io| io.in_flight() == 0));
         }
         Ok(self.buffered_records() < MAX_BUFFERED_RECORDS)
     }
@@ -495,8 +453,7 @@ where
         // the connection now, on the sink's thread; this thread (the one
         // that starts the job) waits for it.
         self.last_barrier = checkpoint;
-        self.pending.clear();
-        self.pending_stamps.clear();
+        self.hand.reset();
         self.finishing = false;
         let io = self.io()?;
         io.wait_for(io.last_ticket())?;
