@@ -8,14 +8,6 @@
 //! of them are renamed into place, the folder is fsynced once, the marker
 //! records the commit, and segments wholly before it are deleted.
 //!
-//! An epoch whose output is in memory is written ahead: right after its
-//! barrier ([`CommitRequest::Prepare`]), its hidden file is written and
-//! fsynced while the checkpoint completes, so its commit only renames it.
-//! A hidden file is invisible to readers, so writing it early changes
-//! nothing a reader or a restore sees (a restore removes this subtask's
-//! hidden files and commits from the log); an epoch of an aborted
-//! checkpoint keeps its file for the next commit.
-//!
 //! [`CommitIo`] is the committer thread's handler (see
 //! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
 //! the sink's writes instead of stalling its worker. At most
@@ -41,11 +33,6 @@ use crate::{Error, Result};
 
 /// Bytes of committed output written to a file at once: 1 MiB.
 const OUT_CHUNK: usize = 1 << 20;
-
-/// Epochs written ahead (`CommitRequest::Prepare`) that may be in flight on
-/// the committer thread; an epoch closed while this many are is written at
-/// its commit instead: 8.
-pub const PREPARES_IN_FLIGHT: usize = 8;
 
 /// Commits in flight on the committer thread beyond which the sink holds
 /// further commits back (merged into one) and says it is not ready: 4.
@@ -162,8 +149,6 @@ pub(super) struct Committer {
     oldest_seg: u64,
     reader: LogReader,
     parts: Parts,
-    /// Epochs written ahead (`prepare`), in order: (epoch, hidden file).
-    prepared: Vec<(u64, PathBuf)>,
 }
 
 impl Committer {
@@ -183,7 +168,6 @@ impl Committer {
             committed,
             oldest_seg: committed.pos.seg,
             reader: LogReader::default(),
-            prepared: Vec::new(),
             parts: Parts {
                 target,
                 subtask,
@@ -209,13 +193,6 @@ impl Committer {
         let mut start = self.committed.pos;
         for c in epochs {
             debug_assert!(c.tag <= n && c.tag > self.committed.epoch);
-            if let Some(i) = self.prepared.iter().position(|(tag, _)| *tag == c.tag) {
-                // Written and fsynced ahead: only the rename is left.
-                let written = self.prepared.remove(i);
-                self.parts.written.push(written);
-                start = c.end;
-                continue;
-            }
             self.parts.begin(c.tag)?;
             match &c.payload {
                 Some(bytes) => self.parts.write_all(bytes)?,
@@ -246,18 +223,6 @@ impl Committer {
         self.committed = value;
         self.delete_segments_before(to.seg)?;
         Ok(files)
-    }
-
-    /// Writes epoch `tag`'s output ahead of its commit: its hidden file,
-    /// fsynced, to be renamed by the commit.
-    pub(super) fn prepare(&mut self, tag: u64, payload: &[u8]) -> Result<()> {
-        debug_assert!(tag > self.committed.epoch);
-        self.parts.begin(tag)?;
-        self.parts.write_all(payload)?;
-        self.parts.end()?;
-        let written = self.parts.written.pop().expect("end() pushed the file");
-        self.prepared.push(written);
-        Ok(())
     }
 
     /// When the last commit's files became visible (renamed into the
@@ -304,9 +269,6 @@ pub(super) enum CommitRequest {
         epochs: Vec<Closed>,
         after: Option<SyncJob>,
     },
-    /// Write epoch `tag`'s output (`payload`) ahead of its commit, into
-    /// its hidden file, fsynced.
-    Prepare { tag: u64, payload: Vec<u8> },
 }
 
 /// What the committer thread hands back, in request order.
@@ -318,10 +280,6 @@ pub(super) enum CommitReply {
         n: u64,
         epochs: Vec<Closed>,
         visible_ns: u64,
-    },
-    /// An epoch written ahead; its payload, for reuse.
-    Prepared {
-        payload: Vec<u8>,
     },
 }
 
@@ -410,16 +368,6 @@ impl IoHandler for CommitIo {
                     epochs,
                     visible_ns: c.visible_ns(),
                 })
-            }
-            CommitRequest::Prepare { tag, payload } => {
-                let CommitIo::Ready(c) = self else {
-                    return Err("an epoch prepared before the committer started".into());
-                };
-                let subtask = c.subtask;
-                c.prepare(tag, &payload).map_err(|e| -> BoxError {
-                    format!("WAL sink subtask {subtask}: writing epoch {tag}'s output ahead failed: {e}").into()
-                })?;
-                Ok(CommitReply::Prepared { payload })
             }
         }
     }

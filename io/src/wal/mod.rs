@@ -35,23 +35,14 @@
 //!    checkpoint stores the log's end position, known on the worker, and
 //!    is acknowledged only once that sync is done (a job of the runtime's
 //!    snapshot pool waits for it, see [`weir_core::PreCommit::with_sync`]).
-//!    An epoch whose output is kept in memory also goes to the committer
-//!    thread now (at most [`PREPARES_IN_FLIGHT`] at once), which writes it
-//!    ahead into its hidden file in the target folder and fsyncs it
-//!    (`wal.commit.write`, `wal.commit.fsync`) while the checkpoint
-//!    completes: a hidden file changes nothing readers or a restore see,
-//!    and its commit (step 3) only renames it. (At a 10 ms interval this
-//!    took the output file's write and sync out of the time between a
-//!    checkpoint's completion and its output's visibility.)
 //! 3. `commit(n)` (checkpoint `n` complete): the committer thread gets the
 //!    closed epochs up to `n` as one request (the worker does not wait).
-//!    The output of every epoch up to `n` not yet committed nor written
-//!    ahead (kept in memory up to [`WalSinkConfig::memory_bytes`],
-//!    otherwise read back from the log and verified: its records are
-//!    durable, since the checkpoint completed after their sync) is written,
-//!    one file per epoch, to hidden temporary files in the target folder
-//!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`); every epoch's
-//!    hidden file is then renamed to
+//!    The output of every epoch up to `n` not yet committed (kept in
+//!    memory up to [`WalSinkConfig::memory_bytes`], otherwise read back
+//!    from the log and verified: its records are durable, since the
+//!    checkpoint completed after their sync) is written, one file per
+//!    epoch, to hidden temporary files in the target folder
+//!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), renamed to
 //!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`), and the
 //!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
 //!    records `n` and the log position where its records end
@@ -105,7 +96,7 @@ use commit::{remove_temporaries, Closed, CommitIo, CommitReply, CommitRequest, C
 use log::{list_segments, segment_path, LogIo, LogReader, LogReply, LogRequest};
 use marker::{Committed, Marker};
 
-pub use commit::{PREPARES_IN_FLIGHT, QUEUED_COMMITS};
+pub use commit::QUEUED_COMMITS;
 pub use log::{FAULT_APPEND, FAULT_FSYNC, FAULT_ROLL};
 pub use marker::FAULT_MARKER;
 
@@ -272,8 +263,6 @@ struct Running {
     /// [`QUEUED_COMMITS`] commits are in flight.
     commit_through: u64,
     commits_in_flight: usize,
-    /// Epochs handed to the committer to write ahead, not yet replied to.
-    prepares_in_flight: usize,
     /// The last epoch known committed (the last commit reported done).
     committed_epoch: u64,
     /// `finish` was called: ready once everything is done.
@@ -457,19 +446,6 @@ impl Running {
                 None
             };
             let fresh = self.spare_stamps.pop().unwrap_or_default();
-            // An epoch in memory is written ahead, while its checkpoint
-            // completes: its commit is then a rename (see `commit.rs`).
-            let payload = match payload {
-                Some(p) if self.prepares_in_flight < PREPARES_IN_FLIGHT => {
-                    self.committer.submit(CommitRequest::Prepare {
-                        tag: self.open_tag,
-                        payload: p,
-                    })?;
-                    self.prepares_in_flight += 1;
-                    None
-                }
-                other => other,
-            };
             self.closed.push_back(Closed {
                 tag: self.open_tag,
                 end,
@@ -519,14 +495,6 @@ impl Running {
                     self.commits_in_flight -= 1;
                     self.committed_epoch = self.committed_epoch.max(n);
                     self.recycle(epochs, visible_ns);
-                }
-                CommitReply::Prepared { mut payload } => {
-                    self.prepares_in_flight -= 1;
-                    self.memory_used -= payload.len();
-                    if self.spare_payloads.len() < SPARE_BUFFERS {
-                        payload.clear();
-                        self.spare_payloads.push(payload);
-                    }
                 }
             }
         }
@@ -715,7 +683,7 @@ where
         let committer = IoThread::spawn(
             &format!("weir-wal-commit-{:03}", self.subtask),
             handler,
-            QUEUED_COMMITS + PREPARES_IN_FLIGHT + 1,
+            QUEUED_COMMITS + 1,
         )
         .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
         let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
@@ -735,7 +703,6 @@ where
             start_ticket: None,
             commit_through: 0,
             commits_in_flight: 0,
-            prepares_in_flight: 0,
             committed_epoch,
             finishing: false,
             waker_set: false,
