@@ -11,6 +11,15 @@
 //! passed since the last trigger and `min_pause` since the last completion.
 //! Once every source is exhausted, the final checkpoint is triggered at
 //! once (at most `max_concurrent` still applies) and nothing after it.
+//!
+//! Subsumption (as in Flink): with `max_concurrent` above 1, checkpoint
+//! `n + 1` can complete before `n`. Its completion then gives up every
+//! older pending checkpoint: `n` is aborted as subsumed (the tasks are told,
+//! its folder and files are deleted, it counts in
+//! [`CheckpointStats::subsumed`], not as a failure). So completions only go
+//! forwards: the latest completed checkpoint, the one sinks committed
+//! through and a restore takes, is always the newest, and retention (which
+//! drops the oldest) never drops it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -218,7 +227,16 @@ impl Coordinator {
                 }
                 p.acks[task] = Some(*ack);
                 if p.received == self.tasks.len() {
-                    self.complete(id)?;
+                    let latest = self.signals.completed();
+                    if id < latest {
+                        // Never reached: a completion gives up every older
+                        // pending checkpoint at once. Kept as the rule's
+                        // last guard: completions never go backwards.
+                        self.subsume(id, latest);
+                        self.collect_garbage();
+                    } else {
+                        self.complete(id)?;
+                    }
                 }
                 Ok(())
             }
@@ -350,13 +368,53 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record_completed(record);
-        self.retained.push_back(id);
+        // Older checkpoints still pending can only complete after this
+        // one: they are subsumed now, so that none of them ever becomes
+        // the latest (sinks commit through `id` already; a restore must
+        // never go back behind it).
+        let older: Vec<u64> = self.pending.range(..id).map(|(&k, _)| k).collect();
+        for k in older {
+            self.subsume(k, id);
+        }
+        // Oldest first, whatever the order of completion: retention drops
+        // from the front and so always keeps the newest.
+        let at = self.retained.partition_point(|&r| r < id);
+        self.retained.insert(at, id);
         while self.retained.len() > self.cfg.retained {
             let old = self.retained.pop_front().expect("non-empty");
             self.drop_checkpoint(old);
         }
         self.collect_garbage();
         Ok(())
+    }
+
+    /// Gives up pending checkpoint `id` because `by`, a newer one, has
+    /// completed (Flink's subsumption): discarded like an aborted
+    /// checkpoint, but no failure. Acknowledgements still to come are
+    /// handled as late ones (their files deleted).
+    fn subsume(&mut self, id: u64, by: u64) {
+        if self.discard(id).is_none() {
+            return;
+        }
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).subsumed += 1;
+        tracing::debug!(checkpoint = id, by, "checkpoint subsumed by a newer completed one");
+    }
+
+    /// Removes pending checkpoint `id`: tells the tasks it is aborted,
+    /// deletes its folder and queues the shared files written for it.
+    fn discard(&mut self, id: u64) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        self.signals.abort(id);
+        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
+        }
+        // Shared files written for it are queued like dropped ones.
+        let fence = self.next_id.saturating_sub(1);
+        for a in p.acks.iter().flatten() {
+            self.doomed
+                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        }
+        Some(p)
     }
 
     /// Removes a retained checkpoint's own folder; its shared files wait in
@@ -407,19 +465,9 @@ impl Coordinator {
     }
 
     fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
-        let Some(p) = self.pending.remove(&id) else {
+        let Some(p) = self.discard(id) else {
             return Ok(());
         };
-        self.signals.abort(id);
-        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
-            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
-        }
-        // Shared files written for it are queued like dropped ones.
-        let fence = self.next_id.saturating_sub(1);
-        for a in p.acks.iter().flatten() {
-            self.doomed
-                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
-        }
         self.collect_garbage();
         self.consecutive_failures += 1;
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
@@ -462,5 +510,121 @@ impl Coordinator {
     /// Completed checkpoints on disk, oldest first.
     pub(crate) fn retained(&self) -> VecDeque<u64> {
         self.retained.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::config::RestoreFrom;
+    use super::super::recovery;
+    use super::super::snapshot::TaskState;
+    use super::super::CheckpointMode;
+    use super::*;
+
+    /// A coordinator of two source tasks (chain 0, subtasks 0 and 1) over
+    /// `root`, whose first checkpoint is `first_id` (the ones before it
+    /// retained), with its signals and statistics.
+    fn coordinator(
+        root: &Path,
+        first_id: u64,
+        tweak: impl FnOnce(&mut CheckpointConfig),
+    ) -> (Coordinator, Arc<Signals>, Arc<Mutex<CheckpointStats>>) {
+        let mut cfg = CheckpointConfig::new(CheckpointMode::Aligned, root);
+        tweak(&mut cfg);
+        let signals = Arc::new(Signals::new(cfg.mode, 0, first_id - 1, first_id));
+        let stats = Arc::new(Mutex::new(CheckpointStats::default()));
+        let tasks = (0..2)
+            .map(|subtask| TaskInfo {
+                group: 0,
+                subtask,
+                name: "src".into(),
+                is_source: true,
+            })
+            .collect();
+        let groups = vec![ManifestGroup {
+            operators: vec!["0.0:src".into()],
+            parallelism: 2,
+        }];
+        let c = Coordinator::new(
+            cfg,
+            signals.clone(),
+            "test".into(),
+            "fp".into(),
+            groups,
+            tasks,
+            first_id,
+            (1..first_id).collect(),
+            stats.clone(),
+        );
+        (c, signals, stats)
+    }
+
+    /// Task `task`'s acknowledgement of checkpoint `id`, its state inline.
+    fn ack(id: u64, task: usize) -> Event {
+        let state = TaskState {
+            checkpoint: id,
+            group: 0,
+            subtask: task as u32,
+            parallelism: 2,
+            source_offset: Some(id.to_le_bytes().to_vec()),
+            ..TaskState::default()
+        };
+        Event::Ack(Box::new(TaskAck {
+            id,
+            task,
+            state: AckedState::Inline(state.encode()),
+            shared_files: Vec::new(),
+            wrote_shared: false,
+            state_bytes: 8,
+            channel_state_bytes: 0,
+            sync_ns: 0,
+            async_ns: 0,
+            alignment_ns: 0,
+        }))
+    }
+
+    /// Issue 17a: with two checkpoints in flight and one retained, the
+    /// older one completing after the newer must not push the newer one
+    /// out: it is subsumed (aborted and discarded), and the newer stays
+    /// the latest, the one a restore takes and sinks committed.
+    #[test]
+    fn a_checkpoint_completing_after_a_newer_one_is_subsumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (mut c, signals, stats) = coordinator(root, 1, |cfg| {
+            cfg.max_concurrent = 2;
+            cfg.retained = 1;
+        });
+        c.trigger(Instant::now(), false);
+        c.trigger(Instant::now(), false);
+        assert_eq!(signals.triggered(), 2);
+        // Checkpoint 2's snapshots are quicker than 1's.
+        c.handle(ack(2, 0)).unwrap();
+        c.handle(ack(2, 1)).unwrap();
+        assert_eq!(signals.completed(), 2, "checkpoint 2 completes first");
+        c.handle(ack(1, 0)).unwrap();
+        c.handle(ack(1, 1)).unwrap();
+        assert_eq!(
+            c.retained(),
+            VecDeque::from([2]),
+            "the newest completed checkpoint must be the one retained"
+        );
+        assert_eq!(signals.completed(), 2, "the latest completed checkpoint stays 2");
+        assert_eq!(recovery::completed_ids(root).unwrap(), vec![2]);
+        assert!(
+            !storage::checkpoint_dir(root, 1).exists(),
+            "the subsumed checkpoint's folder is deleted"
+        );
+        let restored = recovery::find(root, RestoreFrom::Latest, "fp", 1).unwrap().unwrap();
+        assert_eq!(restored.manifest.id, 2, "a restore takes the newest checkpoint");
+        let st = stats.lock().unwrap();
+        assert_eq!(
+            (st.completed, st.subsumed, st.failed),
+            (1, 1, 0),
+            "1 is counted as subsumed, not completed nor failed"
+        );
+        assert_eq!(st.history.iter().map(|r| r.id).collect::<Vec<_>>(), vec![2]);
+        drop(st);
+        assert_eq!(signals.aborted_after(0), vec![1], "the tasks are told 1 was aborted");
     }
 }
