@@ -161,13 +161,34 @@ impl Coordinator {
         let due = now.duration_since(self.last_trigger) >= self.cfg.interval
             && now.duration_since(self.last_completion) >= self.cfg.min_pause;
         if is_final || due {
-            self.trigger(now, is_final);
+            self.trigger(now, is_final)?;
         }
         Ok(())
     }
 
-    fn trigger(&mut self, now: Instant, is_final: bool) {
+    fn trigger(&mut self, now: Instant, is_final: bool) -> Result<(), CoordinatorError> {
         let id = self.next_id;
+        // The checkpoint's folder is made before the tasks hear of the id,
+        // and must be new: ids start past every folder on disk and never
+        // repeat, so an existing one means that something else writes into
+        // this directory. Writing into it would break that checkpoint's
+        // manifest; the attempt fails instead (a restart numbers past it).
+        let created = match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(CoordinatorError::Failed(format!(
+                    "cannot trigger checkpoint {id}: its folder {} exists already, and a checkpoint never \
+                     writes into another one's folder; is another job using the checkpoint directory {}? \
+                     Give each job a directory of its own",
+                    storage::checkpoint_dir(&self.root, id).display(),
+                    self.root.display()
+                )));
+            }
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+                false
+            }
+        };
         self.next_id += 1;
         self.last_trigger = now;
         self.final_triggered = is_final;
@@ -176,20 +197,21 @@ impl Coordinator {
             .map_or(0, |d| d.as_millis() as u64);
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
-        // The checkpoint's folder, made and its entry synced while the
-        // barriers travel and the tasks snapshot (sinks sync their
-        // pre-commits meanwhile, so this journal commit often joins
-        // theirs): one disk wait fewer after the last acknowledgement. If
-        // this fails, the first file written creates the folder and syncs
-        // the root. (Acknowledgements are handled on this thread, so none
-        // arrives before the checkpoint is pending below.)
-        let folder_synced = match storage::create_checkpoint_dir(&self.root, id) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
-                false
-            }
-        };
+        // The folder's entry, synced while the barriers travel and the
+        // tasks snapshot (sinks sync their pre-commits meanwhile, so this
+        // journal commit often joins theirs): one disk wait fewer after the
+        // last acknowledgement. If the folder could not be made or synced,
+        // the manifest's commit syncs the root (and the first file written
+        // creates the folder). (Acknowledgements are handled on this
+        // thread, so none arrives before the checkpoint is pending below.)
+        let folder_synced = created
+            && match storage::sync_dir(&self.root) {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
+                    false
+                }
+            };
         self.pending.insert(
             id,
             Pending {
@@ -201,6 +223,7 @@ impl Coordinator {
                 folder_synced,
             },
         );
+        Ok(())
     }
 
     /// Handles one event from a task.
@@ -595,8 +618,8 @@ mod tests {
             cfg.max_concurrent = 2;
             cfg.retained = 1;
         });
-        c.trigger(Instant::now(), false);
-        c.trigger(Instant::now(), false);
+        c.trigger(Instant::now(), false).unwrap();
+        c.trigger(Instant::now(), false).unwrap();
         assert_eq!(signals.triggered(), 2);
         // Checkpoint 2's snapshots are quicker than 1's.
         c.handle(ack(2, 0)).unwrap();
@@ -626,5 +649,28 @@ mod tests {
         assert_eq!(st.history.iter().map(|r| r.id).collect::<Vec<_>>(), vec![2]);
         drop(st);
         assert_eq!(signals.aborted_after(0), vec![1], "the tasks are told 1 was aborted");
+    }
+
+    /// Issue 17b, the coordinator's half: a checkpoint never writes into
+    /// an existing folder. Ids start past every folder on disk, so one
+    /// found at the trigger belongs to something else: the attempt fails,
+    /// the tasks never hear of the id, and the folder is left as it was.
+    #[test]
+    fn a_trigger_never_takes_an_existing_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let theirs = storage::checkpoint_dir(root, 1);
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join(storage::MANIFEST), b"someone else's").unwrap();
+        let (mut c, signals, _) = coordinator(root, 1, |_| {});
+        let Err(CoordinatorError::Failed(e)) = c.trigger(Instant::now(), false) else {
+            panic!("triggering into an existing folder must fail");
+        };
+        assert!(e.contains("chk-0000000001") && e.contains("exists already"), "{e}");
+        assert_eq!(signals.triggered(), 0, "no task hears of checkpoint 1");
+        assert_eq!(
+            std::fs::read(theirs.join(storage::MANIFEST)).unwrap(),
+            b"someone else's"
+        );
     }
 }

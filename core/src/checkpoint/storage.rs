@@ -181,13 +181,13 @@ pub(crate) enum DirSync {
     Deferred,
 }
 
-/// Creates the folder of checkpoint `id`, unless it exists, and syncs
-/// `root` so that the folder's entry is durable. The coordinator calls it
-/// at the trigger, while the tasks snapshot, so that this disk wait is not
-/// on the manifest's path.
+/// Creates the folder of checkpoint `id`, which must not exist (an
+/// `AlreadyExists` error otherwise: a checkpoint never writes into another
+/// one's folder). Its entry is not synced here: the coordinator syncs
+/// `root` right after the trigger, while the tasks snapshot, so that this
+/// disk wait is not on the manifest's path.
 pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
-    fs::create_dir_all(checkpoint_dir(root, id))?;
-    sync_dir(root)
+    fs::create_dir(checkpoint_dir(root, id))
 }
 
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
@@ -336,9 +336,9 @@ impl Manifest {
         }
         write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
         if !folder_synced {
-            // The folder's own entry, unless `create_checkpoint_dir` synced
-            // it at the trigger (`write_durable` syncs the root itself when
-            // it had to create the folder).
+            // The folder's own entry, unless the coordinator synced it
+            // after `create_checkpoint_dir` at the trigger (`write_durable`
+            // syncs the root itself when it had to create the folder).
             sync_dir(root)?;
         }
         crate::fault::hit("checkpoint.manifest.after")?;
