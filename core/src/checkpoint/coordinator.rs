@@ -30,7 +30,7 @@ use super::config::{CheckpointConfig, RetainOnCancel};
 use super::signals::{Event, Signals};
 use super::snapshot::{AckedState, TaskAck};
 use super::stats::{CheckpointRecord, CheckpointStats, TaskCheckpointStats};
-use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask};
+use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask, Removal};
 use crate::clock;
 
 struct Pending {
@@ -81,6 +81,10 @@ pub(crate) struct Coordinator {
     /// Shared files no longer referenced by a dropped checkpoint, with the
     /// highest checkpoint id triggered when they were queued.
     doomed: Vec<(String, u64)>,
+    /// A manifest-only checkpoint folder was removed and `root` has not
+    /// been fsynced since: no shared file may be deleted before it is
+    /// ([`storage::remove_checkpoint`] says why).
+    root_sync_owed: bool,
     stats: Arc<Mutex<CheckpointStats>>,
     job_start_ns: u64,
 }
@@ -118,6 +122,7 @@ impl Coordinator {
             final_triggered: false,
             retained,
             doomed: Vec::new(),
+            root_sync_owed: false,
             stats,
             job_start_ns: clock::now_ns(),
         }
@@ -206,7 +211,11 @@ impl Coordinator {
         // thread, so none arrives before the checkpoint is pending below.)
         let folder_synced = created
             && match storage::sync_dir(&self.root) {
-                Ok(()) => true,
+                Ok(()) => {
+                    // The same sync made every earlier folder removal durable.
+                    self.root_sync_owed = false;
+                    true
+                }
                 Err(e) => {
                     tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
                     false
@@ -237,7 +246,7 @@ impl Coordinator {
                     if id < self.first_id || self.retained.contains(&id) {
                         return Ok(());
                     }
-                    let _ = storage::remove_checkpoint(&self.root, id);
+                    let _ = self.remove_folder(id);
                     let fence = self.next_id.saturating_sub(1);
                     self.doomed
                         .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
@@ -428,7 +437,7 @@ impl Coordinator {
     fn discard(&mut self, id: u64) -> Option<Pending> {
         let p = self.pending.remove(&id)?;
         self.signals.abort(id);
-        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+        if let Err(e) = self.remove_folder(id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
         }
         // Shared files written for it are queued like dropped ones.
@@ -450,8 +459,46 @@ impl Coordinator {
                 self.doomed.push((f.path, fence));
             }
         }
-        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+        if let Err(e) = self.remove_folder(id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an old checkpoint");
+        }
+    }
+
+    /// Removes checkpoint `id`'s folder; notes whether `root` must be
+    /// synced before shared files are deleted (also when the removal
+    /// failed midway: a sync too many is harmless).
+    fn remove_folder(&mut self, id: u64) -> std::io::Result<()> {
+        match storage::remove_checkpoint(&self.root, id) {
+            Ok(Removal::Durable) => Ok(()),
+            Ok(Removal::SyncRootFirst) => {
+                self.root_sync_owed = true;
+                Ok(())
+            }
+            Err(e) => {
+                self.root_sync_owed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes every checkpoint folder removal so far durable, if one is not:
+    /// called before any shared file is deleted, so that no manifest a
+    /// crash could bring back names a deleted file. False if the sync
+    /// failed (then nothing may be deleted).
+    fn sync_removals(&mut self) -> bool {
+        if !self.root_sync_owed {
+            return true;
+        }
+        match storage::sync_dir(&self.root) {
+            Ok(()) => {
+                self.root_sync_owed = false;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.root.display(), error = %e,
+                    "could not sync the removal of old checkpoints: their shared files are kept for now");
+                false
+            }
         }
     }
 
@@ -470,18 +517,26 @@ impl Coordinator {
                 referenced.extend(m.files.into_iter().map(|f| f.path));
             }
         }
+        // Files no retained checkpoint lists are forgotten; of the others,
+        // those no pending checkpoint may build on are deleted now.
+        self.doomed.retain(|(path, _)| !referenced.contains(path));
+        if !self.doomed.iter().any(|(_, fence)| oldest_pending > *fence) {
+            return;
+        }
+        // A manifest removed without a sync may name these files: its
+        // removal is made durable first (see `storage::remove_checkpoint`).
+        if !self.sync_removals() {
+            return;
+        }
         let root = self.root.clone();
         self.doomed.retain(|(path, fence)| {
-            if referenced.contains(path) {
-                return false;
-            }
             if oldest_pending <= *fence {
                 return true;
             }
-            if let Err(e) = std::fs::remove_file(root.join(path)) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file");
-                }
+            match std::fs::remove_file(root.join(path)) {
+                Ok(()) => crate::disk::trace::note(|| format!("delete {}", root.join(path).display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file"),
             }
             false
         });
@@ -515,13 +570,16 @@ impl Coordinator {
         for id in ids {
             self.pending.remove(&id);
             self.signals.abort(id);
-            let _ = storage::remove_checkpoint(&self.root, id);
+            let _ = self.remove_folder(id);
         }
         if cancelled && self.cfg.retain_on_cancel == RetainOnCancel::Delete {
-            for id in self.retained.drain(..) {
-                let _ = storage::remove_checkpoint(&self.root, id);
+            for id in std::mem::take(&mut self.retained) {
+                let _ = self.remove_folder(id);
             }
-            let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
+            // Their manifests gone durably first, as for any shared file.
+            if self.sync_removals() {
+                let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
+            }
         }
     }
 
@@ -671,6 +729,74 @@ mod tests {
         assert_eq!(
             std::fs::read(theirs.join(storage::MANIFEST)).unwrap(),
             b"someone else's"
+        );
+    }
+
+    /// Issue 17e: a checkpoint whose task states are all inline is a
+    /// folder with only its manifest, which may still name `shared/` files.
+    /// Once retention drops it, garbage collection deletes those files; if
+    /// the folder's removal were not durable by then, a crash could bring
+    /// the manifest back naming deleted files. So `<dir>` is synced after
+    /// the removal and before the first such deletion.
+    #[test]
+    fn a_dropped_manifest_only_checkpoint_is_gone_for_good_before_its_shared_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // Checkpoint 1: inline states only (no task file), relying on one
+        // state-backend file in shared/.
+        std::fs::create_dir(root.join(storage::SHARED)).unwrap();
+        let shared = storage::write_durable(
+            root,
+            &root.join(storage::SHARED),
+            "op-c1-s0.full.pages",
+            b"pages",
+            storage::DirSync::Now,
+        )
+        .unwrap();
+        let m1 = Manifest {
+            version: storage::MANIFEST_VERSION,
+            job: "test".into(),
+            fingerprint: "fp".into(),
+            id: 1,
+            mode: CheckpointMode::Aligned,
+            is_final: false,
+            trigger_unix_ms: 0,
+            duration_us: 0,
+            groups: Vec::new(),
+            tasks: Vec::new(),
+            files: vec![shared.clone()],
+            inline: Vec::new(),
+        };
+        m1.commit(root, false, false, false).unwrap();
+        let chk1 = storage::checkpoint_dir(root, 1);
+        assert_eq!(
+            std::fs::read_dir(&chk1).unwrap().count(),
+            1,
+            "checkpoint 1's folder holds its manifest only"
+        );
+        let (mut c, _signals, _stats) = coordinator(root, 2, |cfg| cfg.retained = 1);
+        crate::disk::trace::start();
+        // Checkpoint 2 completes (it no longer uses the shared file):
+        // retention drops 1, and the shared file goes with it.
+        c.trigger(Instant::now(), false).unwrap();
+        c.handle(ack(2, 0)).unwrap();
+        c.handle(ack(2, 1)).unwrap();
+        let log = crate::disk::trace::take();
+        assert_eq!(c.retained(), VecDeque::from([2]));
+        assert!(!chk1.exists() && !root.join(&shared.path).exists(), "{log:#?}");
+        let removed = log
+            .iter()
+            .position(|s| *s == format!("remove {}", chk1.display()))
+            .unwrap_or_else(|| panic!("checkpoint 1's folder was not removed: {log:#?}"));
+        let deleted = log
+            .iter()
+            .position(|s| *s == format!("delete {}", root.join(&shared.path).display()))
+            .unwrap_or_else(|| panic!("the shared file was not deleted: {log:#?}"));
+        assert!(
+            log[removed..deleted].contains(&format!("sync {}", root.display())),
+            "the removal of checkpoint 1's folder must be synced (an fsync of {}) before \
+             the shared file it names is deleted: {log:#?}",
+            root.display()
         );
     }
 }
