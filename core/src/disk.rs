@@ -97,7 +97,49 @@ pub fn sync_all(file: &File) -> std::io::Result<()> {
 /// survive a crash; counted (the open is not timed).
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
     let d = File::open(dir)?;
-    timed(|| d.sync_all())
+    timed(|| d.sync_all())?;
+    trace::note(|| format!("sync {}", dir.display()));
+    Ok(())
+}
+
+/// The order of durable steps, for unit tests: a test starts recording on
+/// its own thread ([`trace::start`]), runs the code under test there and
+/// reads what happened ([`trace::take`]): folder syncs and the removals
+/// that must follow them. Thread-local, so tests running in parallel do
+/// not see each other's steps; outside `cfg(test)`, [`trace::note`] is
+/// empty and compiles to nothing.
+pub(crate) mod trace {
+    #[cfg(test)]
+    thread_local! {
+        static LOG: std::cell::RefCell<Option<Vec<String>>> = const { std::cell::RefCell::new(None) };
+    }
+
+    /// Records `what()` if the calling thread records.
+    #[cfg(test)]
+    pub(crate) fn note(what: impl FnOnce() -> String) {
+        LOG.with(|l| {
+            if let Some(log) = l.borrow_mut().as_mut() {
+                log.push(what());
+            }
+        });
+    }
+
+    /// Records `what()` if the calling thread records (never, in this build).
+    #[cfg(not(test))]
+    #[inline(always)]
+    pub(crate) fn note(_what: impl FnOnce() -> String) {}
+
+    /// Starts recording on the calling thread (clearing what was recorded).
+    #[cfg(test)]
+    pub(crate) fn start() {
+        LOG.with(|l| *l.borrow_mut() = Some(Vec::new()));
+    }
+
+    /// Stops recording on the calling thread; returns what was recorded.
+    #[cfg(test)]
+    pub(crate) fn take() -> Vec<String> {
+        LOG.with(|l| l.borrow_mut().take().unwrap_or_default())
+    }
 }
 
 #[cfg(test)]

@@ -238,7 +238,8 @@ fn prepare(
         let (tx, rx) = mpsc::channel();
         // Never reuse an id, not even one an earlier attempt of this run
         // triggered and that left no folder: its late writes could land in
-        // a new checkpoint of the same id.
+        // a new checkpoint of the same id. Every task starts its barrier
+        // numbering here too (below), whatever it restored.
         let first_id = (completed.max(highest) + 1).max(next_id);
         (Arc::new(Signals::new(c.mode, timeout_ns, completed, first_id)), rx, tx)
     });
@@ -314,6 +315,16 @@ fn prepare(
                 ))
             })?;
             ctx.notified = r.manifest.id;
+        }
+        if let Some((signals, _, _)) = &checkpointing {
+            // Barrier ids follow the coordinator's numbering: the first
+            // barrier this task sees is the coordinator's first trigger,
+            // `first_id`, which lies past every checkpoint folder on disk.
+            // Starting from the restored id (or 0) instead, a source would
+            // inject barriers for the ids in between, which the coordinator
+            // never triggered and which name existing checkpoints: their
+            // task and state files would be written into those folders.
+            ctx.last_barrier = signals.first_id - 1;
         }
         task.open(&mut ctx).map_err(|e| Error::OperatorFailed {
             operator: ctx.operator_name().to_string(),

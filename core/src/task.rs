@@ -222,6 +222,9 @@ impl<T: Send, S: Source<T>> SourceTask<T, S> {
         if triggered <= ctx.last_barrier {
             return Ok(false);
         }
+        // Only ids the coordinator triggered in this attempt (the task's
+        // numbering starts at its first id, see `job::prepare`).
+        debug_assert!(ctx.last_barrier + 1 >= ck.signals.first_id);
         let mode = ck.signals.mode;
         let final_id = ck.signals.final_id();
         let trigger_ns: Vec<(u64, u64)> = (ctx.last_barrier + 1..=triggered)

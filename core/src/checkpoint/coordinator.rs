@@ -11,6 +11,15 @@
 //! passed since the last trigger and `min_pause` since the last completion.
 //! Once every source is exhausted, the final checkpoint is triggered at
 //! once (at most `max_concurrent` still applies) and nothing after it.
+//!
+//! Subsumption (as in Flink): with `max_concurrent` above 1, checkpoint
+//! `n + 1` can complete before `n`. Its completion then gives up every
+//! older pending checkpoint: `n` is aborted as subsumed (the tasks are told,
+//! its folder and files are deleted, it counts in
+//! [`CheckpointStats::subsumed`], not as a failure). So completions only go
+//! forwards: the latest completed checkpoint, the one sinks committed
+//! through and a restore takes, is always the newest, and retention (which
+//! drops the oldest) never drops it.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -21,7 +30,7 @@ use super::config::{CheckpointConfig, RetainOnCancel};
 use super::signals::{Event, Signals};
 use super::snapshot::{AckedState, TaskAck};
 use super::stats::{CheckpointRecord, CheckpointStats, TaskCheckpointStats};
-use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask};
+use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask, Removal};
 use crate::clock;
 
 struct Pending {
@@ -72,6 +81,10 @@ pub(crate) struct Coordinator {
     /// Shared files no longer referenced by a dropped checkpoint, with the
     /// highest checkpoint id triggered when they were queued.
     doomed: Vec<(String, u64)>,
+    /// A manifest-only checkpoint folder was removed and `root` has not
+    /// been fsynced since: no shared file may be deleted before it is
+    /// ([`storage::remove_checkpoint`] says why).
+    root_sync_owed: bool,
     stats: Arc<Mutex<CheckpointStats>>,
     job_start_ns: u64,
 }
@@ -109,6 +122,7 @@ impl Coordinator {
             final_triggered: false,
             retained,
             doomed: Vec::new(),
+            root_sync_owed: false,
             stats,
             job_start_ns: clock::now_ns(),
         }
@@ -152,13 +166,34 @@ impl Coordinator {
         let due = now.duration_since(self.last_trigger) >= self.cfg.interval
             && now.duration_since(self.last_completion) >= self.cfg.min_pause;
         if is_final || due {
-            self.trigger(now, is_final);
+            self.trigger(now, is_final)?;
         }
         Ok(())
     }
 
-    fn trigger(&mut self, now: Instant, is_final: bool) {
+    fn trigger(&mut self, now: Instant, is_final: bool) -> Result<(), CoordinatorError> {
         let id = self.next_id;
+        // The checkpoint's folder is made before the tasks hear of the id,
+        // and must be new: ids start past every folder on disk and never
+        // repeat, so an existing one means that something else writes into
+        // this directory. Writing into it would break that checkpoint's
+        // manifest; the attempt fails instead (a restart numbers past it).
+        let created = match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => true,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(CoordinatorError::Failed(format!(
+                    "cannot trigger checkpoint {id}: its folder {} exists already, and a checkpoint never \
+                     writes into another one's folder; is another job using the checkpoint directory {}? \
+                     Give each job a directory of its own",
+                    storage::checkpoint_dir(&self.root, id).display(),
+                    self.root.display()
+                )));
+            }
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+                false
+            }
+        };
         self.next_id += 1;
         self.last_trigger = now;
         self.final_triggered = is_final;
@@ -167,20 +202,25 @@ impl Coordinator {
             .map_or(0, |d| d.as_millis() as u64);
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
-        // The checkpoint's folder, made and its entry synced while the
-        // barriers travel and the tasks snapshot (sinks sync their
-        // pre-commits meanwhile, so this journal commit often joins
-        // theirs): one disk wait fewer after the last acknowledgement. If
-        // this fails, the first file written creates the folder and syncs
-        // the root. (Acknowledgements are handled on this thread, so none
-        // arrives before the checkpoint is pending below.)
-        let folder_synced = match storage::create_checkpoint_dir(&self.root, id) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
-                false
-            }
-        };
+        // The folder's entry, synced while the barriers travel and the
+        // tasks snapshot (sinks sync their pre-commits meanwhile, so this
+        // journal commit often joins theirs): one disk wait fewer after the
+        // last acknowledgement. If the folder could not be made or synced,
+        // the manifest's commit syncs the root (and the first file written
+        // creates the folder). (Acknowledgements are handled on this
+        // thread, so none arrives before the checkpoint is pending below.)
+        let folder_synced = created
+            && match storage::sync_dir(&self.root) {
+                Ok(()) => {
+                    // The same sync made every earlier folder removal durable.
+                    self.root_sync_owed = false;
+                    true
+                }
+                Err(e) => {
+                    tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
+                    false
+                }
+            };
         self.pending.insert(
             id,
             Pending {
@@ -192,6 +232,7 @@ impl Coordinator {
                 folder_synced,
             },
         );
+        Ok(())
     }
 
     /// Handles one event from a task.
@@ -205,7 +246,7 @@ impl Coordinator {
                     if id < self.first_id || self.retained.contains(&id) {
                         return Ok(());
                     }
-                    let _ = storage::remove_checkpoint(&self.root, id);
+                    let _ = self.remove_folder(id);
                     let fence = self.next_id.saturating_sub(1);
                     self.doomed
                         .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
@@ -218,7 +259,16 @@ impl Coordinator {
                 }
                 p.acks[task] = Some(*ack);
                 if p.received == self.tasks.len() {
-                    self.complete(id)?;
+                    let latest = self.signals.completed();
+                    if id < latest {
+                        // Never reached: a completion gives up every older
+                        // pending checkpoint at once. Kept as the rule's
+                        // last guard: completions never go backwards.
+                        self.subsume(id, latest);
+                        self.collect_garbage();
+                    } else {
+                        self.complete(id)?;
+                    }
                 }
                 Ok(())
             }
@@ -350,13 +400,53 @@ impl Coordinator {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .record_completed(record);
-        self.retained.push_back(id);
+        // Older checkpoints still pending can only complete after this
+        // one: they are subsumed now, so that none of them ever becomes
+        // the latest (sinks commit through `id` already; a restore must
+        // never go back behind it).
+        let older: Vec<u64> = self.pending.range(..id).map(|(&k, _)| k).collect();
+        for k in older {
+            self.subsume(k, id);
+        }
+        // Oldest first, whatever the order of completion: retention drops
+        // from the front and so always keeps the newest.
+        let at = self.retained.partition_point(|&r| r < id);
+        self.retained.insert(at, id);
         while self.retained.len() > self.cfg.retained {
             let old = self.retained.pop_front().expect("non-empty");
             self.drop_checkpoint(old);
         }
         self.collect_garbage();
         Ok(())
+    }
+
+    /// Gives up pending checkpoint `id` because `by`, a newer one, has
+    /// completed (Flink's subsumption): discarded like an aborted
+    /// checkpoint, but no failure. Acknowledgements still to come are
+    /// handled as late ones (their files deleted).
+    fn subsume(&mut self, id: u64, by: u64) {
+        if self.discard(id).is_none() {
+            return;
+        }
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).subsumed += 1;
+        tracing::debug!(checkpoint = id, by, "checkpoint subsumed by a newer completed one");
+    }
+
+    /// Removes pending checkpoint `id`: tells the tasks it is aborted,
+    /// deletes its folder and queues the shared files written for it.
+    fn discard(&mut self, id: u64) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        self.signals.abort(id);
+        if let Err(e) = self.remove_folder(id) {
+            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
+        }
+        // Shared files written for it are queued like dropped ones.
+        let fence = self.next_id.saturating_sub(1);
+        for a in p.acks.iter().flatten() {
+            self.doomed
+                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        }
+        Some(p)
     }
 
     /// Removes a retained checkpoint's own folder; its shared files wait in
@@ -369,8 +459,46 @@ impl Coordinator {
                 self.doomed.push((f.path, fence));
             }
         }
-        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
+        if let Err(e) = self.remove_folder(id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an old checkpoint");
+        }
+    }
+
+    /// Removes checkpoint `id`'s folder; notes whether `root` must be
+    /// synced before shared files are deleted (also when the removal
+    /// failed midway: a sync too many is harmless).
+    fn remove_folder(&mut self, id: u64) -> std::io::Result<()> {
+        match storage::remove_checkpoint(&self.root, id) {
+            Ok(Removal::Durable) => Ok(()),
+            Ok(Removal::SyncRootFirst) => {
+                self.root_sync_owed = true;
+                Ok(())
+            }
+            Err(e) => {
+                self.root_sync_owed = true;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes every checkpoint folder removal so far durable, if one is not:
+    /// called before any shared file is deleted, so that no manifest a
+    /// crash could bring back names a deleted file. False if the sync
+    /// failed (then nothing may be deleted).
+    fn sync_removals(&mut self) -> bool {
+        if !self.root_sync_owed {
+            return true;
+        }
+        match storage::sync_dir(&self.root) {
+            Ok(()) => {
+                self.root_sync_owed = false;
+                true
+            }
+            Err(e) => {
+                tracing::warn!(dir = %self.root.display(), error = %e,
+                    "could not sync the removal of old checkpoints: their shared files are kept for now");
+                false
+            }
         }
     }
 
@@ -389,37 +517,35 @@ impl Coordinator {
                 referenced.extend(m.files.into_iter().map(|f| f.path));
             }
         }
+        // Files no retained checkpoint lists are forgotten; of the others,
+        // those no pending checkpoint may build on are deleted now.
+        self.doomed.retain(|(path, _)| !referenced.contains(path));
+        if !self.doomed.iter().any(|(_, fence)| oldest_pending > *fence) {
+            return;
+        }
+        // A manifest removed without a sync may name these files: its
+        // removal is made durable first (see `storage::remove_checkpoint`).
+        if !self.sync_removals() {
+            return;
+        }
         let root = self.root.clone();
         self.doomed.retain(|(path, fence)| {
-            if referenced.contains(path) {
-                return false;
-            }
             if oldest_pending <= *fence {
                 return true;
             }
-            if let Err(e) = std::fs::remove_file(root.join(path)) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file");
-                }
+            match std::fs::remove_file(root.join(path)) {
+                Ok(()) => crate::disk::trace::note(|| format!("delete {}", root.join(path).display())),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file"),
             }
             false
         });
     }
 
     fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
-        let Some(p) = self.pending.remove(&id) else {
+        let Some(p) = self.discard(id) else {
             return Ok(());
         };
-        self.signals.abort(id);
-        if let Err(e) = storage::remove_checkpoint(&self.root, id) {
-            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
-        }
-        // Shared files written for it are queued like dropped ones.
-        let fence = self.next_id.saturating_sub(1);
-        for a in p.acks.iter().flatten() {
-            self.doomed
-                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
-        }
         self.collect_garbage();
         self.consecutive_failures += 1;
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
@@ -444,13 +570,16 @@ impl Coordinator {
         for id in ids {
             self.pending.remove(&id);
             self.signals.abort(id);
-            let _ = storage::remove_checkpoint(&self.root, id);
+            let _ = self.remove_folder(id);
         }
         if cancelled && self.cfg.retain_on_cancel == RetainOnCancel::Delete {
-            for id in self.retained.drain(..) {
-                let _ = storage::remove_checkpoint(&self.root, id);
+            for id in std::mem::take(&mut self.retained) {
+                let _ = self.remove_folder(id);
             }
-            let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
+            // Their manifests gone durably first, as for any shared file.
+            if self.sync_removals() {
+                let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
+            }
         }
     }
 
@@ -462,5 +591,212 @@ impl Coordinator {
     /// Completed checkpoints on disk, oldest first.
     pub(crate) fn retained(&self) -> VecDeque<u64> {
         self.retained.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::config::RestoreFrom;
+    use super::super::recovery;
+    use super::super::snapshot::TaskState;
+    use super::super::CheckpointMode;
+    use super::*;
+
+    /// A coordinator of two source tasks (chain 0, subtasks 0 and 1) over
+    /// `root`, whose first checkpoint is `first_id` (the ones before it
+    /// retained), with its signals and statistics.
+    fn coordinator(
+        root: &Path,
+        first_id: u64,
+        tweak: impl FnOnce(&mut CheckpointConfig),
+    ) -> (Coordinator, Arc<Signals>, Arc<Mutex<CheckpointStats>>) {
+        let mut cfg = CheckpointConfig::new(CheckpointMode::Aligned, root);
+        tweak(&mut cfg);
+        let signals = Arc::new(Signals::new(cfg.mode, 0, first_id - 1, first_id));
+        let stats = Arc::new(Mutex::new(CheckpointStats::default()));
+        let tasks = (0..2)
+            .map(|subtask| TaskInfo {
+                group: 0,
+                subtask,
+                name: "src".into(),
+                is_source: true,
+            })
+            .collect();
+        let groups = vec![ManifestGroup {
+            operators: vec!["0.0:src".into()],
+            parallelism: 2,
+        }];
+        let c = Coordinator::new(
+            cfg,
+            signals.clone(),
+            "test".into(),
+            "fp".into(),
+            groups,
+            tasks,
+            first_id,
+            (1..first_id).collect(),
+            stats.clone(),
+        );
+        (c, signals, stats)
+    }
+
+    /// Task `task`'s acknowledgement of checkpoint `id`, its state inline.
+    fn ack(id: u64, task: usize) -> Event {
+        let state = TaskState {
+            checkpoint: id,
+            group: 0,
+            subtask: task as u32,
+            parallelism: 2,
+            source_offset: Some(id.to_le_bytes().to_vec()),
+            ..TaskState::default()
+        };
+        Event::Ack(Box::new(TaskAck {
+            id,
+            task,
+            state: AckedState::Inline(state.encode()),
+            shared_files: Vec::new(),
+            wrote_shared: false,
+            state_bytes: 8,
+            channel_state_bytes: 0,
+            sync_ns: 0,
+            async_ns: 0,
+            alignment_ns: 0,
+        }))
+    }
+
+    /// Issue 17a: with two checkpoints in flight and one retained, the
+    /// older one completing after the newer must not push the newer one
+    /// out: it is subsumed (aborted and discarded), and the newer stays
+    /// the latest, the one a restore takes and sinks committed.
+    #[test]
+    fn a_checkpoint_completing_after_a_newer_one_is_subsumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (mut c, signals, stats) = coordinator(root, 1, |cfg| {
+            cfg.max_concurrent = 2;
+            cfg.retained = 1;
+        });
+        c.trigger(Instant::now(), false).unwrap();
+        c.trigger(Instant::now(), false).unwrap();
+        assert_eq!(signals.triggered(), 2);
+        // Checkpoint 2's snapshots are quicker than 1's.
+        c.handle(ack(2, 0)).unwrap();
+        c.handle(ack(2, 1)).unwrap();
+        assert_eq!(signals.completed(), 2, "checkpoint 2 completes first");
+        c.handle(ack(1, 0)).unwrap();
+        c.handle(ack(1, 1)).unwrap();
+        assert_eq!(
+            c.retained(),
+            VecDeque::from([2]),
+            "the newest completed checkpoint must be the one retained"
+        );
+        assert_eq!(signals.completed(), 2, "the latest completed checkpoint stays 2");
+        assert_eq!(recovery::completed_ids(root).unwrap(), vec![2]);
+        assert!(
+            !storage::checkpoint_dir(root, 1).exists(),
+            "the subsumed checkpoint's folder is deleted"
+        );
+        let restored = recovery::find(root, RestoreFrom::Latest, "fp", 1).unwrap().unwrap();
+        assert_eq!(restored.manifest.id, 2, "a restore takes the newest checkpoint");
+        let st = stats.lock().unwrap();
+        assert_eq!(
+            (st.completed, st.subsumed, st.failed),
+            (1, 1, 0),
+            "1 is counted as subsumed, not completed nor failed"
+        );
+        assert_eq!(st.history.iter().map(|r| r.id).collect::<Vec<_>>(), vec![2]);
+        drop(st);
+        assert_eq!(signals.aborted_after(0), vec![1], "the tasks are told 1 was aborted");
+    }
+
+    /// Issue 17b, the coordinator's half: a checkpoint never writes into
+    /// an existing folder. Ids start past every folder on disk, so one
+    /// found at the trigger belongs to something else: the attempt fails,
+    /// the tasks never hear of the id, and the folder is left as it was.
+    #[test]
+    fn a_trigger_never_takes_an_existing_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let theirs = storage::checkpoint_dir(root, 1);
+        std::fs::create_dir(&theirs).unwrap();
+        std::fs::write(theirs.join(storage::MANIFEST), b"someone else's").unwrap();
+        let (mut c, signals, _) = coordinator(root, 1, |_| {});
+        let Err(CoordinatorError::Failed(e)) = c.trigger(Instant::now(), false) else {
+            panic!("triggering into an existing folder must fail");
+        };
+        assert!(e.contains("chk-0000000001") && e.contains("exists already"), "{e}");
+        assert_eq!(signals.triggered(), 0, "no task hears of checkpoint 1");
+        assert_eq!(
+            std::fs::read(theirs.join(storage::MANIFEST)).unwrap(),
+            b"someone else's"
+        );
+    }
+
+    /// Issue 17e: a checkpoint whose task states are all inline is a
+    /// folder with only its manifest, which may still name `shared/` files.
+    /// Once retention drops it, garbage collection deletes those files; if
+    /// the folder's removal were not durable by then, a crash could bring
+    /// the manifest back naming deleted files. So `<dir>` is synced after
+    /// the removal and before the first such deletion.
+    #[test]
+    fn a_dropped_manifest_only_checkpoint_is_gone_for_good_before_its_shared_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        // Checkpoint 1: inline states only (no task file), relying on one
+        // state-backend file in shared/.
+        std::fs::create_dir(root.join(storage::SHARED)).unwrap();
+        let shared = storage::write_durable(
+            root,
+            &root.join(storage::SHARED),
+            "op-c1-s0.full.pages",
+            b"pages",
+            storage::DirSync::Now,
+        )
+        .unwrap();
+        let m1 = Manifest {
+            version: storage::MANIFEST_VERSION,
+            job: "test".into(),
+            fingerprint: "fp".into(),
+            id: 1,
+            mode: CheckpointMode::Aligned,
+            is_final: false,
+            trigger_unix_ms: 0,
+            duration_us: 0,
+            groups: Vec::new(),
+            tasks: Vec::new(),
+            files: vec![shared.clone()],
+            inline: Vec::new(),
+        };
+        m1.commit(root, false, false, false).unwrap();
+        let chk1 = storage::checkpoint_dir(root, 1);
+        assert_eq!(
+            std::fs::read_dir(&chk1).unwrap().count(),
+            1,
+            "checkpoint 1's folder holds its manifest only"
+        );
+        let (mut c, _signals, _stats) = coordinator(root, 2, |cfg| cfg.retained = 1);
+        crate::disk::trace::start();
+        // Checkpoint 2 completes (it no longer uses the shared file):
+        // retention drops 1, and the shared file goes with it.
+        c.trigger(Instant::now(), false).unwrap();
+        c.handle(ack(2, 0)).unwrap();
+        c.handle(ack(2, 1)).unwrap();
+        let log = crate::disk::trace::take();
+        assert_eq!(c.retained(), VecDeque::from([2]));
+        assert!(!chk1.exists() && !root.join(&shared.path).exists(), "{log:#?}");
+        let removed = log
+            .iter()
+            .position(|s| *s == format!("remove {}", chk1.display()))
+            .unwrap_or_else(|| panic!("checkpoint 1's folder was not removed: {log:#?}"));
+        let deleted = log
+            .iter()
+            .position(|s| *s == format!("delete {}", root.join(&shared.path).display()))
+            .unwrap_or_else(|| panic!("the shared file was not deleted: {log:#?}"));
+        assert!(
+            log[removed..deleted].contains(&format!("sync {}", root.display())),
+            "the removal of checkpoint 1's folder must be synced (an fsync of {}) before \
+             the shared file it names is deleted: {log:#?}",
+            root.display()
+        );
     }
 }

@@ -37,8 +37,10 @@ pub(crate) struct Signals {
     aborted: Mutex<Vec<u64>>,
     /// Alignment timeout in nanoseconds (0: none).
     pub(crate) alignment_timeout_ns: u64,
-    /// The first checkpoint id of this attempt: lower ids belong to earlier
-    /// runs and are never injected.
+    /// The first checkpoint id of this attempt, past every checkpoint
+    /// folder on disk: lower ids belong to earlier runs and attempts and are
+    /// never injected (every task's `last_barrier` starts at
+    /// `first_id - 1`, whatever checkpoint it restored).
     pub(crate) first_id: u64,
 }
 

@@ -61,6 +61,10 @@ pub struct CheckpointStats {
     pub completed: u64,
     /// Checkpoints aborted (failed, declined or timed out).
     pub failed: u64,
+    /// Checkpoints given up because a newer one completed first (with
+    /// `max_concurrent` above 1): discarded like aborted ones, but not a
+    /// failure (they count neither here nor towards `tolerable_failures`).
+    pub subsumed: u64,
     /// The latest completed checkpoints, oldest first (at most [`MAX_HISTORY`]).
     pub history: VecDeque<CheckpointRecord>,
     /// Restarts after failures.

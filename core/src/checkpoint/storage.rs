@@ -181,13 +181,13 @@ pub(crate) enum DirSync {
     Deferred,
 }
 
-/// Creates the folder of checkpoint `id`, unless it exists, and syncs
-/// `root` so that the folder's entry is durable. The coordinator calls it
-/// at the trigger, while the tasks snapshot, so that this disk wait is not
-/// on the manifest's path.
+/// Creates the folder of checkpoint `id`, which must not exist (an
+/// `AlreadyExists` error otherwise: a checkpoint never writes into another
+/// one's folder). Its entry is not synced here: the coordinator syncs
+/// `root` right after the trigger, while the tasks snapshot, so that this
+/// disk wait is not on the manifest's path.
 pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
-    fs::create_dir_all(checkpoint_dir(root, id))?;
-    sync_dir(root)
+    fs::create_dir(checkpoint_dir(root, id))
 }
 
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
@@ -336,9 +336,9 @@ impl Manifest {
         }
         write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
         if !folder_synced {
-            // The folder's own entry, unless `create_checkpoint_dir` synced
-            // it at the trigger (`write_durable` syncs the root itself when
-            // it had to create the folder).
+            // The folder's own entry, unless the coordinator synced it
+            // after `create_checkpoint_dir` at the trigger (`write_durable`
+            // syncs the root itself when it had to create the folder).
             sync_dir(root)?;
         }
         crate::fault::hit("checkpoint.manifest.after")?;
@@ -419,42 +419,86 @@ pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
     Ok(())
 }
 
+/// What [`remove_checkpoint`] leaves for its caller to make durable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "a manifest's removal may still have to be synced before its shared files are deleted"]
+pub enum Removal {
+    /// Nothing: there was no folder or no manifest, or the manifest's
+    /// removal was synced before anything else was deleted.
+    Durable,
+    /// A folder holding only its manifest was removed without a sync:
+    /// `root` must be fsynced before any file that manifest named (in
+    /// `shared/`) is deleted.
+    SyncRootFirst,
+}
+
 /// Deletes checkpoint `id`'s folder (its own files only; shared files are
 /// reference-counted by the coordinator).
 ///
+/// The rule: a manifest must never name a deleted file, in any state a
+/// crash can leave. Shared files are deleted by the caller, after this.
+///
 /// A folder holding other files than its manifest (task files) loses its
-/// manifest first, durably: a crash midway then leaves an incomplete
-/// checkpoint (ignored and deleted at the next start), never a manifest
-/// naming deleted files. A folder with nothing but its manifest (all task
-/// states inline) is removed without any sync: should a crash undo the
-/// removal, the old manifest is still whole and names no deleted file, and
-/// a restore prefers the newer checkpoints anyway. The removal of the
-/// folder itself is never synced, for the same reason. At a checkpoint
-/// every 10 ms, these syncs were a third of the coordinator's disk waits.
-pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<()> {
+/// manifest first, durably (the folder fsynced): a crash midway then leaves
+/// an incomplete checkpoint (ignored and deleted at the next start), never
+/// a manifest naming deleted files.
+///
+/// A folder with nothing but its manifest (all task states inline) is
+/// removed without a sync here, and [`Removal::SyncRootFirst`] returned:
+/// its manifest names no file of the folder, but it can name files in
+/// `shared/` (the state backend's handles, inline), and the caller must
+/// fsync `root` before it deletes any of them. Every crash interleaving:
+///
+/// - before that fsync returns, no shared file the manifest names has been
+///   deleted, so whatever the crash leaves (the folder gone, the folder
+///   without its manifest: incomplete, deleted at the next start, or the
+///   whole folder back) names no deleted file; a manifest brought back is
+///   a whole, older checkpoint, and a restore prefers the newer ones;
+/// - after it, the folder's entry is durably gone from `root`: the manifest
+///   cannot come back, whatever is deleted next.
+///
+/// Deleting the shared files first and the folder after would be wrong: a
+/// crash in between leaves the manifest naming deleted files. The fsync
+/// is the caller's so that one covers every removal before it, and none is
+/// made when nothing is deleted after (heap state: `shared/` stays empty);
+/// at a checkpoint every 10 ms, a sync per removal was a third of the
+/// coordinator's disk waits. The removal of a folder whose manifest went
+/// first is never synced: a folder without a manifest is never restored.
+pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
     let dir = checkpoint_dir(root, id);
     let entries = match fs::read_dir(&dir) {
         Ok(entries) => entries,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Durable),
         Err(e) => return Err(e),
     };
     let mut only_manifest = true;
+    let mut has_manifest = false;
     for entry in entries {
-        if entry?.file_name() != MANIFEST {
+        if entry?.file_name() == MANIFEST {
+            has_manifest = true;
+        } else {
             only_manifest = false;
             break;
         }
     }
-    if !only_manifest {
+    let removal = if !only_manifest {
         match fs::remove_file(dir.join(MANIFEST)) {
             Ok(()) => sync_dir(&dir)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
         }
-    }
+        Removal::Durable
+    } else if has_manifest {
+        Removal::SyncRootFirst
+    } else {
+        Removal::Durable
+    };
     match fs::remove_dir_all(&dir) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => {
+            crate::disk::trace::note(|| format!("remove {}", dir.display()));
+            Ok(removal)
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(removal),
         Err(e) => Err(e),
     }
 }
@@ -594,7 +638,11 @@ mod tests {
         fs::write(dir.join("a.state"), b"hell").unwrap();
         let e = verify_files(root.path(), &read).unwrap_err();
         assert!(e.contains("has 4 bytes"), "{e}");
-        remove_checkpoint(root.path(), 5).unwrap();
+        assert_eq!(
+            remove_checkpoint(root.path(), 5).unwrap(),
+            Removal::Durable,
+            "task file: manifest removal synced"
+        );
         assert!(list_ids(root.path()).unwrap().is_empty());
     }
 }
