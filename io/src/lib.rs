@@ -82,6 +82,9 @@ pub use generator::{GenContext, Generator, GeneratorConfig};
 pub use lines::{BadRecords, LineInfo, ParseError};
 pub use nexmark::NexmarkSource;
 pub use reader::ReaderSource;
+/// The Kafka client the Kafka source uses (librdkafka, bundled): for
+/// client settings, and for tests and tools that create topics or produce.
+pub use rdkafka;
 /// The SQLite bindings the SQLite sinks use (bundled SQLite): values for
 /// [`SqlRow::push`] implement [`rusqlite::ToSql`], and tests read tables
 /// with [`rusqlite::Connection`].
