@@ -855,7 +855,11 @@ fn a_source_emits_its_own_watermarks_and_idleness() {
     // (watermark 490); [400, 500) is not.
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while out.lock().unwrap().len() < 4 {
-        assert!(std::time::Instant::now() < deadline, "no window fired: {:?}", out.lock().unwrap());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no window fired: {:?}",
+            out.lock().unwrap()
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     std::thread::sleep(Duration::from_millis(50));

@@ -631,3 +631,48 @@ fn a_completed_checkpoint_commits_its_offsets_to_the_group() {
     }
 }
 
+/// `weir run` with a Kafka topic and a file side by side: every record of
+/// both counted exactly once in the committed output.
+#[test]
+fn weir_run_reads_a_kafka_topic_and_a_file_together() {
+    let keys = 7;
+    let topic = new_topic("run", 3, 3_000, keys);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("more.csv");
+    let text: String = (3_000..4_000u64).map(|i| format!("{},{i}\n", i % keys)).collect();
+    std::fs::write(&file, text).unwrap();
+    let out = dir.path().join("out");
+    let status = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "run",
+            "--job",
+            "keyed-count",
+            "--parallelism",
+            "2",
+            "--checkpoint-interval-ms",
+            "20",
+        ])
+        .arg("--input")
+        .arg(format!("kafka:{}/{topic}", broker().addr))
+        .arg("--input")
+        .arg(&file)
+        .arg("--output")
+        .arg(&out)
+        .arg("--checkpoint-dir")
+        .arg(dir.path().join("ck"))
+        .status()
+        .unwrap();
+    assert!(status.success(), "weir run: {status}");
+    let mut rows = Vec::new();
+    for entry in std::fs::read_dir(&out).unwrap() {
+        let entry = entry.unwrap();
+        if entry.file_name().to_string_lossy().starts_with('.') || !entry.file_type().unwrap().is_file() {
+            continue;
+        }
+        for line in std::fs::read_to_string(entry.path()).unwrap().lines() {
+            let f: Vec<u64> = line.split(',').map(|x| x.parse().unwrap()).collect();
+            rows.push((f[0], f[1], f[2]));
+        }
+    }
+    assert_exact(&rows, &expected(0, 4_000, keys), "weir run");
+}
