@@ -1,12 +1,12 @@
-//! Committing closed epochs of a WAL sink subtask: their output files,
-//! the commit marker and the deletion of committed segments, on the
-//! subtask's committer thread (a restore commits on its own thread).
+//! Committing closed epochs of a WAL sink subtask: their output, the
+//! target's record of the commit and the deletion of committed segments,
+//! on the subtask's committer thread (a restore commits on its own thread).
 //!
-//! [`Committer`] does one commit: for each epoch, in order, a hidden
-//! temporary file in the target folder gets the epoch's output (kept in
-//! memory, or read back from the log and verified) and is fsynced; then all
-//! of them are renamed into place, the folder is fsynced once, the marker
-//! records the commit, and segments wholly before it are deleted.
+//! [`Committer`] does one commit: each epoch, in order, goes to the
+//! [`EpochTarget`] (its records kept in memory, or read back from the log
+//! and verified); the target publishes them and records the commit (for
+//! files: renames, one folder fsync, the marker); then segments wholly
+//! before the commit are deleted.
 //!
 //! [`CommitIo`] is the committer thread's handler (see
 //! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
@@ -15,24 +15,19 @@
 //! thread, and the sink reports the failure at its next call. Dropping the
 //! sink waits for the commit in progress.
 
-use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use weir_core::io_thread::{IoHandler, Ticket};
-use weir_core::{clock, BoxError, SyncJob};
+use weir_core::{BoxError, SyncJob};
 
 use super::codec::{self, WalPos};
 use super::log::{segment_path, LogReader};
-use super::marker::{Committed, Marker};
-use super::{FAULT_COMMIT_DELETE, FAULT_COMMIT_DIRSYNC, FAULT_COMMIT_FSYNC, FAULT_COMMIT_RENAME, FAULT_COMMIT_WRITE};
-use crate::error::IoContext;
-use crate::fsutil::{self, create_dir_durable, fault, remove_if_exists, sync_dir};
+use super::marker::Committed;
+use super::target::EpochTarget;
+use super::FAULT_COMMIT_DELETE;
+use crate::fsutil::{self, fault, remove_if_exists};
 use crate::latency::StampRuns;
 use crate::{Error, Result};
-
-/// Bytes of committed output written to a file at once: 1 MiB.
-const OUT_CHUNK: usize = 1 << 20;
 
 /// Commits in flight on the committer thread beyond which the sink holds
 /// further commits back (merged into one) and says it is not ready: 4.
@@ -56,127 +51,31 @@ pub(super) struct Closed {
     pub(super) sync: Ticket,
 }
 
-/// The committed output of one commit being written.
+/// Everything a commit touches: the target (which records the commit),
+/// the log (read).
 #[derive(Debug)]
-struct Parts {
-    target: PathBuf,
-    subtask: usize,
-    suffix: String,
-    out: Vec<u8>,
-    /// The epoch being written: its file and temporary path.
-    current: Option<(u64, File, PathBuf)>,
-    /// Epochs written and fsynced, waiting to be renamed: (epoch, temp).
-    written: Vec<(u64, PathBuf)>,
-    /// When the last `publish` renamed its files into place: the moment
-    /// readers could see them (the folder fsync and the marker follow).
-    published_ns: u64,
-}
-
-impl Parts {
-    fn begin(&mut self, epoch: u64) -> Result<()> {
-        let name = fsutil::part_name(self.subtask, epoch, &self.suffix);
-        let temp = self.target.join(format!(".{name}.tmp"));
-        fault(FAULT_COMMIT_WRITE, "create", &temp)?;
-        let file = OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&temp)
-            .ctx("create", &temp)?;
-        self.out.clear();
-        self.current = Some((epoch, file, temp));
-        Ok(())
-    }
-
-    #[inline]
-    fn write(&mut self, payload: &[u8]) -> Result<()> {
-        self.out.extend_from_slice(payload);
-        if self.out.len() >= OUT_CHUNK {
-            self.write_out()?;
-        }
-        Ok(())
-    }
-
-    /// Writes a whole epoch's bytes, kept in memory, at once.
-    fn write_all(&mut self, bytes: &[u8]) -> Result<()> {
-        self.write_out()?;
-        let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
-        file.write_all(bytes).ctx("write", temp)
-    }
-
-    fn write_out(&mut self) -> Result<()> {
-        let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
-        file.write_all(&self.out).ctx("write", temp)?;
-        self.out.clear();
-        Ok(())
-    }
-
-    /// Ends the current epoch's file: written out and fsynced.
-    fn end(&mut self) -> Result<()> {
-        self.write_out()?;
-        let (epoch, file, temp) = self.current.take().expect("ending an epoch");
-        fault(FAULT_COMMIT_FSYNC, "fsync", &temp)?;
-        weir_core::disk::sync_data(&file).ctx("fsync", &temp)?;
-        self.written.push((epoch, temp));
-        Ok(())
-    }
-
-    /// Renames every written epoch into place and fsyncs the folder;
-    /// returns the epochs.
-    fn publish(&mut self) -> Result<Vec<u64>> {
-        for (epoch, temp) in &self.written {
-            let target = self.target.join(fsutil::part_name(self.subtask, *epoch, &self.suffix));
-            fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
-            std::fs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
-        }
-        self.published_ns = clock::now_ns();
-        if !self.written.is_empty() {
-            sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
-        }
-        Ok(self.written.drain(..).map(|(e, _)| e).collect())
-    }
-}
-
-/// Everything a commit touches: the target, the marker, the log (read).
-#[derive(Debug)]
-pub(super) struct Committer {
+pub(super) struct Committer<G> {
     dir: PathBuf,
-    subtask: usize,
-    marker: Marker,
-    /// What the marker records.
+    pub(super) subtask: usize,
+    target: G,
+    /// What the target records as committed.
     pub(super) committed: Committed,
     /// Segments before this one were deleted.
     oldest_seg: u64,
     reader: LogReader,
-    parts: Parts,
 }
 
-impl Committer {
-    /// A committer for the log in `dir` whose marker records `committed`.
-    pub(super) fn new(
-        dir: PathBuf,
-        subtask: usize,
-        target: PathBuf,
-        suffix: String,
-        marker: Marker,
-        committed: Committed,
-    ) -> Self {
+impl<G: EpochTarget> Committer<G> {
+    /// A committer for the log in `dir` into `target` (opened), which
+    /// records `committed`.
+    pub(super) fn new(dir: PathBuf, subtask: usize, target: G, committed: Committed) -> Self {
         Committer {
             dir,
             subtask,
-            marker,
+            target,
             committed,
             oldest_seg: committed.pos.seg,
             reader: LogReader::default(),
-            parts: Parts {
-                target,
-                subtask,
-                suffix,
-                out: Vec::with_capacity(OUT_CHUNK + (OUT_CHUNK >> 2)),
-                current: None,
-                written: Vec::new(),
-                published_ns: 0,
-            },
         }
     }
 
@@ -188,17 +87,15 @@ impl Committer {
             return Ok(Vec::new());
         };
         let to = last.end;
-        self.parts.current = None;
-        self.parts.written.clear();
         let mut start = self.committed.pos;
         for c in epochs {
             debug_assert!(c.tag <= n && c.tag > self.committed.epoch);
-            self.parts.begin(c.tag)?;
+            self.target.begin(c.tag)?;
             match &c.payload {
-                Some(bytes) => self.parts.write_all(bytes)?,
+                Some(bytes) => self.target.write(bytes)?,
                 None => {
                     // Not in memory: read the epoch back from the log, verified.
-                    let (dir, parts, tag) = (&self.dir, &mut self.parts, c.tag);
+                    let (dir, target, tag) = (&self.dir, &mut self.target, c.tag);
                     self.reader
                         .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
                             if t != tag {
@@ -210,26 +107,25 @@ impl Committer {
                                     format!("a record of epoch {t} among those of epoch {tag}"),
                                 ));
                             }
-                            parts.write(payload)
+                            target.write(payload)
                         })?;
                 }
             }
-            self.parts.end()?;
+            self.target.end()?;
             start = c.end;
         }
-        let files = self.parts.publish()?;
         let value = Committed { epoch: n, pos: to };
-        self.marker.write(value)?;
+        let files = self.target.publish(value)?;
         self.committed = value;
         self.delete_segments_before(to.seg)?;
         Ok(files)
     }
 
-    /// When the last commit's files became visible (renamed into the
-    /// target, before the folder fsync and the marker that make the commit
-    /// durable).
+    /// When the last commit's output became visible (for files: renamed
+    /// into the target, before the folder fsync and the marker that make
+    /// the commit durable).
     pub(super) fn visible_ns(&self) -> u64 {
-        self.parts.published_ns
+        self.target.visible_ns()
     }
 
     /// Deletes the segments before `seg`: all their records are committed.
@@ -257,9 +153,9 @@ impl Committer {
 
 /// What the sink's worker asks of its committer thread ([`CommitIo`]).
 pub(super) enum CommitRequest {
-    /// The committer half of a start without a checkpoint: create the
-    /// target folder, remove this subtask's temporaries, open the marker,
-    /// and refuse ([`Error::TargetAhead`]) if it shows committed output.
+    /// The committer half of a start without a checkpoint: open the
+    /// target and refuse ([`Error::TargetAhead`]) if it records committed
+    /// output.
     Start,
     /// Commit `epochs` (closed, in log order, the first starting at the
     /// marker's position) and record checkpoint `n` in the marker, once
@@ -285,34 +181,32 @@ pub(super) enum CommitReply {
 
 /// Where a fresh start puts things, for the committer thread.
 #[derive(Debug)]
-pub(super) struct Fresh {
+pub(super) struct Fresh<G> {
     pub(super) dir: PathBuf,
     pub(super) subtask: usize,
-    pub(super) target: PathBuf,
-    pub(super) suffix: String,
+    /// Not opened yet.
+    pub(super) target: Option<G>,
 }
 
 /// The committer thread of one WAL sink subtask: owns the [`Committer`]
-/// (the target, the marker; it reads the log and deletes committed
-/// segments).
+/// (the target; it reads the log and deletes committed segments).
 #[derive(Debug)]
-pub(super) enum CommitIo {
-    /// Started by a restore, which opened the marker on its own thread.
-    Ready(Box<Committer>),
+pub(super) enum CommitIo<G> {
+    /// Started by a restore, which opened the target on its own thread.
+    Ready(Box<Committer<G>>),
     /// Waiting for [`CommitRequest::Start`].
-    Fresh(Fresh),
+    Fresh(Fresh<G>),
 }
 
-impl CommitIo {
-    fn start(f: &Fresh) -> Result<Committer> {
-        create_dir_durable(&f.target)?;
-        remove_temporaries(&f.target, &f.suffix, f.subtask)?;
-        let (marker, committed) = Marker::open(f.dir.join("committed"))?;
+impl<G: EpochTarget> CommitIo<G> {
+    fn start(f: &mut Fresh<G>) -> Result<Committer<G>> {
+        let mut target = f.target.take().expect("a fresh start happens once");
+        let committed = target.open()?;
         if let Some(c) = committed.filter(|c| c.epoch > 0) {
             return Err(Error::TargetAhead {
-                sink: "wal",
+                sink: target.kind(),
                 subtask: f.subtask,
-                target: f.target.display().to_string(),
+                target: target.describe(),
                 committed: c.epoch,
                 restored: None,
             });
@@ -324,18 +218,11 @@ impl CommitIo {
                 off: codec::SEGMENT_HEADER_BYTES as u64,
             },
         };
-        Ok(Committer::new(
-            f.dir.clone(),
-            f.subtask,
-            f.target.clone(),
-            f.suffix.clone(),
-            marker,
-            start,
-        ))
+        Ok(Committer::new(f.dir.clone(), f.subtask, target, start))
     }
 }
 
-impl IoHandler for CommitIo {
+impl<G: EpochTarget> IoHandler for CommitIo<G> {
     type Request = CommitRequest;
     type Reply = CommitReply;
 

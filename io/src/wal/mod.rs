@@ -70,6 +70,11 @@
 //! never completed a checkpoint, never those of a refused start); no
 //! checkpoint completes before both succeeded.
 //!
+//! Where committed epochs go is the sink's [`EpochTarget`]: by default
+//! [`FileTarget`], the files of step 3; another target (a Kafka topic, say)
+//! replaces step 3's files and marker with its own way of publishing and
+//! recording a commit ([`WalSink::with_target`]), and keeps the rest.
+//!
 //! Visibility latency is recorded when an epoch is committed (see
 //! [`crate::latency`]); records re-committed by a restore have no stamps
 //! and are not counted.
@@ -78,6 +83,7 @@ pub mod codec;
 mod commit;
 mod log;
 mod marker;
+pub mod target;
 
 use std::collections::VecDeque;
 use std::fs::OpenOptions;
@@ -92,9 +98,10 @@ use crate::fsutil::{create_dir_durable, fault, remove_if_exists, sync_dir};
 use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
-use commit::{remove_temporaries, Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
+use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
 use log::{list_segments, segment_path, LogIo, LogReader, LogReply, LogRequest};
-use marker::{Committed, Marker};
+pub use marker::Committed;
+pub use target::{EpochTarget, FileTarget};
 
 pub use commit::QUEUED_COMMITS;
 pub use log::{FAULT_APPEND, FAULT_FSYNC, FAULT_ROLL};
@@ -232,9 +239,9 @@ const SPARE_BUFFERS: usize = 4;
 /// The worker encodes frames into `buf` and keeps the log position
 /// itself: the log thread writes what it is handed where it is told. The
 /// committer thread commits closed epochs once their checkpoint completed.
-struct Running {
+struct Running<G: EpochTarget> {
     log: IoThread<LogIo>,
-    committer: IoThread<CommitIo>,
+    committer: IoThread<CommitIo<G>>,
     buffer_bytes: usize,
     segment_bytes: u64,
     /// Frames not yet handed to the log thread, all of segment `seg`; the
@@ -286,7 +293,7 @@ struct Running {
     visible: Visible,
 }
 
-impl std::fmt::Debug for Running {
+impl<G: EpochTarget> std::fmt::Debug for Running<G> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Running")
             .field("pos", &self.pos())
@@ -298,7 +305,7 @@ impl std::fmt::Debug for Running {
     }
 }
 
-impl Running {
+impl<G: EpochTarget> Running<G> {
     /// The position after the last frame appended (handed over or not).
     #[inline]
     fn pos(&self) -> WalPos {
@@ -560,31 +567,65 @@ impl Running {
 /// assert_eq!(out, "1\n2\n3\n");
 /// # let _ = state;
 /// ```
-pub struct WalSink<T, F, E> {
+pub struct WalSink<T, F, E, G: EpochTarget = FileTarget> {
     config: WalSinkConfig,
     subtask: usize,
     encode: F,
     emitted_ns: E,
+    /// Makes this subtask's target (not opened), at each start.
+    make_target: TargetFactory<G>,
     /// `None` until restored or started fresh.
-    run: Option<Running>,
+    run: Option<Running<G>>,
     recovery: Option<WalRecovery>,
     _records: PhantomData<fn(&T)>,
 }
 
-impl<T, F, E> WalSink<T, F, E>
+/// Makes a WAL sink subtask's [`EpochTarget`], not opened yet; called
+/// at every start of the subtask (a fresh start, each restore).
+pub type TargetFactory<G> = Box<dyn Fn() -> G + Send>;
+
+impl<T, F, E> WalSink<T, F, E, FileTarget>
 where
     F: Fn(&T, &mut Vec<u8>),
     E: Fn(&T) -> u64,
 {
-    /// The sink instance of `subtask`. Nothing is touched on disk until the
-    /// first call of the sink: a restore, or a fresh start at the first
-    /// write, barrier or finish (which its threads carry out).
+    /// The sink instance of `subtask`, committing files into
+    /// [`WalSinkConfig::target_dir`] ([`FileTarget`]). Nothing is touched
+    /// on disk until the first call of the sink: a restore, or a fresh
+    /// start at the first write, barrier or finish (which its threads carry
+    /// out).
     pub fn new(config: WalSinkConfig, subtask: usize, encode: F, emitted_ns: E) -> Self {
+        let (target, suffix) = (config.target_dir.clone(), config.suffix.clone());
+        let log_dir = subtask_log_dir(&config, subtask);
+        let make = move || FileTarget::new(target.clone(), subtask, suffix.clone(), log_dir.clone());
+        Self::with_target(config, subtask, Box::new(make), encode, emitted_ns)
+    }
+}
+
+impl<T, F, E, G> WalSink<T, F, E, G>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+    G: EpochTarget,
+{
+    /// The sink instance of `subtask`, committing into the targets
+    /// `make_target` makes (one per start of the subtask); the log goes to
+    /// [`WalSinkConfig::wal_dir`] (`target_dir` and `suffix` are the file
+    /// target's and unused here). `encode` must write each record so that
+    /// the target can tell records apart in a concatenation of them.
+    pub fn with_target(
+        config: WalSinkConfig,
+        subtask: usize,
+        make_target: TargetFactory<G>,
+        encode: F,
+        emitted_ns: E,
+    ) -> Self {
         WalSink {
             config,
             subtask,
             encode,
             emitted_ns,
+            make_target,
             run: None,
             recovery: None,
             _records: PhantomData,
@@ -643,7 +684,7 @@ where
 
     /// The started subtask; a fresh start at the first call, handed to
     /// the threads (nothing here touches the disk).
-    fn running(&mut self) -> Result<&mut Running, BoxError> {
+    fn running(&mut self) -> Result<&mut Running<G>, BoxError> {
         if self.run.is_none() {
             self.config.validate()?;
             self.run = Some(self.start(None, 1, 1)?);
@@ -655,7 +696,7 @@ where
     /// restore) or its half of a fresh start (`None`: then the log thread
     /// does the other half once the committer's succeeded); writing goes on
     /// in segment `next_seg`, epoch `open_tag`.
-    fn start(&self, committer: Option<Committer>, next_seg: u64, open_tag: u64) -> Result<Running, BoxError> {
+    fn start(&self, committer: Option<Committer<G>>, next_seg: u64, open_tag: u64) -> Result<Running<G>, BoxError> {
         let dir = self.log_dir();
         let log = IoThread::spawn(
             &format!("weir-wal-log-{:03}", self.subtask),
@@ -673,8 +714,7 @@ where
                 CommitIo::Fresh(Fresh {
                     dir: dir.clone(),
                     subtask: self.subtask,
-                    target: self.config.target_dir.clone(),
-                    suffix: self.config.suffix.clone(),
+                    target: Some((self.make_target)()),
                 }),
                 0,
             ),
@@ -729,15 +769,14 @@ where
         Ok(run)
     }
 
-    /// Creates the folders, removes temporaries and reads the marker (for
-    /// a restore, on its own thread).
-    fn prepare(&self) -> Result<(Marker, Option<Committed>)> {
+    /// Creates the log folder and opens a target, which says what it
+    /// records as committed (for a restore, on its own thread).
+    fn prepare(&self) -> Result<(G, Option<Committed>)> {
         self.config.validate()?;
-        let dir = self.log_dir();
-        create_dir_durable(&dir)?;
-        create_dir_durable(&self.config.target_dir)?;
-        remove_temporaries(&self.config.target_dir, &self.config.suffix, self.subtask)?;
-        Marker::open(dir.join("committed"))
+        create_dir_durable(&self.log_dir())?;
+        let mut target = (self.make_target)();
+        let committed = target.open()?;
+        Ok((target, committed))
     }
 
     fn restore_from(&mut self, n: u64, state: &[u8]) -> Result<(), BoxError> {
@@ -764,28 +803,16 @@ where
         Ok(())
     }
 
-    /// A committer for this subtask whose marker records `committed`.
-    fn committer(&self, marker: Marker, committed: Committed) -> Committer {
-        Committer::new(
-            self.log_dir(),
-            self.subtask,
-            self.config.target_dir.clone(),
-            self.config.suffix.clone(),
-            marker,
-            committed,
-        )
-    }
-
     /// The synchronous part of a restore: verifies the log up to the
     /// checkpoint, cuts off what follows, commits again what it
     /// pre-committed; returns the committer and the checkpoint's end.
-    fn recover(&self, n: u64, st: SinkState) -> Result<(Committer, WalPos, WalRecovery)> {
+    fn recover(&self, n: u64, st: SinkState) -> Result<(Committer<G>, WalPos, WalRecovery)> {
         let bad = |reason: String| Error::BadState {
             sink: format!("WAL sink subtask {}", self.subtask),
             checkpoint: n,
             reason,
         };
-        let (marker, committed) = self.prepare()?;
+        let (target, committed) = self.prepare()?;
         let dir = self.log_dir();
         let committed = committed.unwrap_or(Committed {
             epoch: 0,
@@ -796,9 +823,9 @@ where
         });
         if committed.epoch > n {
             return Err(Error::TargetAhead {
-                sink: "wal",
+                sink: target.kind(),
                 subtask: self.subtask,
-                target: self.config.target_dir.display().to_string(),
+                target: target.describe(),
                 committed: committed.epoch,
                 restored: Some(n),
             });
@@ -899,7 +926,7 @@ where
         }
 
         // 3. Commit again what the checkpoint pre-committed.
-        let mut committer = self.committer(marker, committed);
+        let mut committer = Committer::new(dir, self.subtask, target, committed);
         let closed: Vec<Closed> = closed.into();
         report.recommitted_epochs = committer.commit(n, &closed)?;
         report.recommitted_records = records;
@@ -907,11 +934,12 @@ where
     }
 }
 
-impl<T, F, E> Sink<T> for WalSink<T, F, E>
+impl<T, F, E, G> Sink<T> for WalSink<T, F, E, G>
 where
     T: Send + 'static,
     F: Fn(&T, &mut Vec<u8>) + Send + 'static,
     E: Fn(&T) -> u64 + Send + 'static,
+    G: EpochTarget,
 {
     fn write(&mut self, batch: &mut Vec<T>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
         self.running()?;
