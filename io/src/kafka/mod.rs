@@ -1,5 +1,5 @@
 //! Apache Kafka in and out (issue 16): a replayable, exactly-once source
-//! over a topic's partitions; the sink is a later step.
+//! over a topic's partitions, and at-least-once and exactly-once sinks.
 //!
 //! Why it exists: a stream processor is most often fed from a log such as
 //! Kafka, and Kafka has what exactly-once needs from a source: records in
@@ -24,19 +24,26 @@
 //! a thread of the source's own ([`weir_core::io_thread`]) while the
 //! worker goes on; see [`source`] for what runs where.
 //!
-//! For the sink step: a sink will produce through `rdkafka`'s
-//! transactional producer on an [`weir_core::io_thread::IoThread`] of its
-//! own (a transaction per checkpoint epoch: pre-commit = flush, commit =
-//! commit the transaction), with the client settings built the same way as
-//! here ([`KafkaSourceConfig::client_config`] shows which ones).
+//! - [`sink`]: the at-least-once sink (an idempotent producer on the
+//!   sink's own thread) and the exactly-once sink (the write-ahead-log
+//!   sink publishing each completed checkpoint in one transaction with a
+//!   marker record, [`target`]); [`framing`]: key and value in a sink's
+//!   buffers; [`KafkaSinkConfig`]: their settings. See docs/end-to-end.md.
 
+pub mod framing;
+pub mod sink;
+pub mod sink_config;
 pub mod source;
+pub mod target;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use sink::{at_least_once, exactly_once, KafkaAppender, KafkaAtLeastOnceSink, KafkaExactlyOnceSink};
+pub use sink_config::KafkaSinkConfig;
 pub use source::{KafkaRecordInfo, KafkaSource};
+pub use target::{read_marker, KafkaTarget};
 
 /// Where a source subtask starts reading a partition that its checkpoint
 /// (if any) does not cover.
