@@ -1371,48 +1371,8 @@ fn sinks_with_their_own_threads_do_no_io_on_a_worker() {
 // ---------------------------------------------------------------------------
 // Kafka sinks, against the test binary's real broker (common::kafka).
 
+use common::kafka::read_committed;
 use weir_io::kafka::{self as wk, framing, KafkaSinkConfig};
-use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
-use weir_io::rdkafka::error::KafkaError;
-use weir_io::rdkafka::message::Message;
-use weir_io::rdkafka::{Offset, TopicPartitionList};
-
-/// Every record of `topic` (all `partitions`) a `read_committed` reader
-/// sees, as `(key, value)` strings, partition by partition.
-fn read_committed(topic: &str, partitions: i32) -> Vec<(String, String)> {
-    let b = common::kafka::broker();
-    let consumer: BaseConsumer = b
-        .client()
-        .set("group.id", "weir-sink-tests")
-        .set("enable.auto.commit", "false")
-        .set("isolation.level", "read_committed")
-        .set("enable.partition.eof", "true")
-        .create()
-        .unwrap();
-    let mut tpl = TopicPartitionList::new();
-    for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
-    }
-    consumer.assign(&tpl).unwrap();
-    let mut out = Vec::new();
-    let mut eof = std::collections::HashSet::new();
-    let deadline = std::time::Instant::now() + common::kafka::CLIENT_TIMEOUT;
-    while eof.len() < partitions as usize {
-        assert!(std::time::Instant::now() < deadline, "reading {topic} took too long");
-        match consumer.poll(Duration::from_millis(200)) {
-            None => {}
-            Some(Ok(m)) => out.push((
-                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
-                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
-            )),
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                eof.insert(p);
-            }
-            Some(Err(e)) => panic!("read {topic}: {e}"),
-        }
-    }
-    out
-}
 
 fn kafka_config(topic: &str) -> Arc<KafkaSinkConfig> {
     let mut c = KafkaSinkConfig::new(common::kafka::broker().addr.clone(), topic);

@@ -66,9 +66,12 @@ pub struct RunArgs {
     /// run it again to resume).
     #[arg(long)]
     pub follow: bool,
-    /// Output folder: committed files are its regular, non-hidden files.
+    /// Output folder (committed files are its regular, non-hidden files),
+    /// or `kafka:HOST:PORT/TOPIC` (record key: the key; value:
+    /// `key,count,sum`; with `--sink wal` exactly-once for read_committed
+    /// readers, with `--sink direct` at-least-once).
     #[arg(long)]
-    pub output: PathBuf,
+    pub output: String,
     /// Checkpoint folder; a completed checkpoint in it is resumed from.
     #[arg(long)]
     pub checkpoint_dir: PathBuf,
@@ -234,6 +237,23 @@ fn encode(r: &Counted, out: &mut Vec<u8>) {
     let _ = writeln!(out, "{},{},{}", r.key, r.count, r.sum);
 }
 
+/// A Kafka output record: key, then `key,count,sum`.
+fn encode_kafka(r: &Counted, out: &mut Vec<u8>) {
+    let mut value = [0u8; 128];
+    let mut cursor = std::io::Cursor::new(&mut value[..]);
+    // A key of at most MAX_KEY bytes and two 64-bit integers always fit.
+    std::io::Write::write_fmt(&mut cursor, format_args!("{},{},{}", r.key, r.count, r.sum))
+        .expect("an output value fits in 128 bytes");
+    let len = cursor.position() as usize;
+    weir_io::kafka::framing::encode(r.key.as_bytes(), &value[..len], out);
+}
+
+/// Where `--output` goes.
+enum OutputTo {
+    Folder(PathBuf),
+    Kafka(Input),
+}
+
 /// Runs `weir run`.
 pub fn run(args: &RunArgs) -> Result<(), CliError> {
     if args.parallelism == 0 {
@@ -254,7 +274,21 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             source,
         }
     };
-    std::fs::create_dir_all(&args.output).map_err(io(&args.output))?;
+    let output_to = match args.output.strip_prefix("kafka:") {
+        Some(_) => match Input::parse(&args.output) {
+            Ok(k @ Input::Kafka { .. }) => OutputTo::Kafka(k),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "--output {}: a Kafka output is kafka:HOST:PORT/TOPIC",
+                    args.output
+                )))
+            }
+        },
+        None => OutputTo::Folder(PathBuf::from(&args.output)),
+    };
+    if let OutputTo::Folder(dir) = &output_to {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
     std::fs::create_dir_all(&args.checkpoint_dir).map_err(io(&args.checkpoint_dir))?;
     let p = args.parallelism;
     let records = Arc::new(AtomicU64::new(0));
@@ -330,23 +364,54 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             });
         })
         .name("count");
-    let output = args.output.clone();
     let emitted = |r: &Counted| r.emitted_ns;
-    match args.sink {
-        RunSink::Wal => {
-            let config = WalSinkConfig::new(args.output.join(".weir-wal"), output);
+    match (&output_to, args.sink) {
+        (OutputTo::Folder(output), RunSink::Wal) => {
+            let config = WalSinkConfig::new(output.join(".weir-wal"), output.clone());
             counted.sink("wal", move |i| WalSink::new(config.clone(), i, encode, emitted));
         }
-        RunSink::TwoPcFile => {
+        (OutputTo::Folder(output), RunSink::TwoPcFile) => {
+            let output = output.clone();
             counted.sink("2pc-file", move |i| {
                 weir_io::two_phase_file_sink(output.clone(), i, encode, emitted)
             });
         }
-        RunSink::Direct => {
+        (OutputTo::Folder(output), RunSink::Direct) => {
+            let output = output.clone();
             counted.sink("direct", move |i| {
                 DirectFileSink::new(output.clone(), i, encode, emitted)
             });
         }
+        (OutputTo::Kafka(Input::Kafka { brokers, topic }), sink) => {
+            let mut config = weir_io::kafka::KafkaSinkConfig::new(brokers, topic);
+            config.partitions = p as i32;
+            let config = Arc::new(config);
+            match sink {
+                RunSink::Wal => {
+                    // The sink's log lives with the job's checkpoints.
+                    let wal = WalSinkConfig::new(
+                        args.checkpoint_dir.join("kafka-wal"),
+                        args.checkpoint_dir.join("unused"),
+                    );
+                    counted.sink("kafka", move |i| {
+                        weir_io::kafka::exactly_once(config.clone(), wal.clone(), i, encode_kafka, emitted)
+                    });
+                }
+                RunSink::Direct => {
+                    counted.sink("kafka", move |i| {
+                        weir_io::kafka::at_least_once(config.clone(), i, encode_kafka, emitted)
+                    });
+                }
+                RunSink::TwoPcFile => {
+                    return Err(CliError::Usage(
+                        "--sink 2pc-file writes files; a Kafka output takes --sink wal (exactly-once: a write-ahead \
+                         log, then one transaction per checkpoint) or --sink direct (at-least-once)"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        (OutputTo::Kafka(Input::Files(_)), _) => unreachable!("parsed as Kafka above"),
     }
     let config = RuntimeConfig {
         workers: weir_core::available_cores().min(2 * p),
@@ -390,9 +455,11 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             );
         }
     }
-    if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
-        let dups = duplicates(&args.output).map_err(io(&args.output))?;
-        println!("weir run: {dups} duplicate output lines (at-least-once)");
+    if let OutputTo::Folder(dir) = &output_to {
+        if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
+            let dups = duplicates(dir).map_err(io(dir))?;
+            println!("weir run: {dups} duplicate output lines (at-least-once)");
+        }
     }
     Ok(())
 }

@@ -218,3 +218,46 @@ pub fn send_all<'a>(
         }
     }
 }
+
+/// Every record of `topic` (all `partitions`) a `read_committed` reader
+/// sees, as `(key, value)` strings, partition by partition.
+pub fn read_committed(topic: &str, partitions: i32) -> Vec<(String, String)> {
+    use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
+    use weir_io::rdkafka::error::KafkaError;
+    use weir_io::rdkafka::message::Message;
+    use weir_io::rdkafka::{Offset, TopicPartitionList};
+    let consumer: BaseConsumer = broker()
+        .client()
+        .set("group.id", "weir-test-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    let mut out = Vec::new();
+    let mut eof = std::collections::HashSet::new();
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    while eof.len() < partitions as usize {
+        assert!(
+            Instant::now() < deadline,
+            "reading {topic} took over {CLIENT_TIMEOUT:?}"
+        );
+        match consumer.poll(Duration::from_millis(200)) {
+            None => {}
+            Some(Ok(m)) => out.push((
+                String::from_utf8_lossy(m.key().unwrap_or_default()).into_owned(),
+                String::from_utf8_lossy(m.payload().unwrap_or_default()).into_owned(),
+            )),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                eof.insert(p);
+            }
+            Some(Err(e)) => panic!("read {topic}: {e}"),
+        }
+    }
+    out
+}
