@@ -8,6 +8,8 @@
 //! committed output holds exactly the lines with counts `1..=n`, once each,
 //! with sums consistent with the input. At-least-once: no count missing.
 
+mod common;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -244,4 +246,74 @@ fn unaligned_two_phase_file_survives_kills() {
 fn at_least_once_loses_nothing_across_kills() {
     assert!(scenario("at-least-once", "wal", 3, 5) >= 2);
     assert!(scenario("at-least-once", "direct", 3, 6) >= 2);
+}
+
+/// `weir run` from a Kafka topic to a Kafka topic, killed `kills` times:
+/// the input topic (3 partitions) holds the same lines as the files of the
+/// other scenarios, and a `read_committed` reader checks the output topic.
+fn kafka_scenario(mode: &str, sink: &str, kills: usize, seed: u64) -> usize {
+    let root = tempfile::tempdir().unwrap();
+    let b = common::kafka::broker();
+    let input = common::kafka::unique_topic("run-in");
+    let output = common::kafka::unique_topic("run-out");
+    b.create_topic(&input, 3);
+    let files = root.path().join("in");
+    let values = write_input(&files, seed);
+    let mut lines = Vec::new();
+    for f in 0..FILES {
+        let text = std::fs::read_to_string(files.join(format!("in-{f}.txt"))).unwrap();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    // Each key's values in one partition, in input order.
+    b.produce(
+        &input,
+        lines.iter().map(|l| {
+            let key = l.split(',').next().unwrap();
+            let p = key.bytes().map(u32::from).sum::<u32>() % 3;
+            (p as i32, "", l.clone(), None)
+        }),
+    );
+    let ck: PathBuf = root.path().join("ck");
+    let args: Vec<String> = [
+        "run",
+        "--job",
+        "keyed-count",
+        "--input",
+        &format!("kafka:{}/{input}", b.addr),
+        "--output",
+        &format!("kafka:{}/{output}", b.addr),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--mode",
+        mode,
+        "--sink",
+        sink,
+        "--checkpoint-interval-ms",
+        "20",
+        "--throttle",
+        "5000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut rng = Rng(seed ^ 0x5eed);
+    let landed = run_with_kills(&args, kills, &mut rng);
+    let rows: Vec<(String, u64, i64)> = common::kafka::read_committed(&output, 2)
+        .into_iter()
+        .map(|(k, v)| {
+            let mut p = v.split(',');
+            let (key, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+            assert_eq!(k, key, "the record's key is its count's key");
+            (key.to_string(), c.parse().unwrap(), s.parse().unwrap())
+        })
+        .collect();
+    check(&values, &rows, mode != "at-least-once");
+    landed
+}
+
+#[test]
+fn kafka_to_kafka_survives_kills_exactly_once_or_at_least_once() {
+    assert!(kafka_scenario("aligned", "wal", 4, 7) >= 3);
+    assert!(kafka_scenario("unaligned", "wal", 4, 8) >= 3);
+    assert!(kafka_scenario("at-least-once", "direct", 3, 9) >= 2);
 }

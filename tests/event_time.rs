@@ -798,3 +798,81 @@ fn co_process_in_every_mode() {
         assert_eq!(got, expected, "{mode:?}");
     }
 }
+
+/// A source that states its own event time (`SourceContext::emit_watermark`):
+/// subtask 0 emits events 0..50 of key 1 at 10 ms apart, a watermark behind
+/// each batch, then nothing, without ever finishing; subtask 1 has nothing
+/// and says so once (`SourceContext::mark_idle`). Windows must fire from
+/// these watermarks alone while the job runs.
+struct OwnTime {
+    subtask: usize,
+    next: i64,
+}
+
+impl weir_core::Source<Ev> for OwnTime {
+    fn poll(
+        &mut self,
+        out: &mut Vec<Ev>,
+        max: usize,
+        ctx: &mut weir_core::SourceContext<'_>,
+    ) -> Result<weir_core::SourcePoll, BoxError> {
+        if self.subtask == 1 {
+            if self.next == 0 {
+                self.next = 1;
+                ctx.mark_idle();
+            }
+            return Ok(weir_core::SourcePoll::Idle);
+        }
+        let end = (self.next + max as i64).min(50);
+        for i in self.next..end {
+            out.push((1, i * 10, i as u64));
+        }
+        if end > self.next {
+            ctx.emit_watermark((end - 1) * 10);
+        }
+        self.next = end;
+        Ok(if out.is_empty() {
+            weir_core::SourcePoll::Idle
+        } else {
+            weir_core::SourcePoll::Ready
+        })
+    }
+}
+
+#[test]
+fn a_source_emits_its_own_watermarks_and_idleness() {
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let o = out.clone();
+    let p = Pipeline::new("own-time");
+    p.source("own", 2, |i, _| OwnTime { subtask: i, next: 0 })
+        .key_by(|e: &Ev| e.0)
+        .parallelism(2)
+        .window(Windows::tumbling(100), |e: &Ev| e.1)
+        .aggregate(CountSum, |_: &u64, w, (c, _)| (w.start, c))
+        .sink("collect", move |_| CollectSink::new(o.clone()));
+    let job = p.run(RuntimeConfig::default()).unwrap();
+    // Events up to 490 ms: windows [0, 100) .. [300, 400) are complete
+    // (watermark 490); [400, 500) is not.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while out.lock().unwrap().len() < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no window fired: {:?}",
+            out.lock().unwrap()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    job.cancel();
+    job.join().unwrap();
+    let got: Vec<(i64, u64)> = out
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|w: &Windowed<(i64, u64), Ev>| match w {
+            Windowed::Result(r) => *r,
+            Windowed::Late(e) => panic!("late {e:?}"),
+        })
+        .collect();
+    assert_eq!(got, vec![(0, 10), (100, 10), (200, 10), (300, 10)]);
+}

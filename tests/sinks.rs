@@ -17,6 +17,8 @@
 //!
 //! Fault points are process-wide, so every test here takes [`serial`].
 
+mod common;
+
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -1364,4 +1366,221 @@ fn sinks_with_their_own_threads_do_no_io_on_a_worker() {
     });
     assert_only_chaos("upsert", &restarts);
     assert_exactly_once(&count_rows(&db));
+}
+
+// ---------------------------------------------------------------------------
+// Kafka sinks, against the test binary's real broker (common::kafka).
+
+use common::kafka::read_committed;
+use weir_io::kafka::{self as wk, framing, KafkaSinkConfig};
+
+fn kafka_config(topic: &str) -> Arc<KafkaSinkConfig> {
+    let mut c = KafkaSinkConfig::new(common::kafka::broker().addr.clone(), topic);
+    c.timeout = Duration::from_secs(30);
+    Arc::new(c)
+}
+
+fn kv(r: &u64, out: &mut Vec<u8>) {
+    framing::encode(format!("k{}", r % 3).as_bytes(), r.to_string().as_bytes(), out);
+}
+
+fn values(rows: &[(String, String)]) -> Vec<u64> {
+    let mut v: Vec<u64> = rows.iter().map(|(_, v)| v.parse().unwrap()).collect();
+    v.sort_unstable();
+    v
+}
+
+type KafkaEo = wk::KafkaExactlyOnceSink<u64, fn(&u64, &mut Vec<u8>), fn(&u64) -> u64>;
+
+fn kafka_eo(cfg: &Arc<KafkaSinkConfig>, wal: &WalSinkConfig) -> KafkaEo {
+    wk::exactly_once(
+        cfg.clone(),
+        wal.clone(),
+        0,
+        kv as fn(&u64, &mut Vec<u8>),
+        (|_| 0) as fn(&u64) -> u64,
+    )
+}
+
+#[test]
+fn kafka_exactly_once_publishes_each_checkpoint_once_through_crashes() {
+    let dir = scratch();
+    let topic = common::kafka::unique_topic("eo");
+    let cfg = kafka_config(&topic);
+    let wal = kafka_wal(&dir, "wal");
+    let mut h = Harness::new(0, 1);
+    let mut sink = kafka_eo(&cfg, &wal);
+    h.write_sink(&mut sink, &mut (0..100).collect()).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    // Pre-committed: durable in the log, not visible.
+    assert_eq!(read_committed(&topic, 1), vec![]);
+    sink.commit(1).unwrap();
+    sink.wait_idle().unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), (0..100).collect::<Vec<_>>());
+    assert_eq!(wk::read_marker(&cfg, 0).unwrap().unwrap().epoch, 1);
+    // Checkpoint 2 completes, the crash comes before its commit reached
+    // Kafka; epoch 3 was being written.
+    h.write_sink(&mut sink, &mut (100..250).collect()).unwrap();
+    let state2 = sink.pre_commit(2).unwrap();
+    h.write_sink(&mut sink, &mut (250..300).collect()).unwrap();
+    sink.wait_idle().unwrap();
+    drop(sink);
+    assert_eq!(read_committed(&topic, 1).len(), 100);
+    let mut sink = kafka_eo(&cfg, &wal);
+    sink.restore(2, &state2).unwrap();
+    assert_eq!(sink.last_recovery().unwrap().recommitted_epochs, vec![2]);
+    assert_eq!(values(&read_committed(&topic, 1)), (0..250).collect::<Vec<_>>());
+    // A second crash right after the restore: nothing is published twice.
+    drop(sink);
+    let mut sink = kafka_eo(&cfg, &wal);
+    sink.restore(2, &state2).unwrap();
+    assert_eq!(sink.last_recovery().unwrap().recommitted_epochs, Vec::<u64>::new());
+    // The replay goes on; the end commits the rest.
+    h.write_sink(&mut sink, &mut (250..400).collect()).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    let rows = read_committed(&topic, 1);
+    assert_eq!(values(&rows), (0..400).collect::<Vec<_>>());
+    assert!(rows
+        .iter()
+        .all(|(k, v)| k == &format!("k{}", v.parse::<u64>().unwrap() % 3)));
+    // A fresh start over a slot whose marker shows commits is refused.
+    let mut fresh = kafka_eo(&cfg, &kafka_wal(&dir, "wal2"));
+    let e = h
+        .write_sink(&mut fresh, &mut vec![1])
+        .and_then(|_| h.finish_sink(&mut fresh))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("kafka") && e.contains(&topic), "{e}");
+}
+
+/// A WAL folder `name` in the scratch folder.
+fn kafka_wal(dir: &tempfile::TempDir, name: &str) -> WalSinkConfig {
+    WalSinkConfig::new(dir.path().join(name), dir.path().join("unused"))
+}
+
+#[test]
+fn kafka_zombie_is_fenced_and_long_intervals_lose_nothing() {
+    let dir = scratch();
+    let topic = common::kafka::unique_topic("zombie");
+    let mut c = (*kafka_config(&topic)).clone();
+    // Shorter than the gap between barrier and commit below: no transaction
+    // is open in between, so it cannot expire.
+    c.transaction_timeout = Duration::from_secs(1);
+    let cfg = Arc::new(c);
+    let wal = kafka_wal(&dir, "wal");
+    let mut h = Harness::new(0, 1);
+    let mut old = kafka_eo(&cfg, &wal);
+    h.write_sink(&mut old, &mut (0..50).collect()).unwrap();
+    let state1 = old.pre_commit(1).unwrap();
+    old.wait_idle().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    old.commit(1).unwrap();
+    old.wait_idle().unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), (0..50).collect::<Vec<_>>());
+    // The old instance writes on (epoch 2) but looks dead; a new one takes
+    // over the slot from checkpoint 1: the old one is fenced.
+    h.write_sink(&mut old, &mut (50..80).collect()).unwrap();
+    let _ = old.pre_commit(2).unwrap();
+    let wal2 = kafka_wal(&dir, "wal-new");
+    let _ = std::fs::create_dir_all(&wal2.wal_dir);
+    // The new instance has its own copy of the log (another machine's disk).
+    copy_dir(&wal.wal_dir, &wal2.wal_dir);
+    let mut new = kafka_eo(&cfg, &wal2);
+    new.restore(1, &state1).unwrap();
+    old.commit(2).unwrap();
+    let e = old.wait_idle().unwrap_err().to_string();
+    assert!(
+        e.contains("commit checkpoint 2") || e.contains("fenced") || e.contains("Fenced"),
+        "{e}"
+    );
+    assert_eq!(values(&read_committed(&topic, 1)), (0..50).collect::<Vec<_>>());
+    h.write_sink(&mut new, &mut (50..90).collect()).unwrap();
+    h.finish_sink(&mut new).unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), (0..90).collect::<Vec<_>>());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+#[test]
+fn kafka_at_least_once_sink_shows_records_at_once_and_loses_none() {
+    let topic = common::kafka::unique_topic("alo");
+    let cfg = kafka_config(&topic);
+    let mut h = Harness::new(0, 1);
+    let mut sink = wk::at_least_once(cfg.clone(), 0, kv as fn(&u64, &mut Vec<u8>), |_: &u64| 0);
+    h.write_sink(&mut sink, &mut (0..500).collect()).unwrap();
+    sink.wait_idle().unwrap();
+    // Visible before any checkpoint.
+    assert_eq!(values(&read_committed(&topic, 1)), (0..500).collect::<Vec<_>>());
+    h.write_sink(&mut sink, &mut (500..600).collect()).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), (0..600).collect::<Vec<_>>());
+    // Bytes that are not whole records are refused with a clear error.
+    let mut bad = wk::at_least_once(cfg, 0, |_: &u64, out: &mut Vec<u8>| out.push(1), |_: &u64| 0);
+    let e = h
+        .write_sink(&mut bad, &mut vec![1])
+        .and_then(|_| h.finish_sink(&mut bad))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("not whole records"), "{e}");
+}
+
+fn count_kv(r: &Count, out: &mut Vec<u8>) {
+    let mut v = Vec::with_capacity(32);
+    write!(v, "{},{},{}", r.0, r.1, r.2).unwrap();
+    framing::encode(r.0.to_string().as_bytes(), &v, out);
+}
+
+fn parse_count_rows(rows: &[(String, String)]) -> Vec<(u64, u64, u64)> {
+    rows.iter()
+        .map(|(k, v)| {
+            let f: Vec<u64> = v.split(',').map(|x| x.parse().unwrap()).collect();
+            assert_eq!(k, &f[0].to_string(), "the record's key is the count's key");
+            (f[0], f[1], f[2])
+        })
+        .collect()
+}
+
+#[test]
+fn kafka_jobs_with_failures_write_exactly_once_or_at_least_once() {
+    let _g = serial();
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let dir = scratch();
+        let topic = common::kafka::unique_topic("eo-job");
+        let mut c = (*kafka_config(&topic)).clone();
+        c.partitions = 3;
+        let cfg = Arc::new(c);
+        let wal = WalSinkConfig::new(dir.path().join("wal"), dir.path().join("unused"));
+        let restarts = keyed_job(mode, dir.path(), move |s| {
+            s.sink("kafka", move |i| {
+                wk::exactly_once(cfg.clone(), wal.clone(), i, count_kv, count_stamp)
+            })
+        });
+        assert!(restarts >= 1, "{mode:?}: {restarts} restarts");
+        assert_exactly_once(&parse_count_rows(&read_committed(&topic, 3)));
+    }
+    // At-least-once: every count at least once.
+    let dir = scratch();
+    let topic = common::kafka::unique_topic("alo-job");
+    let cfg = kafka_config(&topic);
+    let restarts = keyed_job(CheckpointMode::AtLeastOnce, dir.path(), move |s| {
+        s.sink("kafka", move |i| {
+            wk::at_least_once(cfg.clone(), i, count_kv, count_stamp)
+        })
+    });
+    assert!(restarts >= 1, "{restarts} restarts");
+    let mut rows = parse_count_rows(&read_committed(&topic, 1));
+    rows.sort_unstable();
+    rows.dedup();
+    assert_exactly_once(&rows);
 }

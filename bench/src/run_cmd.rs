@@ -1,7 +1,8 @@
 //! `weir run`: a real job to kill and resume. Reads `key,value` lines from
-//! a file or a folder, keeps a running count and sum per key, and writes
-//! one line `key,count,sum` per input record through a committing sink.
-//! Given the same arguments again, it resumes from its latest checkpoint.
+//! files or folders and `key,value` record values from Kafka topics, keeps
+//! a running count and sum per key, and writes one line `key,count,sum` per
+//! input record through a committing sink. Given the same arguments again,
+//! it resumes from its latest checkpoint.
 
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -13,7 +14,10 @@ use weir_core::{
     clock, BoxError, CheckpointConfig, Output, Pipeline, RestartStrategy, RestoreFrom, RuntimeConfig, Source,
     SourceContext, SourcePoll,
 };
-use weir_io::{BadRecords, DirectFileSink, FileSource, LineInfo, ParseError, WalSink, WalSinkConfig};
+use weir_io::kafka::{KafkaSourceConfig, KafkaSourceStats};
+use weir_io::{
+    BadRecords, DirectFileSink, FileSource, KafkaRecordInfo, KafkaSource, LineInfo, ParseError, WalSink, WalSinkConfig,
+};
 
 use crate::bench_cmd::{CliError, Mode};
 
@@ -51,12 +55,23 @@ pub struct RunArgs {
     /// The job.
     #[arg(long, value_enum)]
     pub job: JobKind,
-    /// Input: a file or a folder of files of `key,value` lines.
+    /// Input: a file or a folder of files of `key,value` lines, or
+    /// `kafka:HOST:PORT/TOPIC` (`key,value` record values, read committed).
+    /// Repeat for several inputs, which are read side by side (a union).
+    /// A Kafka input is read up to the end it has when the job first
+    /// starts, unless --follow.
+    #[arg(long, required = true)]
+    pub input: Vec<String>,
+    /// Kafka inputs: keep reading new records (the job runs until stopped;
+    /// run it again to resume).
     #[arg(long)]
-    pub input: PathBuf,
-    /// Output folder: committed files are its regular, non-hidden files.
+    pub follow: bool,
+    /// Output folder (committed files are its regular, non-hidden files),
+    /// or `kafka:HOST:PORT/TOPIC` (record key: the key; value:
+    /// `key,count,sum`; with `--sink wal` exactly-once for read_committed
+    /// readers, with `--sink direct` at-least-once).
     #[arg(long)]
-    pub output: PathBuf,
+    pub output: String,
     /// Checkpoint folder; a completed checkpoint in it is resumed from.
     #[arg(long)]
     pub checkpoint_dir: PathBuf,
@@ -102,6 +117,46 @@ struct Counted {
     count: u64,
     sum: i64,
     emitted_ns: u64,
+}
+
+/// One `--input`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Input {
+    /// A file or a folder.
+    Files(PathBuf),
+    /// `kafka:BROKERS/TOPIC`.
+    Kafka { brokers: String, topic: String },
+}
+
+impl Input {
+    fn parse(s: &str) -> Result<Input, CliError> {
+        let Some(rest) = s.strip_prefix("kafka:") else {
+            let path = PathBuf::from(s);
+            if !path.exists() {
+                return Err(CliError::Usage(format!("--input {s}: no such file or folder")));
+            }
+            return Ok(Input::Files(path));
+        };
+        match rest.rsplit_once('/') {
+            Some((brokers, topic)) if !brokers.is_empty() && !topic.is_empty() => Ok(Input::Kafka {
+                brokers: brokers.to_string(),
+                topic: topic.to_string(),
+            }),
+            _ => Err(CliError::Usage(format!(
+                "--input {s}: a Kafka input is kafka:HOST:PORT/TOPIC (several brokers: kafka:H1:P1,H2:P2/TOPIC)"
+            ))),
+        }
+    }
+}
+
+/// Parses a Kafka record's value as a `key,value` line.
+fn parse_kafka(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Rec, ParseError> {
+    let line = LineInfo {
+        file: info.topic,
+        line_number: info.offset as u64 + 1,
+        emitted_ns: info.emitted_ns,
+    };
+    parse(value, &line)
 }
 
 /// Parses `key,value`.
@@ -163,6 +218,12 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for Throttled<S> {
     fn offset(&self) -> Vec<u8> {
         self.inner.offset()
     }
+    fn checkpoint_offset(&mut self, checkpoint: u64) -> Vec<u8> {
+        self.inner.checkpoint_offset(checkpoint)
+    }
+    fn checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        self.inner.checkpoint_complete(checkpoint)
+    }
     fn seek(&mut self, offset: &[u8]) -> Result<(), BoxError> {
         self.inner.seek(offset)
     }
@@ -176,6 +237,23 @@ fn encode(r: &Counted, out: &mut Vec<u8>) {
     let _ = writeln!(out, "{},{},{}", r.key, r.count, r.sum);
 }
 
+/// A Kafka output record: key, then `key,count,sum`.
+fn encode_kafka(r: &Counted, out: &mut Vec<u8>) {
+    let mut value = [0u8; 128];
+    let mut cursor = std::io::Cursor::new(&mut value[..]);
+    // A key of at most MAX_KEY bytes and two 64-bit integers always fit.
+    std::io::Write::write_fmt(&mut cursor, format_args!("{},{},{}", r.key, r.count, r.sum))
+        .expect("an output value fits in 128 bytes");
+    let len = cursor.position() as usize;
+    weir_io::kafka::framing::encode(r.key.as_bytes(), &value[..len], out);
+}
+
+/// Where `--output` goes.
+enum OutputTo {
+    Folder(PathBuf),
+    Kafka(Input),
+}
+
 /// Runs `weir run`.
 pub fn run(args: &RunArgs) -> Result<(), CliError> {
     if args.parallelism == 0 {
@@ -184,12 +262,11 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     if args.checkpoint_interval_ms == 0 {
         return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
     }
-    if !args.input.exists() {
-        return Err(CliError::Usage(format!(
-            "--input {}: no such file or folder",
-            args.input.display()
-        )));
-    }
+    let inputs = args
+        .input
+        .iter()
+        .map(|s| Input::parse(s))
+        .collect::<Result<Vec<_>, _>>()?;
     let io = |path: &PathBuf| {
         let p = path.display().to_string();
         move |source| CliError::Io {
@@ -197,7 +274,21 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             source,
         }
     };
-    std::fs::create_dir_all(&args.output).map_err(io(&args.output))?;
+    let output_to = match args.output.strip_prefix("kafka:") {
+        Some(_) => match Input::parse(&args.output) {
+            Ok(k @ Input::Kafka { .. }) => OutputTo::Kafka(k),
+            _ => {
+                return Err(CliError::Usage(format!(
+                    "--output {}: a Kafka output is kafka:HOST:PORT/TOPIC",
+                    args.output
+                )))
+            }
+        },
+        None => OutputTo::Folder(PathBuf::from(&args.output)),
+    };
+    if let OutputTo::Folder(dir) = &output_to {
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+    }
     std::fs::create_dir_all(&args.checkpoint_dir).map_err(io(&args.checkpoint_dir))?;
     let p = args.parallelism;
     let records = Arc::new(AtomicU64::new(0));
@@ -211,14 +302,55 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         },
     };
     let pipeline = Pipeline::new("keyed-count");
-    let (input, throttle) = (args.input.clone(), args.throttle);
-    let counted = pipeline
-        .source("lines", p, move |i, n| Throttled {
-            inner: FileSource::new(input.clone(), i, n, parse).bad_records(bad.clone()),
-            per_sec: throttle,
-            start_ns: None,
-            emitted: 0,
-        })
+    let throttle = args.throttle;
+    let mut kafka_stats: Vec<(String, Arc<KafkaSourceStats>)> = Vec::new();
+    let mut streams = Vec::new();
+    for (k, input) in inputs.iter().enumerate() {
+        // The first input keeps the name it always had, so that a job of one
+        // input resumes from checkpoints of earlier versions.
+        let name = |base: &str| {
+            if k == 0 {
+                base.to_string()
+            } else {
+                format!("{base}-{k}")
+            }
+        };
+        let stream = match input {
+            Input::Files(path) => {
+                let (path, bad) = (path.clone(), bad.clone());
+                pipeline.source(&name("lines"), p, move |i, n| Throttled {
+                    inner: FileSource::new(path.clone(), i, n, parse).bad_records(bad.clone()),
+                    per_sec: throttle,
+                    start_ns: None,
+                    emitted: 0,
+                })
+            }
+            Input::Kafka { brokers, topic } => {
+                let mut config = KafkaSourceConfig::new(brokers, topic);
+                if !args.follow {
+                    config = config.bounded();
+                }
+                if args.bad_records == BadRecordsArg::Skip {
+                    config = config.skip_bad_records();
+                }
+                kafka_stats.push((topic.clone(), config.stats()));
+                pipeline.source(&name("kafka"), p, move |i, n| Throttled {
+                    inner: KafkaSource::new(config.clone(), i, n, parse_kafka),
+                    per_sec: throttle,
+                    start_ns: None,
+                    emitted: 0,
+                })
+            }
+        };
+        streams.push(stream);
+    }
+    let first = streams.remove(0);
+    let input = if streams.is_empty() {
+        first
+    } else {
+        first.union(streams)
+    };
+    let counted = input
         .key_by(|r: &Rec| r.key.clone())
         .parallelism(p)
         .process(|key: &String, st: &mut [i64; 2], r: Rec, out: &mut Output<Counted>| {
@@ -232,23 +364,54 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             });
         })
         .name("count");
-    let output = args.output.clone();
     let emitted = |r: &Counted| r.emitted_ns;
-    match args.sink {
-        RunSink::Wal => {
-            let config = WalSinkConfig::new(args.output.join(".weir-wal"), output);
+    match (&output_to, args.sink) {
+        (OutputTo::Folder(output), RunSink::Wal) => {
+            let config = WalSinkConfig::new(output.join(".weir-wal"), output.clone());
             counted.sink("wal", move |i| WalSink::new(config.clone(), i, encode, emitted));
         }
-        RunSink::TwoPcFile => {
+        (OutputTo::Folder(output), RunSink::TwoPcFile) => {
+            let output = output.clone();
             counted.sink("2pc-file", move |i| {
                 weir_io::two_phase_file_sink(output.clone(), i, encode, emitted)
             });
         }
-        RunSink::Direct => {
+        (OutputTo::Folder(output), RunSink::Direct) => {
+            let output = output.clone();
             counted.sink("direct", move |i| {
                 DirectFileSink::new(output.clone(), i, encode, emitted)
             });
         }
+        (OutputTo::Kafka(Input::Kafka { brokers, topic }), sink) => {
+            let mut config = weir_io::kafka::KafkaSinkConfig::new(brokers, topic);
+            config.partitions = p as i32;
+            let config = Arc::new(config);
+            match sink {
+                RunSink::Wal => {
+                    // The sink's log lives with the job's checkpoints.
+                    let wal = WalSinkConfig::new(
+                        args.checkpoint_dir.join("kafka-wal"),
+                        args.checkpoint_dir.join("unused"),
+                    );
+                    counted.sink("kafka", move |i| {
+                        weir_io::kafka::exactly_once(config.clone(), wal.clone(), i, encode_kafka, emitted)
+                    });
+                }
+                RunSink::Direct => {
+                    counted.sink("kafka", move |i| {
+                        weir_io::kafka::at_least_once(config.clone(), i, encode_kafka, emitted)
+                    });
+                }
+                RunSink::TwoPcFile => {
+                    return Err(CliError::Usage(
+                        "--sink 2pc-file writes files; a Kafka output takes --sink wal (exactly-once: a write-ahead \
+                         log, then one transaction per checkpoint) or --sink direct (at-least-once)"
+                            .into(),
+                    ))
+                }
+            }
+        }
+        (OutputTo::Kafka(Input::Files(_)), _) => unreachable!("parsed as Kafka above"),
     }
     let config = RuntimeConfig {
         workers: weir_core::available_cores().min(2 * p),
@@ -284,9 +447,19 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         ck.restored_from.map_or("nothing (fresh start)".to_string(), |id| format!("checkpoint {id}")),
         ck.restarts.len()
     );
-    if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
-        let dups = duplicates(&args.output).map_err(io(&args.output))?;
-        println!("weir run: {dups} duplicate output lines (at-least-once)");
+    for (topic, stats) in &kafka_stats {
+        if stats.skipped() > 0 {
+            println!(
+                "weir run: {} malformed records of Kafka topic {topic} skipped",
+                stats.skipped()
+            );
+        }
+    }
+    if let OutputTo::Folder(dir) = &output_to {
+        if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
+            let dups = duplicates(dir).map_err(io(dir))?;
+            println!("weir run: {dups} duplicate output lines (at-least-once)");
+        }
     }
     Ok(())
 }

@@ -100,9 +100,11 @@ impl TaskContext {
 /// What a [`crate::Source`] may ask of the runtime while it emits.
 pub struct SourceContext<'a> {
     pub(crate) task: &'a mut TaskContext,
+    /// A watermark (or [`crate::time::IDLE`]) to send after this poll's records.
+    pub(crate) watermark: Option<i64>,
 }
 
-impl SourceContext<'_> {
+impl<'a> SourceContext<'a> {
     /// Index of this parallel source instance, `0..parallelism`.
     pub fn subtask(&self) -> usize {
         self.task.subtask
@@ -118,6 +120,32 @@ impl SourceContext<'_> {
     #[inline]
     pub fn now_ns(&mut self) -> u64 {
         self.task.now_ns()
+    }
+
+    /// Event time from the source itself: no record with a timestamp at or
+    /// below `wm` (epoch milliseconds) will follow from this subtask. Sent
+    /// downstream after the records of this poll; only the last call of a
+    /// poll counts. For a source that knows more than a
+    /// [`crate::time::WatermarkStrategy`] placed after it can (one watermark
+    /// per input partition, say); a strategy placed after the source
+    /// replaces these watermarks with its own. Watermarks must not go back:
+    /// a smaller one than before is ignored downstream.
+    #[inline]
+    pub fn emit_watermark(&mut self, wm: i64) {
+        self.watermark = Some(wm.clamp(crate::time::MIN_WATERMARK, crate::time::MAX_WATERMARK - 1));
+    }
+
+    /// This subtask emits nothing for now: downstream tasks compute their
+    /// watermark without it until its next [`SourceContext::emit_watermark`],
+    /// which makes it active again. A source with nothing to read (no input
+    /// partition) says so once, so that it never holds event time back.
+    #[inline]
+    pub fn mark_idle(&mut self) {
+        self.watermark = Some(crate::time::IDLE);
+    }
+
+    pub(crate) fn new(task: &'a mut TaskContext) -> Self {
+        SourceContext { task, watermark: None }
     }
 }
 

@@ -24,6 +24,8 @@ use crate::source::{Source, SourcePoll};
 /// A stand-alone task context for one subtask.
 pub struct Harness {
     task: TaskContext,
+    /// Watermarks the polled sources emitted (`None`: idle), oldest first.
+    watermarks: Vec<Option<i64>>,
 }
 
 impl Harness {
@@ -39,6 +41,7 @@ impl Harness {
                 counters,
                 registry,
             ),
+            watermarks: Vec::new(),
         }
     }
 
@@ -49,9 +52,46 @@ impl Harness {
         out: &mut Vec<T>,
         max: usize,
     ) -> Result<SourcePoll, BoxError> {
-        let r = source.poll(out, max, &mut SourceContext { task: &mut self.task });
+        let mut ctx = SourceContext::new(&mut self.task);
+        let r = source.poll(out, max, &mut ctx);
+        if let Some(wm) = ctx.watermark {
+            self.watermarks.push((wm != crate::time::IDLE).then_some(wm));
+        }
         self.task.end_turn();
         r
+    }
+
+    /// The watermarks sources emitted through this harness since the last
+    /// call ([`SourceContext::emit_watermark`]), oldest first; `None` for
+    /// [`SourceContext::mark_idle`].
+    ///
+    /// ```
+    /// use weir_core::harness::Harness;
+    /// use weir_core::{BoxError, Source, SourceContext, SourcePoll};
+    ///
+    /// /// Timestamps 10, 20, 30, then nothing: idle.
+    /// struct Ticks(i64);
+    /// impl Source<i64> for Ticks {
+    ///     fn poll(&mut self, out: &mut Vec<i64>, _: usize, ctx: &mut SourceContext<'_>) -> Result<SourcePoll, BoxError> {
+    ///         if self.0 == 30 {
+    ///             ctx.mark_idle();
+    ///             return Ok(SourcePoll::Idle);
+    ///         }
+    ///         self.0 += 10;
+    ///         out.push(self.0);
+    ///         ctx.emit_watermark(self.0 - 1);
+    ///         Ok(SourcePoll::Ready)
+    ///     }
+    /// }
+    ///
+    /// let (mut h, mut src) = (Harness::new(0, 1), Ticks(0));
+    /// for _ in 0..4 {
+    ///     h.poll_source(&mut src, &mut Vec::new(), 10).unwrap();
+    /// }
+    /// assert_eq!(h.take_watermarks(), vec![Some(9), Some(19), Some(29), None]);
+    /// ```
+    pub fn take_watermarks(&mut self) -> Vec<Option<i64>> {
+        std::mem::take(&mut self.watermarks)
     }
 
     /// One scheduling turn of a sink: writes `batch`.

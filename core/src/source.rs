@@ -69,6 +69,25 @@ pub trait Source<T>: Send + 'static {
     fn is_replayable(&self) -> bool {
         false
     }
+
+    /// The offset stored in checkpoint `checkpoint`, taken between two
+    /// polls where its barrier is injected. The default is
+    /// [`Source::offset`]; a source that acts when a checkpoint completes
+    /// (commits its position to an external system) keeps what it returned
+    /// here under the id, for [`Source::checkpoint_complete`].
+    fn checkpoint_offset(&mut self, checkpoint: u64) -> Vec<u8> {
+        let _ = checkpoint;
+        self.offset()
+    }
+
+    /// Checkpoint `checkpoint` is complete (its manifest is durable), and so
+    /// is every earlier one; ids may be skipped. Called on the source's
+    /// worker between polls, so it must not block: hand slow work to a
+    /// thread (or an asynchronous client call). An error fails the task.
+    fn checkpoint_complete(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        let _ = checkpoint;
+        Ok(())
+    }
 }
 
 /// A bounded, replayable source over a shared vector: each subtask emits

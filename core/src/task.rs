@@ -198,6 +198,8 @@ pub(crate) struct SourceTask<T, S> {
     batch: Vec<T>,
     batch_size: usize,
     phase: Phase,
+    /// Latest completed checkpoint passed to [`Source::checkpoint_complete`].
+    source_notified: u64,
 }
 
 impl<T, S> SourceTask<T, S> {
@@ -208,11 +210,22 @@ impl<T, S> SourceTask<T, S> {
             batch: Vec::with_capacity(batch_size),
             batch_size,
             phase: Phase::Running,
+            source_notified: 0,
         }
     }
 }
 
 impl<T: Send, S: Source<T>> SourceTask<T, S> {
+    /// Tells the source of checkpoints completed since the last call.
+    fn notify_source(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if ctx.notified > self.source_notified {
+            self.source_notified = ctx.notified;
+            ctx.current_op = 0;
+            self.source.checkpoint_complete(ctx.notified)?;
+        }
+        Ok(())
+    }
+
     /// Injects the barriers of every checkpoint triggered since the last
     /// one, between two batches: the offset taken here is exactly where
     /// the barrier sits in the stream.
@@ -242,7 +255,7 @@ impl<T: Send, S: Source<T>> SourceTask<T, S> {
             let mut snap = new_snapshot(ctx, &barrier, clock::now_ns());
             snap.is_final = barrier.is_final;
             ctx.current_op = 0;
-            snap.state.source_offset = Some(self.source.offset());
+            snap.state.source_offset = Some(self.source.checkpoint_offset(id));
             let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
             send_snapshot(snap, ctx);
             if barrier.is_final {
@@ -268,7 +281,9 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             poll_notices(&mut *self.chain, ctx)?;
             injected = self.inject_barriers(ctx)?;
         }
-        if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
+        let phase = common_phase(&mut self.phase, &mut *self.chain, ctx)?;
+        self.notify_source(ctx)?;
+        if let Some(p) = phase {
             return Ok(if injected && p == TaskPoll::Idle {
                 TaskPoll::Progress
             } else {
@@ -280,14 +295,18 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             return Ok(if injected { TaskPoll::Progress } else { TaskPoll::Idle });
         }
         ctx.current_op = 0;
-        let status = self
-            .source
-            .poll(&mut self.batch, self.batch_size, &mut SourceContext { task: ctx })?;
+        let mut sctx = SourceContext::new(ctx);
+        let status = self.source.poll(&mut self.batch, self.batch_size, &mut sctx)?;
+        let watermark = sctx.watermark;
         let emitted = self.batch.len();
         ctx.records_in += emitted as u64;
         if emitted > 0 {
             self.chain.collect(&mut self.batch, ctx)?;
             self.batch.clear();
+        }
+        if let Some(wm) = watermark {
+            // The source's own event time, behind its records.
+            self.chain.watermark(wm, ctx)?;
         }
         if emitted == 0 && status != SourcePoll::Done {
             // Nothing to emit: a watermark generator may declare idleness.
@@ -329,6 +348,7 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
             self.source.seek(offset)?;
         }
         ctx.last_barrier = r.checkpoint;
+        self.source_notified = r.checkpoint;
         self.chain.restore(r, ctx)
     }
 }

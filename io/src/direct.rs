@@ -96,16 +96,41 @@ enum Reply {
     Synced,
 }
 
-/// The sink's thread: owns the file.
-struct DirectIo {
+/// Where a direct sink's bytes go, on the sink's own thread: the file
+/// ([`FileAppender`]), or another target whose writes are visible once
+/// they return (a Kafka topic: [`crate::kafka::KafkaAppender`]).
+pub trait Appender: Send + 'static {
+    /// What and where, for thread names and errors.
+    fn describe(&self) -> String;
+    /// Prepares the target (first request on the thread).
+    fn open(&mut self) -> Result<()>;
+    /// Appends `buf`, whole records as the sink's `encode` wrote them;
+    /// a reader can see them once this returns.
+    fn append(&mut self, buf: &[u8]) -> Result<()>;
+    /// Makes everything appended durable (at each barrier and the end).
+    fn sync(&mut self) -> Result<()>;
+}
+
+/// The direct sink's file: appended to, fsynced at barriers.
+#[derive(Debug)]
+pub struct FileAppender {
     path: PathBuf,
     file: Option<File>,
     /// Written since the last fsync.
     dirty: bool,
 }
 
-impl DirectIo {
-    fn open(&mut self) -> Result<&mut File> {
+impl FileAppender {
+    /// Appends to the file at `path` (its folder is created).
+    pub fn new(path: PathBuf) -> Self {
+        FileAppender {
+            path,
+            file: None,
+            dirty: false,
+        }
+    }
+
+    fn file(&mut self) -> Result<&mut File> {
         if self.file.is_none() {
             if let Some(dir) = self.path.parent() {
                 create_dir_durable(dir)?;
@@ -130,22 +155,50 @@ impl DirectIo {
     }
 }
 
-impl IoHandler for DirectIo {
+impl Appender for FileAppender {
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn open(&mut self) -> Result<()> {
+        self.file().map(|_| ())
+    }
+
+    fn append(&mut self, buf: &[u8]) -> Result<()> {
+        fault(FAULT_WRITE, "append to", &self.path)?;
+        let path = self.path.clone();
+        self.file()?.write_all(buf).ctx("append to", &path)?;
+        self.dirty = true;
+        Ok(())
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        if self.dirty {
+            fault(FAULT_FSYNC, "fsync", &self.path)?;
+            let path = self.path.clone();
+            weir_core::disk::sync_data(self.file()?).ctx("fsync", &path)?;
+            self.dirty = false;
+        }
+        Ok(())
+    }
+}
+
+/// The sink's thread: owns the appender.
+struct DirectIo<A>(A);
+
+impl<A: Appender> IoHandler for DirectIo<A> {
     type Request = Request;
     type Reply = Reply;
 
     fn handle(&mut self, request: Request) -> Result<Reply, BoxError> {
         match request {
             Request::Open => {
-                self.open()?;
+                self.0.open()?;
                 Ok(Reply::Opened)
             }
             Request::Write { mut buf, stamps } => {
-                fault(FAULT_WRITE, "append to", &self.path)?;
-                let path = self.path.clone();
-                self.open()?.write_all(&buf).ctx("append to", &path)?;
-                self.dirty = true;
-                // Visible now: a reader of the file sees these lines.
+                self.0.append(&buf)?;
+                // Visible now: a reader of the target sees these records.
                 let visible_ns = clock::now_ns();
                 let len = buf.len();
                 buf.clear();
@@ -157,12 +210,7 @@ impl IoHandler for DirectIo {
                 })
             }
             Request::Sync => {
-                if self.dirty {
-                    fault(FAULT_FSYNC, "fsync", &self.path)?;
-                    let path = self.path.clone();
-                    weir_core::disk::sync_data(self.open()?).ctx("fsync", &path)?;
-                    self.dirty = false;
-                }
+                self.0.sync()?;
                 Ok(Reply::Synced)
             }
         }
@@ -184,13 +232,18 @@ impl IoHandler for DirectIo {
 /// sink.wait_idle().unwrap();
 /// assert_eq!(std::fs::read_to_string(sink.path()).unwrap(), "1\n2\n");
 /// ```
-pub struct DirectFileSink<T, F, E> {
+pub struct DirectFileSink<T, F, E, A: Appender = FileAppender> {
+    /// Makes the appender, at each start of the thread.
+    make: Box<dyn Fn() -> A + Send>,
+    /// What the appender writes to, for names and errors.
+    name: String,
+    /// The file, for the file appender.
     path: PathBuf,
     encode: F,
     emitted_ns: E,
     /// Started at the first call (a restore, or the first write, barrier or
     /// finish).
-    io: Option<IoThread<DirectIo>>,
+    io: Option<IoThread<DirectIo<A>>>,
     /// Encoded lines on their way to the thread (see [`crate::handover`]).
     hand: Handover<Vec<u8>>,
     /// `finish` was called: ready once everything is done.
@@ -200,7 +253,7 @@ pub struct DirectFileSink<T, F, E> {
     _records: PhantomData<fn(&T)>,
 }
 
-impl<T, F, E> DirectFileSink<T, F, E>
+impl<T, F, E> DirectFileSink<T, F, E, FileAppender>
 where
     F: Fn(&T, &mut Vec<u8>),
     E: Fn(&T) -> u64,
@@ -210,8 +263,33 @@ where
     /// `emitted_ns(record)` gives its emission time (0: unknown).
     pub fn new(dir: impl Into<PathBuf>, subtask: usize, encode: F, emitted_ns: E) -> Self {
         let path = dir.into().join(format!("part-{subtask:03}.csv"));
+        let file = path.clone();
+        let mut sink = Self::with_appender(Box::new(move || FileAppender::new(file.clone())), encode, emitted_ns);
+        sink.name = path.display().to_string();
+        sink.path = path;
+        sink
+    }
+
+    /// The file this subtask appends to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl<T, F, E, A> DirectFileSink<T, F, E, A>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+    A: Appender,
+{
+    /// A direct sink whose thread appends through the appenders `make`
+    /// makes (one per start of the thread: the first call, each restore).
+    pub fn with_appender(make: Box<dyn Fn() -> A + Send>, encode: F, emitted_ns: E) -> Self {
+        let name = make().describe();
         DirectFileSink {
-            path,
+            make,
+            name,
+            path: PathBuf::new(),
             encode,
             emitted_ns,
             io: None,
@@ -231,11 +309,6 @@ where
         self
     }
 
-    /// The file this subtask appends to.
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Encoded bytes handed to the sink and not yet written by its thread
     /// (waiting, or in writes in flight).
     pub fn buffered_bytes(&self) -> usize {
@@ -244,16 +317,12 @@ where
 
     /// The sink's thread, started (with the file's opening as its first
     /// request) at the first call.
-    fn io(&mut self) -> Result<&mut IoThread<DirectIo>, BoxError> {
+    fn io(&mut self) -> Result<&mut IoThread<DirectIo<A>>, BoxError> {
         if self.io.is_none() {
-            let name = format!("weir-direct-{}", self.path.display());
-            let handler = DirectIo {
-                path: self.path.clone(),
-                file: None,
-                dirty: false,
-            };
+            let name = format!("weir-direct-{}", self.name);
+            let handler = DirectIo((self.make)());
             let mut io = IoThread::spawn(&name, handler, IO_QUEUE)
-                .map_err(|e| crate::Error::io("start the I/O thread of", &self.path, e))?;
+                .map_err(|e| crate::Error::io("start the I/O thread of", Path::new(&self.name), e))?;
             io.submit(Request::Open)?;
             self.io = Some(io);
         }
@@ -326,11 +395,12 @@ fn whole_lines_len(f: &mut File) -> std::io::Result<u64> {
     Ok(0)
 }
 
-impl<T, F, E> Sink<T> for DirectFileSink<T, F, E>
+impl<T, F, E, A> Sink<T> for DirectFileSink<T, F, E, A>
 where
     T: Send + 'static,
     F: Fn(&T, &mut Vec<u8>) + Send + 'static,
     E: Fn(&T) -> u64 + Send + 'static,
+    A: Appender,
 {
     fn write(&mut self, batch: &mut Vec<T>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
         if batch.is_empty() {

@@ -132,6 +132,47 @@ pub enum Error {
         /// The bound.
         limit: usize,
     },
+    /// A call of the Kafka client failed.
+    #[error("Kafka topic '{topic}' at {brokers}: {context}: {source}")]
+    Kafka {
+        /// The bootstrap servers.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// What was being done (and on which partition, where it applies).
+        context: String,
+        /// The client's error (boxed: it is large, and errors are rare).
+        source: Box<rdkafka::error::KafkaError>,
+    },
+    /// A Kafka topic, partition or stored position cannot be used as asked.
+    #[error("Kafka topic '{topic}' at {brokers}: {reason}")]
+    KafkaTopic {
+        /// The bootstrap servers.
+        brokers: String,
+        /// The topic.
+        topic: String,
+        /// What is wrong, and what the user can do.
+        reason: String,
+    },
+    /// A Kafka record's value could not be parsed (and bad records are not
+    /// skipped).
+    #[error(
+        "Kafka topic '{topic}', partition {partition}, offset {offset}: {reason} (value: {text:?}); \
+         fix the producer, or skip bad records (KafkaSourceConfig::skip_bad_records)"
+    )]
+    KafkaMalformed {
+        /// The topic.
+        topic: String,
+        /// The partition.
+        partition: i32,
+        /// The record's offset in the partition.
+        offset: i64,
+        /// What the parse function reported.
+        reason: String,
+        /// The start of the value, lossily decoded, at most
+        /// [`crate::lines::MAX_QUOTED_TEXT`] bytes.
+        text: String,
+    },
     /// A SQLite call failed.
     #[error("SQLite {}: {context}: {source}", db.display())]
     Sqlite {

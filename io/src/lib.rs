@@ -13,6 +13,7 @@
 //! | [`FileSource`] ([`files`]): lines of a file or a folder | yes | (file, byte position, line) |
 //! | [`ReaderSource`] ([`reader`]): lines of stdin, a pipe, a socket | **no** | none |
 //! | [`NexmarkSource`] ([`nexmark`]): Nexmark auction events | yes | next local event index |
+//! | [`KafkaSource`] ([`kafka`]): records of a Kafka topic, `read_committed` | yes | next offset per partition |
 //!
 //! Line sources hand each line to a user parse function with its
 //! [`LineInfo`]; a line it rejects stops the job with the file and line
@@ -66,6 +67,7 @@ pub mod files;
 mod fsutil;
 pub mod generator;
 mod handover;
+pub mod kafka;
 pub mod latency;
 pub mod lines;
 pub mod nexmark;
@@ -79,8 +81,12 @@ pub use direct::DirectFileSink;
 pub use error::{Error, Result};
 pub use files::FileSource;
 pub use generator::{GenContext, Generator, GeneratorConfig};
+pub use kafka::{KafkaRecordInfo, KafkaSource, KafkaSourceConfig, StartFrom};
 pub use lines::{BadRecords, LineInfo, ParseError};
 pub use nexmark::NexmarkSource;
+/// The Kafka client the Kafka source uses (librdkafka, bundled): for
+/// client settings, and for tests and tools that create topics or produce.
+pub use rdkafka;
 pub use reader::ReaderSource;
 /// The SQLite bindings the SQLite sinks use (bundled SQLite): values for
 /// [`SqlRow::push`] implement [`rusqlite::ToSql`], and tests read tables

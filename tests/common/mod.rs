@@ -9,6 +9,8 @@
 
 #![allow(dead_code)] // each test binary uses a part of this module
 
+pub mod kafka;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::de::DeserializeOwned;

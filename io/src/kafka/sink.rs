@@ -1,0 +1,161 @@
+//! The Kafka sinks: at-least-once through an idempotent producer on the
+//! sink's own thread, exactly-once through the write-ahead log and one
+//! transaction per completed checkpoint ([`super::target`]).
+//!
+//! Records reach both as [`super::framing`] bytes: the sink's `encode`
+//! writes each record with [`super::framing::encode`] (key and value).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+
+use super::framing::Records;
+use super::sink_config::{queue_full, KafkaSinkConfig};
+use super::target::KafkaTarget;
+use crate::direct::{Appender, DirectFileSink};
+use crate::wal::{WalSink, WalSinkConfig};
+use crate::Result;
+
+/// The at-least-once Kafka sink: a [`DirectFileSink`] whose thread
+/// produces to a topic. See [`at_least_once`].
+pub type KafkaAtLeastOnceSink<T, F, E> = DirectFileSink<T, F, E, KafkaAppender>;
+
+/// The exactly-once Kafka sink: a [`WalSink`] publishing to a topic. See
+/// [`exactly_once`].
+pub type KafkaExactlyOnceSink<T, F, E> = WalSink<T, F, E, KafkaTarget>;
+
+/// The at-least-once sink of `subtask`: an idempotent producer on the
+/// sink's own thread. A hand-over of records (at most every 500 µs, or
+/// more at once when the broker is slower) is produced and flushed, and is
+/// visible to readers once the broker acknowledged it; a barrier's
+/// acknowledgement waits for every record before it. After a failure the
+/// source replays from the checkpoint: duplicates, never losses.
+///
+/// `encode(record, out)` writes the record with
+/// [`super::framing::encode`]; `emitted_ns(record)` gives its emission time
+/// (0: unknown).
+pub fn at_least_once<T, F, E>(
+    config: Arc<KafkaSinkConfig>,
+    subtask: usize,
+    encode: F,
+    emitted_ns: E,
+) -> KafkaAtLeastOnceSink<T, F, E>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+{
+    let slot = config.slot(subtask);
+    DirectFileSink::with_appender(
+        Box::new(move || KafkaAppender::new(config.clone(), slot)),
+        encode,
+        emitted_ns,
+    )
+}
+
+/// The exactly-once sink of `subtask`: its records go to a write-ahead log
+/// in `wal` (synced at each barrier, on the sink's log thread); each
+/// completed checkpoint's records are published in one Kafka transaction
+/// with the slot's marker ([`KafkaTarget`]), on the sink's committer
+/// thread. A `read_committed` reader sees each record once, after its
+/// checkpoint completed. `wal.target_dir` and `wal.suffix` are not used.
+pub fn exactly_once<T, F, E>(
+    config: Arc<KafkaSinkConfig>,
+    wal: WalSinkConfig,
+    subtask: usize,
+    encode: F,
+    emitted_ns: E,
+) -> KafkaExactlyOnceSink<T, F, E>
+where
+    F: Fn(&T, &mut Vec<u8>),
+    E: Fn(&T) -> u64,
+{
+    let slot = config.slot(subtask);
+    WalSink::with_target(
+        wal,
+        subtask,
+        Box::new(move || KafkaTarget::new(config.clone(), slot)),
+        encode,
+        emitted_ns,
+    )
+}
+
+/// Produces a direct sink's hand-overs to a topic: every record sent, then
+/// a flush, so a hand-over is visible (acknowledged by the broker) when
+/// [`Appender::append`] returns.
+pub struct KafkaAppender {
+    config: Arc<KafkaSinkConfig>,
+    slot: usize,
+    producer: Option<BaseProducer>,
+}
+
+impl std::fmt::Debug for KafkaAppender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaAppender")
+            .field("topic", &self.config.topic)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl KafkaAppender {
+    /// Produces for `slot` (not connected yet).
+    pub fn new(config: Arc<KafkaSinkConfig>, slot: usize) -> Self {
+        KafkaAppender {
+            config,
+            slot,
+            producer: None,
+        }
+    }
+}
+
+impl Appender for KafkaAppender {
+    fn describe(&self) -> String {
+        format!("kafka-{}-{}", self.config.topic, self.slot)
+    }
+
+    fn open(&mut self) -> Result<()> {
+        let c = &self.config;
+        c.validate()?;
+        c.ensure_topic(&c.topic, c.partitions, false, false)?;
+        self.producer = Some(c.producer(None)?);
+        Ok(())
+    }
+
+    fn append(&mut self, buf: &[u8]) -> Result<()> {
+        let c = &self.config;
+        let producer = self.producer.as_ref().expect("opened before the first append");
+        let deadline = Instant::now() + c.timeout;
+        for r in Records::new(buf) {
+            let (k, v) = r.map_err(|at| {
+                c.topic_error(
+                    &c.topic,
+                    format!(
+                        "slot {}: the sink's encode wrote bytes that are not whole records (at byte {at}); \
+                         write each record with weir_io::kafka::framing::encode",
+                        self.slot
+                    ),
+                )
+            })?;
+            let mut record = BaseRecord::to(&c.topic).key(k).payload(v);
+            loop {
+                match producer.send(record) {
+                    Ok(()) => break,
+                    Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
+                        record = back;
+                        producer.poll(Duration::from_millis(10));
+                    }
+                    Err((e, _)) => return Err(c.error(&c.topic, format!("produce (slot {})", self.slot), e)),
+                }
+            }
+        }
+        producer
+            .flush(c.timeout)
+            .map_err(|e| c.error(&c.topic, format!("flush (slot {})", self.slot), e))
+    }
+
+    fn sync(&mut self) -> Result<()> {
+        // Every append was flushed (acknowledged by all in-sync replicas).
+        Ok(())
+    }
+}

@@ -1,0 +1,235 @@
+//! Settings of the Kafka sinks, and the client calls both need: making a
+//! producer, creating a topic that is missing.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::BaseProducer;
+
+use crate::{Error, Result};
+
+/// Where and how a Kafka sink writes; shared by all its subtasks.
+///
+/// ```
+/// use weir_io::kafka::KafkaSinkConfig;
+/// let c = KafkaSinkConfig::new("127.0.0.1:9092", "counts");
+/// assert_eq!(c.marker_topic, "counts.weir-markers");
+/// assert_eq!(c.transactional_id(3), "weir-counts-3");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KafkaSinkConfig {
+    /// Bootstrap servers, `host:port[,host:port...]`.
+    pub brokers: String,
+    /// The output topic; created with [`KafkaSinkConfig::partitions`]
+    /// partitions if missing.
+    pub topic: String,
+    /// Partitions of the output topic when the sink creates it (default 1).
+    pub partitions: i32,
+    /// Exactly-once: the compacted topic where each sink slot records its
+    /// last committed checkpoint, one partition per slot (default
+    /// `<topic>.weir-markers`); created if missing.
+    pub marker_topic: String,
+    /// Exactly-once: slot `s` uses the transactional id `<prefix>-<s>`
+    /// (default `weir-<topic>`). One fixed id per slot: a restarted slot
+    /// fences its predecessor (a zombie) by it.
+    pub transactional_id_prefix: String,
+    /// The first slot of this process: subtask `i` is slot
+    /// `slot_base + i` (default 0). Processes sharing one output topic and
+    /// marker topic must use disjoint slots.
+    pub slot_base: usize,
+    /// Exactly-once: the broker aborts a transaction open this long
+    /// (default 60 s). A transaction is open only while a completed
+    /// checkpoint is published, so this bounds a publish, not an interval.
+    pub transaction_timeout: Duration,
+    /// Longest wait for one client call: initializing transactions,
+    /// committing, flushing, reading a marker (default 30 s). A call that
+    /// takes longer fails the sink, and the job restarts.
+    pub timeout: Duration,
+    /// More librdkafka settings for the producer, `(name, value)`.
+    pub properties: Vec<(String, String)>,
+}
+
+impl KafkaSinkConfig {
+    /// A sink writing `topic` at `brokers`, other settings default.
+    pub fn new(brokers: impl Into<String>, topic: impl Into<String>) -> Self {
+        let topic = topic.into();
+        KafkaSinkConfig {
+            brokers: brokers.into(),
+            marker_topic: format!("{topic}.weir-markers"),
+            transactional_id_prefix: format!("weir-{topic}"),
+            topic,
+            partitions: 1,
+            slot_base: 0,
+            transaction_timeout: Duration::from_secs(60),
+            timeout: Duration::from_secs(30),
+            properties: Vec::new(),
+        }
+    }
+
+    /// The slot of sink subtask `subtask`.
+    pub fn slot(&self, subtask: usize) -> usize {
+        self.slot_base + subtask
+    }
+
+    /// The transactional id of `slot`.
+    pub fn transactional_id(&self, slot: usize) -> String {
+        format!("{}-{slot}", self.transactional_id_prefix)
+    }
+
+    /// Checks the settings.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |setting: &'static str, value: String, reason: &'static str| {
+            Err(Error::InvalidConfig { setting, value, reason })
+        };
+        if self.brokers.trim().is_empty() {
+            return bad("brokers", self.brokers.clone(), "must name at least one host:port");
+        }
+        if self.topic.is_empty() || self.marker_topic.is_empty() || self.topic == self.marker_topic {
+            return bad(
+                "marker_topic",
+                self.marker_topic.clone(),
+                "the output and marker topics must be named and differ",
+            );
+        }
+        if self.partitions < 1 {
+            return bad("partitions", self.partitions.to_string(), "must be at least 1");
+        }
+        if self.timeout.is_zero() || self.transaction_timeout < Duration::from_secs(1) {
+            return bad(
+                "timeout",
+                format!("{:?} / {:?}", self.timeout, self.transaction_timeout),
+                "the call timeout must be positive and the transaction timeout at least 1 s",
+            );
+        }
+        Ok(())
+    }
+
+    /// A `KafkaError` while `context`, on `topic`.
+    pub(crate) fn error(&self, topic: &str, context: impl Into<String>, source: KafkaError) -> Error {
+        Error::Kafka {
+            brokers: self.brokers.clone(),
+            topic: topic.to_string(),
+            context: context.into(),
+            source: Box::new(source),
+        }
+    }
+
+    /// A topic that cannot be used as asked.
+    pub(crate) fn topic_error(&self, topic: &str, reason: String) -> Error {
+        Error::KafkaTopic {
+            brokers: self.brokers.clone(),
+            topic: topic.to_string(),
+            reason,
+        }
+    }
+
+    /// The producer's settings: idempotent, murmur2 partitioning (as Java
+    /// clients), acks from all replicas; `transactional_id` for
+    /// exactly-once.
+    pub(crate) fn producer(&self, transactional_id: Option<&str>) -> Result<BaseProducer> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set("partitioner", "murmur2_random")
+            .set("linger.ms", "1");
+        let mut message_timeout = self.timeout;
+        if let Some(id) = transactional_id {
+            c.set("transactional.id", id).set(
+                "transaction.timeout.ms",
+                self.transaction_timeout.as_millis().to_string(),
+            );
+            // librdkafka: a record's delivery cannot outlast its transaction.
+            message_timeout = message_timeout.min(self.transaction_timeout);
+        }
+        c.set("message.timeout.ms", message_timeout.as_millis().to_string());
+        for (k, v) in &self.properties {
+            c.set(k, v);
+        }
+        c.create().map_err(|e| self.error(&self.topic, "create a producer", e))
+    }
+
+    /// Creates `topic` with `partitions` partitions (compacted if
+    /// `compact`) unless it exists; with `need_all`, an existing topic with
+    /// fewer partitions gets more (the marker topic: one per slot; the
+    /// sink's subtasks may race to create it, each asking for its own
+    /// slot's).
+    pub(crate) fn ensure_topic(&self, topic: &str, partitions: i32, compact: bool, need_all: bool) -> Result<()> {
+        let mut c = ClientConfig::new();
+        c.set("bootstrap.servers", &self.brokers);
+        let admin: AdminClient<DefaultClientContext> =
+            c.create().map_err(|e| self.error(topic, "create an admin client", e))?;
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
+        if compact {
+            new = new.set("cleanup.policy", "compact");
+        }
+        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+        let results = futures_executor::block_on(admin.create_topics([&new], &opts))
+            .map_err(|e| self.error(topic, "create the topic", e))?;
+        for r in results {
+            match r {
+                Ok(_) => {}
+                Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {
+                    if need_all {
+                        self.grow_topic(&admin, topic, partitions)?;
+                    }
+                }
+                Err((_, code)) => {
+                    return Err(self.error(topic, "create the topic", KafkaError::AdminOp(code)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Adds partitions to `topic` until it has `partitions` (others may be
+    /// doing the same: a request refused because the topic has grown
+    /// meanwhile is looked at again, a bounded number of times).
+    fn grow_topic(&self, admin: &AdminClient<DefaultClientContext>, topic: &str, partitions: i32) -> Result<()> {
+        const ATTEMPTS: usize = 5;
+        let mut have = 0;
+        for _ in 0..ATTEMPTS {
+            have = self.partition_count(topic)?;
+            if have >= partitions {
+                return Ok(());
+            }
+            let grow = NewPartitions::new(topic, partitions as usize);
+            let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+            let results = futures_executor::block_on(admin.create_partitions([&grow], &opts))
+                .map_err(|e| self.error(topic, "add partitions", e))?;
+            for r in results {
+                match r {
+                    Ok(_) | Err((_, RDKafkaErrorCode::InvalidPartitions)) => {}
+                    Err((_, code)) => return Err(self.error(topic, "add partitions", KafkaError::AdminOp(code))),
+                }
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        Err(self.topic_error(
+            topic,
+            format!("has {have} partitions, and this sink needs {partitions} (one per slot); adding them failed"),
+        ))
+    }
+
+    /// The partitions of `topic`, from the cluster's metadata.
+    fn partition_count(&self, topic: &str) -> Result<i32> {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let consumer: BaseConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .create()
+            .map_err(|e| self.error(topic, "create a metadata client", e))?;
+        let md = consumer
+            .fetch_metadata(Some(topic), self.timeout)
+            .map_err(|e| self.error(topic, "read the topic's metadata", e))?;
+        Ok(md.topics().first().map_or(0, |t| t.partitions().len() as i32))
+    }
+}
+
+/// How long a sink waits at most for room in the producer's queue before
+/// it reports the producer stuck: the call timeout.
+pub(crate) fn queue_full(e: &KafkaError) -> bool {
+    matches!(e, KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull))
+}

@@ -1,0 +1,314 @@
+//! The exactly-once Kafka sink's target: a completed checkpoint's epochs,
+//! from the sink's write-ahead log, published to the output topic in one
+//! Kafka transaction together with a marker record that says so.
+//!
+//! Why this design (and not Flink's, which keeps a transaction open from
+//! one checkpoint to the next and resumes it after a crash by its producer
+//! id and epoch, through reflection on the Java client): librdkafka cannot
+//! resume a transaction, and a transaction open across a checkpoint
+//! interval can be aborted by the broker's timeout, losing its records.
+//! Here the records are durable in the sink's own log at the barrier, and
+//! a transaction is open only while a completed checkpoint is published:
+//!
+//! - **open**: each sink slot has one fixed `transactional.id`.
+//!   `init_transactions` fences an older producer with that id (a zombie
+//!   of a previous attempt or process) and completes or aborts the
+//!   transaction it left open. Then the slot's marker is read with
+//!   `read_committed` to the end of its partition of the marker topic: the
+//!   last checkpoint (and log position) whose publication committed.
+//! - **publish** (checkpoint `n` complete): `begin_transaction`, the
+//!   records of every epoch up to `n` not yet published, the marker record
+//!   `(slot, n, log position)`, `commit_transaction`. A reader with
+//!   `read_committed` sees all of it or none of it.
+//! - **restore** (the WAL sink's, see [`crate::wal`]): epochs after the
+//!   marker up to the restored checkpoint are published again, in one new
+//!   transaction; later ones are dropped from the log.
+//! - **an unknown outcome** (a commit that timed out, a fatal error): the
+//!   sink fails, the job restarts, and the next `open` settles it: the
+//!   transaction was committed (the marker shows it) or aborted by
+//!   `init_transactions` (the marker does not, and the restore publishes
+//!   the epochs again).
+//!
+//! No transaction stays open between checkpoints, none lingers after a
+//! restart, and a transaction timeout never loses data (the log holds the
+//! records until a marker covers them).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::{Offset, TopicPartitionList};
+use weir_core::clock;
+
+use super::framing::Records;
+use super::sink_config::{queue_full, KafkaSinkConfig};
+use crate::wal::codec::WalPos;
+use crate::wal::{Committed, EpochTarget};
+use crate::{Error, Result};
+
+/// Marker record value: magic, then epoch, segment, offset (u64 LE).
+const MARKER_MAGIC: &[u8; 4] = b"WKM1";
+const MARKER_BYTES: usize = 4 + 24;
+
+/// Encodes a marker record's value.
+pub(crate) fn encode_marker(c: Committed) -> [u8; MARKER_BYTES] {
+    let mut v = [0u8; MARKER_BYTES];
+    v[..4].copy_from_slice(MARKER_MAGIC);
+    v[4..12].copy_from_slice(&c.epoch.to_le_bytes());
+    v[12..20].copy_from_slice(&c.pos.seg.to_le_bytes());
+    v[20..28].copy_from_slice(&c.pos.off.to_le_bytes());
+    v
+}
+
+/// Decodes a marker record's value; `None` if it is not one.
+pub(crate) fn decode_marker(v: &[u8]) -> Option<Committed> {
+    if v.len() != MARKER_BYTES || &v[..4] != MARKER_MAGIC {
+        return None;
+    }
+    let u = |i: usize| u64::from_le_bytes(v[i..i + 8].try_into().expect("8 bytes"));
+    Some(Committed {
+        epoch: u(4),
+        pos: WalPos { seg: u(12), off: u(20) },
+    })
+}
+
+/// The key of `slot`'s marker records (compaction keeps the last one).
+pub(crate) fn marker_key(slot: usize) -> String {
+    format!("slot-{slot}")
+}
+
+/// Reads `slot`'s last committed marker: `read_committed`, from the start
+/// of its partition of the marker topic to the end.
+pub fn read_marker(config: &KafkaSinkConfig, slot: usize) -> Result<Option<Committed>> {
+    let topic = &config.marker_topic;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &config.brokers)
+        .set("group.id", format!("{}-marker-reader", config.transactional_id_prefix))
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("enable.partition.eof", "true")
+        .create()
+        .map_err(|e| config.error(topic, "create the marker reader", e))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, slot as i32, Offset::Beginning)
+        .map_err(|e| config.error(topic, format!("assign partition {slot}"), e))?;
+    consumer
+        .assign(&tpl)
+        .map_err(|e| config.error(topic, format!("assign partition {slot}"), e))?;
+    let key = marker_key(slot);
+    let deadline = Instant::now() + config.timeout;
+    let mut last = None;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(config.topic_error(
+                topic,
+                format!(
+                    "partition {slot}: the end of the slot's markers was not reached in {:?}; is the broker up?",
+                    config.timeout
+                ),
+            ));
+        }
+        match consumer.poll(left.min(Duration::from_millis(200))) {
+            None => {}
+            Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
+                let v = m.payload().unwrap_or_default();
+                let c = decode_marker(v).ok_or_else(|| {
+                    config.topic_error(
+                        topic,
+                        format!(
+                            "partition {slot}, offset {}: not a weir marker record ({} bytes)",
+                            m.offset(),
+                            v.len()
+                        ),
+                    )
+                })?;
+                last = Some(c);
+            }
+            Some(Ok(_)) => {}
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok(last),
+            Some(Err(e)) => return Err(config.error(topic, format!("read partition {slot}"), e)),
+        }
+    }
+}
+
+/// The exactly-once Kafka sink's [`EpochTarget`] for one slot; see the
+/// module docs. Made per start of a sink subtask, opened on the sink's
+/// threads.
+pub struct KafkaTarget {
+    config: Arc<KafkaSinkConfig>,
+    slot: usize,
+    producer: Option<BaseProducer>,
+    in_transaction: bool,
+    epochs: Vec<u64>,
+    visible_ns: u64,
+}
+
+impl std::fmt::Debug for KafkaTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KafkaTarget")
+            .field("topic", &self.config.topic)
+            .field("slot", &self.slot)
+            .field("in_transaction", &self.in_transaction)
+            .finish()
+    }
+}
+
+impl KafkaTarget {
+    /// The target of `slot` (not opened).
+    pub fn new(config: Arc<KafkaSinkConfig>, slot: usize) -> Self {
+        KafkaTarget {
+            config,
+            slot,
+            producer: None,
+            in_transaction: false,
+            epochs: Vec::new(),
+            visible_ns: 0,
+        }
+    }
+
+    fn producer(&self) -> &BaseProducer {
+        self.producer
+            .as_ref()
+            .expect("the target is opened before it is written")
+    }
+
+    fn txn_error(&self, what: &str, e: KafkaError) -> Error {
+        self.config.error(
+            &self.config.topic,
+            format!(
+                "{what} (slot {}, transactional id {})",
+                self.slot,
+                self.config.transactional_id(self.slot)
+            ),
+            e,
+        )
+    }
+
+    /// Sends one record, waiting (bounded) for room in the producer's queue.
+    fn send(&self, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
+        let producer = self.producer();
+        let deadline = Instant::now() + self.config.timeout;
+        let mut record = BaseRecord::to(topic).key(key).payload(value);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        loop {
+            match producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
+                    record = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => return Err(self.config.error(topic, "produce a record", e)),
+            }
+        }
+    }
+}
+
+impl EpochTarget for KafkaTarget {
+    fn kind(&self) -> &'static str {
+        "kafka"
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "topic '{}' at {} (slot {}, markers in '{}')",
+            self.config.topic, self.config.brokers, self.slot, self.config.marker_topic
+        )
+    }
+
+    fn open(&mut self) -> Result<Option<Committed>> {
+        let c = &self.config;
+        c.validate()?;
+        c.ensure_topic(&c.topic, c.partitions, false, false)?;
+        c.ensure_topic(&c.marker_topic, self.slot as i32 + 1, true, true)?;
+        let producer = c.producer(Some(&c.transactional_id(self.slot)))?;
+        // Fences any older producer of this slot and settles the
+        // transaction it left: committed, or aborted.
+        producer
+            .init_transactions(c.timeout)
+            .map_err(|e| self.txn_error("initialize transactions", e))?;
+        self.producer = Some(producer);
+        read_marker(c, self.slot)
+    }
+
+    fn begin(&mut self, epoch: u64) -> Result<()> {
+        if !self.in_transaction {
+            self.producer()
+                .begin_transaction()
+                .map_err(|e| self.txn_error("begin a transaction", e))?;
+            self.in_transaction = true;
+        }
+        self.epochs.push(epoch);
+        Ok(())
+    }
+
+    fn write(&mut self, payloads: &[u8]) -> Result<()> {
+        let topic = self.config.topic.clone();
+        for r in Records::new(payloads) {
+            let (k, v) = r.map_err(|at| {
+                self.config.topic_error(
+                    &topic,
+                    format!(
+                        "slot {}: a logged record at byte {at} of an epoch is cut short",
+                        self.slot
+                    ),
+                )
+            })?;
+            self.send(&topic, None, k, v)?;
+        }
+        Ok(())
+    }
+
+    fn end(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn publish(&mut self, committed: Committed) -> Result<Vec<u64>> {
+        if !self.in_transaction {
+            self.producer()
+                .begin_transaction()
+                .map_err(|e| self.txn_error("begin a transaction", e))?;
+            self.in_transaction = true;
+        }
+        let marker = encode_marker(committed);
+        let key = marker_key(self.slot);
+        let topic = self.config.marker_topic.clone();
+        self.send(&topic, Some(self.slot as i32), key.as_bytes(), &marker)?;
+        let done = self.producer().commit_transaction(self.config.timeout);
+        // Whatever the outcome, this transaction is over for this
+        // producer: committed, or failed (the sink fails, and the next
+        // open settles an unknown outcome by the marker).
+        self.in_transaction = false;
+        done.map_err(|e| self.txn_error(&format!("commit checkpoint {}", committed.epoch), e))?;
+        self.visible_ns = clock::now_ns();
+        Ok(std::mem::take(&mut self.epochs))
+    }
+
+    fn visible_ns(&self) -> u64 {
+        self.visible_ns
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_encode_and_decode() {
+        let c = Committed {
+            epoch: 7,
+            pos: WalPos { seg: 3, off: 4096 },
+        };
+        assert_eq!(decode_marker(&encode_marker(c)), Some(c));
+        assert_eq!(decode_marker(b"WKM1"), None);
+        let mut bad = encode_marker(c);
+        bad[0] = b'X';
+        assert_eq!(decode_marker(&bad), None);
+    }
+}
