@@ -1,0 +1,321 @@
+//! Barrier handling of an input task, driven by hand on one thread: the
+//! test writes messages into the task's input rings, polls the task until
+//! it stalls, and checks what it forwarded (its output ring) and what it
+//! told the coordinator (its events). Nothing here depends on timing.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+
+use rtrb::RingBuffer;
+
+use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
+use crate::checkpoint::snapshot::AckedState;
+use crate::checkpoint::snapshot::TaskState;
+use crate::checkpoint::{CheckpointMode, DEFAULT_INLINE_STATE_MAX};
+use crate::clock;
+use crate::context::TaskContext;
+use crate::message::{Barrier, Message};
+use crate::metrics::{MetricsRegistry, TaskCounters};
+use crate::output::{Outbox, RebalanceOutput};
+use crate::task::{Inbox, InputTask, Task, TaskPoll};
+
+/// Polls a stalled task this many times before calling it stalled.
+const IDLE_POLLS: usize = 4;
+
+/// An input task over `n` rings of `u64` records whose chain is an
+/// exchange with one output ring.
+struct Harness {
+    task: InputTask<u64>,
+    inputs: Vec<rtrb::Producer<Message<u64>>>,
+    output: rtrb::Consumer<Message<u64>>,
+    ctx: TaskContext,
+    events: mpsc::Receiver<Event>,
+    signals: Arc<Signals>,
+    /// Everything the task forwarded so far, in order.
+    forwarded: Vec<Message<u64>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    fn new(mode: CheckpointMode, n: usize, alignment_timeout_ns: u64) -> Self {
+        let mut inputs = Vec::new();
+        let mut inboxes = Vec::new();
+        for _ in 0..n {
+            let (p, c) = RingBuffer::new(64);
+            inputs.push(p);
+            inboxes.push(Inbox::new(c, None));
+        }
+        let (p, output) = RingBuffer::new(256);
+        let chain = RebalanceOutput {
+            outboxes: vec![Outbox::new(p, 64)],
+            next: 0,
+        };
+        let task = InputTask::new(inboxes, Box::new(chain), 64);
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 64 * n as u64));
+        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
+        let ops: Arc<[String]> = vec!["test".to_string()].into();
+        let mut ctx = TaskContext::new(0, 1, ops, counters, registry);
+        let signals = Arc::new(Signals::new(mode, alignment_timeout_ns, 0, 1));
+        let (tx, events) = mpsc::channel();
+        let dir = tempfile::tempdir().unwrap();
+        ctx.ckpt = Some(TaskCheckpointing {
+            signals: signals.clone(),
+            events: tx,
+            task: 0,
+            group: 0,
+            root: Arc::from(dir.path()),
+            inline_max: DEFAULT_INLINE_STATE_MAX,
+            pool: Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()),
+            offload: false,
+        });
+        Harness {
+            task,
+            inputs,
+            output,
+            ctx,
+            events,
+            signals,
+            forwarded: Vec::new(),
+            _dir: dir,
+        }
+    }
+
+    fn trigger(&self, id: u64, is_final: bool) {
+        self.signals.trigger(id, clock::now_ns(), is_final);
+    }
+
+    fn push(&mut self, input: usize, messages: Vec<Message<u64>>) {
+        for m in messages {
+            self.inputs[input].push(m).expect("test rings are large enough");
+        }
+    }
+
+    /// Polls until the task makes no progress for a few polls in a row
+    /// (or is done), collecting what it forwarded.
+    fn run(&mut self) -> TaskPoll {
+        let mut idle = 0;
+        for _ in 0..10_000 {
+            let poll = self.task.poll(&mut self.ctx).expect("the task does not fail");
+            self.ctx.end_turn();
+            while let Ok(m) = self.output.pop() {
+                self.forwarded.push(m);
+            }
+            match poll {
+                TaskPoll::Done => return poll,
+                TaskPoll::Idle => {
+                    idle += 1;
+                    if idle == IDLE_POLLS {
+                        return poll;
+                    }
+                }
+                TaskPoll::Progress => idle = 0,
+            }
+        }
+        panic!("the task never stalled");
+    }
+
+    fn events(&mut self) -> Vec<Event> {
+        self.events.try_iter().collect()
+    }
+
+    /// Position in the forwarded stream of barrier `id`; fails if it was
+    /// forwarded more than once.
+    fn barrier_at(&self, id: u64) -> Option<(usize, Barrier)> {
+        let found: Vec<(usize, Barrier)> = self
+            .forwarded
+            .iter()
+            .enumerate()
+            .filter_map(|(k, m)| match m {
+                Message::Barrier(b) if b.id == id => Some((k, *b)),
+                _ => None,
+            })
+            .collect();
+        assert!(found.len() <= 1, "barrier {id} forwarded {} times", found.len());
+        found.first().copied()
+    }
+
+    fn records(&self) -> Vec<u64> {
+        self.forwarded
+            .iter()
+            .filter_map(|m| match m {
+                Message::Data(r) => Some(*r),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+fn barrier(id: u64, unaligned: bool, is_final: bool) -> Message<u64> {
+    Message::Barrier(Barrier {
+        id,
+        trigger_ns: clock::now_ns(),
+        unaligned,
+        is_final,
+    })
+}
+
+fn data(xs: &[u64]) -> Vec<Message<u64>> {
+    xs.iter().map(|&x| Message::Data(x)).collect()
+}
+
+/// The acknowledged state of checkpoint `id`, if the task acknowledged it.
+fn acked(events: &[Event], id: u64) -> Option<TaskState> {
+    events.iter().find_map(|e| match e {
+        Event::Ack(a) if a.id == id => match &a.state {
+            AckedState::Inline(frame) => Some(TaskState::decode(frame, "ack").unwrap()),
+            AckedState::File(f) => panic!("small test states go inline, got {f:?}"),
+        },
+        _ => None,
+    })
+}
+
+fn declined(events: &[Event], id: u64) -> bool {
+    events
+        .iter()
+        .any(|e| matches!(e, Event::Decline { id: d, .. } if *d == id))
+}
+
+/// Checks the final barrier `id` went out aligned: once, not flagged
+/// unaligned, behind every record in `records` (none overtaken), its
+/// snapshot without channel state.
+fn assert_final_aligned(h: &Harness, events: &[Event], id: u64, records: &[u64]) {
+    let (at, b) = h.barrier_at(id).expect("the final barrier was forwarded");
+    assert!(b.is_final);
+    assert!(!b.unaligned, "the final barrier was forwarded unaligned");
+    let mut got = h.records();
+    got.sort_unstable();
+    let mut want = records.to_vec();
+    want.sort_unstable();
+    assert_eq!(got, want, "every record was forwarded");
+    let last_record = h.forwarded.iter().rposition(|m| matches!(m, Message::Data(_)));
+    assert!(
+        last_record.is_none_or(|r| r < at),
+        "a record followed the final barrier (it overtook it): {:?}",
+        h.forwarded
+    );
+    let state = acked(events, id).expect("the final checkpoint was acknowledged");
+    assert!(
+        state.input_channels.is_empty() && state.output_channels.is_empty() && state.channel_records == 0,
+        "the final snapshot holds channel state: {state:?}"
+    );
+}
+
+/// Issue 17 (c): a task recording checkpoint 1's channel state (unaligned)
+/// reads the final barrier 2 on the input that already delivered 1. It
+/// must not subsume 1 by taking the final checkpoint unaligned: the final
+/// barrier goes out only once it arrived on every input, behind every
+/// record, and checkpoint 1 still completes.
+#[test]
+fn final_barrier_behind_an_unaligned_one_is_forwarded_aligned() {
+    let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);
+    h.trigger(1, false);
+    h.push(0, data(&[1]));
+    h.push(0, vec![barrier(1, true, false)]);
+    h.push(0, data(&[2]));
+    h.push(1, data(&[10, 11]));
+    h.trigger(2, true);
+    h.push(0, vec![barrier(2, false, true)]);
+    h.run();
+    assert!(
+        h.barrier_at(1).is_some_and(|(_, b)| b.unaligned),
+        "1 went out unaligned"
+    );
+    assert!(
+        h.barrier_at(2).is_none(),
+        "the final barrier was forwarded before it arrived on input 1: {:?}",
+        h.forwarded
+    );
+    let events = h.events();
+    assert!(acked(&events, 2).is_none(), "final checkpoint taken before alignment");
+
+    h.push(1, vec![barrier(1, true, false)]);
+    h.push(1, data(&[12]));
+    h.push(1, vec![barrier(2, false, true)]);
+    h.run();
+    let mut events2 = h.events();
+    let mut all = events;
+    all.append(&mut events2);
+    assert_final_aligned(&h, &all, 2, &[1, 2, 10, 11, 12]);
+    let one = acked(&all, 1).expect("checkpoint 1 completes at this task");
+    assert!(one.channel_records > 0, "1 stored the overtaken records");
+    assert!(!declined(&all, 1) && !declined(&all, 2), "{all:?}");
+}
+
+/// The same after an aligned checkpoint's alignment timeout: it went on
+/// unaligned, and the final barrier that follows it on the same input is
+/// still handled aligned.
+#[test]
+fn final_barrier_after_an_alignment_timeout_is_forwarded_aligned() {
+    // A timeout of 1 ns, counted from a trigger at time 0: long past.
+    let mut h = Harness::new(CheckpointMode::Aligned, 2, 1);
+    h.trigger(1, false);
+    let b1 = Message::Barrier(Barrier {
+        id: 1,
+        trigger_ns: 0,
+        unaligned: false,
+        is_final: false,
+    });
+    h.push(0, data(&[1]));
+    h.push(0, vec![b1.clone()]);
+    h.push(0, data(&[2]));
+    h.push(1, data(&[10]));
+    h.trigger(2, true);
+    h.push(0, vec![barrier(2, false, true)]);
+    h.run();
+    assert!(
+        h.barrier_at(1).is_some_and(|(_, b)| b.unaligned),
+        "1 went on unaligned after its timeout"
+    );
+    assert!(h.barrier_at(2).is_none(), "final forwarded early: {:?}", h.forwarded);
+    let mut all = h.events();
+    h.push(1, vec![b1]);
+    h.push(1, data(&[11]));
+    h.push(1, vec![barrier(2, false, true)]);
+    h.run();
+    all.extend(h.events());
+    assert_final_aligned(&h, &all, 2, &[1, 2, 10, 11]);
+    assert!(acked(&all, 1).is_some(), "{all:?}");
+}
+
+/// Checkpoint 1 never reaches input 1 (its upstream gave it up): look-ahead
+/// finds the final barrier there first. Checkpoint 1 cannot complete at
+/// this task and is declined; the final one is still taken aligned.
+#[test]
+fn final_barrier_found_by_look_ahead_is_not_taken_unaligned() {
+    let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);
+    h.trigger(1, false);
+    h.push(0, vec![barrier(1, true, false)]);
+    h.push(0, data(&[1]));
+    h.push(1, data(&[10, 11]));
+    h.trigger(2, true);
+    h.push(1, vec![barrier(2, false, true)]);
+    h.push(1, data(&[]));
+    h.run();
+    assert!(h.barrier_at(2).is_none(), "final forwarded early: {:?}", h.forwarded);
+    let mut all = h.events();
+    h.push(0, data(&[2]));
+    h.push(0, vec![barrier(2, false, true)]);
+    h.run();
+    all.extend(h.events());
+    assert_final_aligned(&h, &all, 2, &[1, 2, 10, 11]);
+    assert!(declined(&all, 1), "checkpoint 1 cannot complete here: {all:?}");
+}
+
+/// After the final checkpoint completes, end-of-stream follows the final
+/// barrier and the task finishes.
+#[test]
+fn task_finishes_after_the_final_checkpoint() {
+    let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);
+    h.trigger(1, true);
+    h.push(0, data(&[1]));
+    h.push(0, vec![barrier(1, false, true)]);
+    h.push(1, vec![barrier(1, false, true)]);
+    h.run();
+    let events = h.events();
+    assert_final_aligned(&h, &events, 1, &[1]);
+    h.push(0, vec![Message::End]);
+    h.push(1, vec![Message::End]);
+    h.signals.complete(1);
+    assert_eq!(h.run(), TaskPoll::Done);
+    assert_eq!(h.forwarded.last(), Some(&Message::End));
+}
