@@ -18,17 +18,18 @@
 
 use rtrb::Consumer;
 
+use crate::checkpoint::channel::{decode_channel, ChannelRecorder, Replayed};
 use crate::checkpoint::signals::Event;
 use crate::checkpoint::snapshot::{complete, TaskSnapshot};
 use crate::checkpoint::CheckpointMode;
 use crate::clock;
 use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::{SourceContext, TaskContext};
-use crate::data::{decode_all, encode_into, Data};
+use crate::data::Data;
 use crate::error::BoxError;
 use crate::message::{Barrier, Message};
 use crate::source::{Source, SourcePoll};
-use crate::time::{InputWatermarks, WatermarkUpdate, IDLE, MAX_WATERMARK};
+use crate::time::{InputWatermarks, WatermarkUpdate, IDLE, MAX_WATERMARK, MIN_WATERMARK};
 
 /// Records an unaligned task handles per turn while it waits for a
 /// triggered checkpoint's barrier: bounds how long a slow chain delays
@@ -401,7 +402,8 @@ enum Gate {
     },
     Recording {
         snap: Box<TaskSnapshot>,
-        buffers: Vec<Vec<u8>>,
+        /// Per input, the records and watermarks recorded so far.
+        buffers: Vec<ChannelRecorder>,
         /// The final barrier, read on some inputs (now blocked) while this
         /// checkpoint was still recording, and when it first arrived: it is
         /// collected, aligned, once this checkpoint is done or given up.
@@ -431,8 +433,9 @@ pub(crate) struct InputTask<T> {
     open_inputs: usize,
     phase: Phase,
     gate: Gate,
-    /// Restored channel state, fed to the chain before any live input.
-    replay: Vec<T>,
+    /// Restored channel state, fed to the chain before any live input
+    /// (`None` once fed: the normal path checks one discriminant).
+    replay: Option<Box<Replay<T>>>,
     /// Event time of each input; the minimum goes to the chain.
     watermarks: InputWatermarks,
 }
@@ -450,7 +453,7 @@ impl<T> InputTask<T> {
             open_inputs,
             phase: Phase::Running,
             gate: Gate::Idle,
-            replay: Vec::new(),
+            replay: None,
             watermarks: InputWatermarks::new(open_inputs),
         }
     }
@@ -464,7 +467,11 @@ impl<T: Data> InputTask<T> {
     /// Looks at the messages of `inbox` not scanned yet, up to the first
     /// barrier newer than its last one; encodes records into `buffer` when
     /// recording. Consumes nothing. Returns the barrier found, if any.
-    fn scan(inbox: &mut Inbox<T>, mut buffer: Option<&mut Vec<u8>>, records: &mut u64) -> Result<Found, BoxError> {
+    fn scan(
+        inbox: &mut Inbox<T>,
+        mut buffer: Option<&mut ChannelRecorder>,
+        records: &mut u64,
+    ) -> Result<Found, BoxError> {
         if inbox.ended || inbox.ahead.is_some() {
             return Ok(Found::Nothing);
         }
@@ -487,8 +494,15 @@ impl<T: Data> InputTask<T> {
                 match m {
                     Message::Data(r) => {
                         if let Some(buf) = buffer.as_deref_mut() {
-                            encode_into(r, buf)?;
+                            buf.record(r)?;
                             *records += 1;
+                        }
+                    }
+                    // Recorded in place: replayed between the same records
+                    // after a restore (issue 17, d).
+                    Message::Watermark(wm) => {
+                        if let Some(buf) = buffer.as_deref_mut() {
+                            buf.watermark(*wm);
                         }
                     }
                     Message::Barrier(bar) if bar.id > inbox.delivered => {
@@ -524,9 +538,12 @@ impl<T: Data> InputTask<T> {
             unaligned: true,
             ..barrier
         };
-        let snap = new_snapshot(ctx, &barrier, first_ns);
+        let mut snap = new_snapshot(ctx, &barrier, first_ns);
+        // Event time at the snapshot; the channel state recorded below
+        // holds the watermarks that follow it.
+        snap.state.input_event_time = Some(self.watermarks.checkpoint());
         let mut snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
-        let mut buffers = vec![Vec::new(); self.inputs.len()];
+        let mut buffers = vec![ChannelRecorder::default(); self.inputs.len()];
         let mut records = 0;
         let mut final_next = false;
         for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
@@ -575,9 +592,8 @@ impl<T: Data> InputTask<T> {
             unreachable!("matched above");
         };
         for (i, b) in buffers.into_iter().enumerate() {
-            if !b.is_empty() {
-                snap.state.input_channels.push((i as u32, b));
-            }
+            let state = &mut snap.state;
+            b.store_into(i as u32, &mut state.input_channels, &mut state.input_channel_watermarks);
         }
         send_snapshot(*snap, ctx);
         if let Some((barrier, first_ns)) = final_waiting {
@@ -828,6 +844,7 @@ impl<T: Data> InputTask<T> {
         self.gate = Gate::Idle;
         let mut snap = new_snapshot(ctx, &barrier, first_ns);
         snap.is_final = barrier.is_final;
+        snap.state.input_event_time = Some(self.watermarks.checkpoint());
         let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
         for inbox in &mut self.inputs {
             inbox.blocked = false;
@@ -852,12 +869,44 @@ impl<T: Data> InputTask<T> {
         self.start_unaligned(barrier, first_ns, ctx)
     }
 
+    /// Feeds at most a batch of restored channel state to the chain, with
+    /// the watermarks between the records, as if read from the inputs.
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let n = self.replay.len().min(self.batch_size);
-        self.batch.extend(self.replay.drain(..n));
-        ctx.records_in += n as u64;
-        self.chain.collect(&mut self.batch, ctx)?;
-        self.batch.clear();
+        let Some(replay) = self.replay.as_mut() else {
+            return Ok(());
+        };
+        Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
+        let next_mark = replay.marks.front().map_or(usize::MAX, |m| m.0 - replay.fed);
+        let n = replay.records.len().min(self.batch_size).min(next_mark);
+        if n > 0 {
+            self.batch.extend(replay.records.drain(..n));
+            replay.fed += n;
+            ctx.records_in += n as u64;
+            self.chain.collect(&mut self.batch, ctx)?;
+            self.batch.clear();
+            Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
+        }
+        if replay.records.is_empty() && replay.marks.is_empty() {
+            self.replay = None;
+        }
+        Ok(())
+    }
+
+    /// Hands on the replayed watermarks due before the next record.
+    fn replay_watermarks(
+        replay: &mut Replay<T>,
+        watermarks: &mut InputWatermarks,
+        chain: &mut dyn Collector<T>,
+        ctx: &mut TaskContext,
+    ) -> Result<(), BoxError> {
+        while let Some(&(at, input, wm)) = replay.marks.front() {
+            if at > replay.fed {
+                break;
+            }
+            replay.marks.pop_front();
+            let update = watermarks.on_watermark(input, wm);
+            forward_watermark(chain, update, ctx)?;
+        }
         Ok(())
     }
 }
@@ -865,7 +914,7 @@ impl<T: Data> InputTask<T> {
 impl<T: Data> Task for InputTask<T> {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
         let mode = Self::mode(ctx);
-        if self.phase == Phase::Running && self.replay.is_empty() {
+        if self.phase == Phase::Running && self.replay.is_none() {
             // Before the backpressure check: an unaligned barrier is found
             // and forwarded (overtaking staged output) even while this
             // task's output is blocked.
@@ -879,7 +928,7 @@ impl<T: Data> Task for InputTask<T> {
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
         }
-        if !self.replay.is_empty() {
+        if self.replay.is_some() {
             self.feed_replay(ctx)?;
             return Ok(TaskPoll::Progress);
         }
@@ -1033,13 +1082,54 @@ impl<T: Data> Task for InputTask<T> {
         for inbox in &mut self.inputs {
             inbox.delivered = r.checkpoint;
         }
+        // Event time as at the snapshot, when known (see `RestoreCtx::watermark`).
+        let mut watermark = MIN_WATERMARK;
         match r.own {
             Some(own) => {
-                for (i, bytes) in &own.input_channels {
+                for (i, _) in own.input_channels.iter() {
                     if *i as usize >= self.inputs.len() {
                         return Err(format!("checkpoint {}: input channel {i} does not exist", r.checkpoint).into());
                     }
-                    self.replay.extend(decode_all::<T>(bytes)?);
+                }
+                for (i, _) in own.input_channel_watermarks.iter() {
+                    if *i as usize >= self.inputs.len() {
+                        return Err(format!("checkpoint {}: input channel {i} does not exist", r.checkpoint).into());
+                    }
+                }
+                if let Some(time) = &own.input_event_time {
+                    if self.watermarks.restore(time) {
+                        watermark = time.emitted;
+                    }
+                }
+                let mut replay = Replay {
+                    records: Vec::new(),
+                    marks: std::collections::VecDeque::new(),
+                    fed: 0,
+                };
+                // Channel by channel, each in its order: one of the orders
+                // in which the task could have read them.
+                for i in 0..self.inputs.len() {
+                    let bytes = own
+                        .input_channels
+                        .iter()
+                        .find(|(c, _)| *c as usize == i)
+                        .map_or(&[][..], |(_, b)| b);
+                    let marks = own
+                        .input_channel_watermarks
+                        .iter()
+                        .find(|(c, _)| *c as usize == i)
+                        .map_or(&[][..], |(_, w)| w);
+                    let entries = decode_channel::<T>(bytes, marks)
+                        .map_err(|e| format!("checkpoint {}: input channel {i}: {e}", r.checkpoint))?;
+                    for e in entries {
+                        match e {
+                            Replayed::Record(record) => replay.records.push(record),
+                            Replayed::Watermark(wm) => replay.marks.push_back((replay.records.len(), i, wm)),
+                        }
+                    }
+                }
+                if !replay.records.is_empty() || !replay.marks.is_empty() {
+                    self.replay = Some(Box::new(replay));
                 }
             }
             None => {
@@ -1053,8 +1143,19 @@ impl<T: Data> Task for InputTask<T> {
                 }
             }
         }
-        self.chain.restore(r, ctx)
+        self.chain.restore(&r.with_watermark(watermark), ctx)
     }
+}
+
+/// Restored input channel state still to be fed to the chain.
+struct Replay<T> {
+    /// The records of every input channel, channel after channel.
+    records: Vec<T>,
+    /// Watermarks to hand on: (records of `records` fed before it, input
+    /// channel, watermark), in order.
+    marks: std::collections::VecDeque<(usize, usize, i64)>,
+    /// Records fed so far.
+    fed: usize,
 }
 
 #[cfg(test)]

@@ -319,3 +319,151 @@ fn task_finishes_after_the_final_checkpoint() {
     assert_eq!(h.run(), TaskPoll::Done);
     assert_eq!(h.forwarded.last(), Some(&Message::End));
 }
+
+/// What a chain end saw, in order.
+#[derive(Debug, Clone, PartialEq)]
+enum Seen {
+    Record(u64),
+    Watermark(i64),
+    /// `restore` with this watermark (`RestoreCtx::watermark`).
+    Restored(i64),
+}
+
+/// A chain end that logs what it is handed.
+struct Log(Arc<std::sync::Mutex<Vec<Seen>>>);
+
+impl crate::collector::Collector<u64> for Log {
+    fn collect(&mut self, batch: &mut Vec<u64>, _ctx: &mut TaskContext) -> Result<(), crate::error::BoxError> {
+        self.0.lock().unwrap().extend(batch.drain(..).map(Seen::Record));
+        Ok(())
+    }
+    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, crate::error::BoxError> {
+        Ok(true)
+    }
+    fn finish(&mut self, _ctx: &mut TaskContext) -> Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+    fn barrier(
+        &mut self,
+        _barrier: Barrier,
+        _snap: &mut crate::checkpoint::snapshot::TaskSnapshot,
+        _ctx: &mut TaskContext,
+    ) -> Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+    fn notify(
+        &mut self,
+        _notice: crate::collector::Notice,
+        _ctx: &mut TaskContext,
+    ) -> Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+    fn restore(
+        &mut self,
+        r: &crate::collector::RestoreCtx<'_>,
+        _ctx: &mut TaskContext,
+    ) -> Result<(), crate::error::BoxError> {
+        self.0.lock().unwrap().push(Seen::Restored(r.watermark));
+        Ok(())
+    }
+    fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), crate::error::BoxError> {
+        self.0.lock().unwrap().push(Seen::Watermark(wm));
+        Ok(())
+    }
+    fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+}
+
+/// Issue 17 (d): an unaligned snapshot keeps the watermarks between the
+/// records it overtook, and the event time of every input at the
+/// snapshot; a restore hands the chain the event time it had (without
+/// firing) and replays the records with the watermarks in place, so what
+/// the chain sees after the restore is what it would have seen.
+#[test]
+fn unaligned_channel_state_replays_watermarks_in_place() {
+    let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);
+    h.push(0, vec![Message::Watermark(5)]);
+    h.push(1, vec![Message::Watermark(7)]);
+    h.run();
+    assert_eq!(h.forwarded, vec![Message::Watermark(5)]);
+    h.trigger(1, false);
+    h.push(0, data(&[1]));
+    h.push(0, vec![Message::Watermark(20)]);
+    h.push(0, data(&[2]));
+    h.push(0, vec![barrier(1, true, false)]);
+    h.push(0, data(&[3]));
+    h.push(1, data(&[10]));
+    h.push(1, vec![Message::Watermark(30), barrier(1, true, false)]);
+    h.run();
+    let events = h.events();
+    let state = acked(&events, 1).expect("checkpoint 1 acknowledged");
+    assert_eq!(
+        state.input_channel_watermarks,
+        vec![(0, vec![(1, 20)]), (1, vec![(1, 30)])]
+    );
+    assert_eq!(state.channel_records, 3);
+    let time = state.input_event_time.clone().expect("event time at the snapshot");
+    assert_eq!(time.channels, vec![(5, false), (7, false)]);
+    assert_eq!(time.emitted, 5);
+
+    // A new task restored from that state.
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut inboxes = Vec::new();
+    let mut producers = Vec::new();
+    for _ in 0..2 {
+        let (p, c) = RingBuffer::new(64);
+        producers.push(p);
+        inboxes.push(Inbox::new(c, None));
+    }
+    let mut task = InputTask::new(inboxes, Box::new(Log(log.clone())), 64);
+    let rc = crate::collector::RestoreCtx {
+        own: Some(&state),
+        all: std::slice::from_ref(&state),
+        checkpoint: 1,
+        key_groups: 0..1,
+        watermark: crate::time::MIN_WATERMARK,
+    };
+    task.restore(&rc, &mut h.ctx).unwrap();
+    for _ in 0..8 {
+        task.poll(&mut h.ctx).unwrap();
+    }
+    // Channel 0's records and watermark, then channel 1's: the combined
+    // watermark is the minimum over both inputs, as it was.
+    assert_eq!(
+        *log.lock().unwrap(),
+        vec![
+            Seen::Restored(5),
+            Seen::Record(1),
+            Seen::Watermark(7),
+            Seen::Record(2),
+            Seen::Record(10),
+            Seen::Watermark(20),
+        ]
+    );
+    // Live input goes on from there: input 0 at 20, input 1 at 30.
+    producers[0].push(Message::Watermark(25)).unwrap();
+    for _ in 0..4 {
+        task.poll(&mut h.ctx).unwrap();
+    }
+    assert_eq!(log.lock().unwrap().last(), Some(&Seen::Watermark(25)));
+    drop(producers);
+}
+
+/// An aligned snapshot stores the inputs' event time too, and a restore
+/// hands it to the chain, which then goes on from there.
+#[test]
+fn aligned_snapshot_restores_event_time() {
+    let mut h = Harness::new(CheckpointMode::Aligned, 2, 0);
+    h.trigger(1, false);
+    h.push(0, vec![Message::Watermark(11), barrier(1, false, false)]);
+    h.push(1, vec![Message::Watermark(9), barrier(1, false, false)]);
+    h.run();
+    let events = h.events();
+    let state = acked(&events, 1).unwrap();
+    assert_eq!(
+        state.input_event_time.as_ref().map(|t| (t.channels.clone(), t.emitted)),
+        Some((vec![(11, false), (9, false)], 9))
+    );
+    assert!(state.input_channel_watermarks.is_empty() && state.input_channels.is_empty());
+}
