@@ -12,14 +12,14 @@
 //! checkpoint. `docs/event-time.md` tells the whole story.
 //!
 //! Event time is part of checkpoints (issue 17, d): a task with inputs
-//! stores the watermark of each input at its snapshot
-//! ([`InputEventTime`]), unaligned channel state keeps the watermarks
-//! between the in-flight records, and a watermark generator stores its
-//! own progress. A restore at the same parallelism therefore continues
-//! event time exactly where the checkpoint left it: event-time operators
-//! get their watermark back ([`crate::collector::RestoreCtx::watermark`])
-//! without firing anything, and a record that was late stays late. A chain
-//! restored at another parallelism starts again from [`MIN_WATERMARK`].
+//! stores the watermark of each input at its snapshot (`InputEventTime`),
+//! unaligned channel state keeps the watermarks between the in-flight
+//! records, and a watermark generator stores its own progress. A restore
+//! at the same parallelism therefore continues event time exactly where
+//! the checkpoint left it: event-time operators get their watermark back
+//! (`RestoreCtx::watermark`) without firing anything, and a record that
+//! was late stays late. A chain restored at another parallelism starts
+//! again from [`MIN_WATERMARK`].
 
 use serde::{Deserialize, Serialize};
 
