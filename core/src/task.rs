@@ -844,7 +844,13 @@ impl<T: Data> InputTask<T> {
         self.gate = Gate::Idle;
         let mut snap = new_snapshot(ctx, &barrier, first_ns);
         snap.is_final = barrier.is_final;
-        snap.state.input_event_time = Some(self.watermarks.checkpoint());
+        // Event time at the snapshot, when it is the barrier's: not in
+        // at-least-once mode, whose inputs went on past the barrier (their
+        // watermarks from after it would make the replayed records late);
+        // event time then starts again from the beginning after a restore.
+        if Self::mode(ctx).is_some_and(|m| m.is_exactly_once()) {
+            snap.state.input_event_time = Some(self.watermarks.checkpoint());
+        }
         let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
         for inbox in &mut self.inputs {
             inbox.blocked = false;

@@ -467,3 +467,21 @@ fn aligned_snapshot_restores_event_time() {
     );
     assert!(state.input_channel_watermarks.is_empty() && state.input_channels.is_empty());
 }
+
+/// At-least-once: inputs are not blocked, so watermarks from after the
+/// barrier may be in the task's event time at the snapshot. It is not
+/// stored: the sources replay records from before those watermarks, which
+/// must not become late.
+#[test]
+fn at_least_once_snapshot_stores_no_event_time() {
+    let mut h = Harness::new(CheckpointMode::AtLeastOnce, 2, 0);
+    h.trigger(1, false);
+    h.push(0, vec![barrier(1, false, false), Message::Watermark(50)]);
+    h.push(1, vec![Message::Watermark(9)]);
+    h.run();
+    h.push(1, vec![barrier(1, false, false)]);
+    h.run();
+    let events = h.events();
+    let state = acked(&events, 1).unwrap();
+    assert_eq!(state.input_event_time, None);
+}
