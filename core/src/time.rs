@@ -18,8 +18,10 @@
 //! at the same parallelism therefore continues event time exactly where
 //! the checkpoint left it: event-time operators get their watermark back
 //! (`RestoreCtx::watermark`) without firing anything, and a record that
-//! was late stays late. A chain restored at another parallelism starts
-//! again from [`MIN_WATERMARK`].
+//! was late stays late. A chain restored at another parallelism, and
+//! every task after an at-least-once checkpoint (its inputs went on past
+//! the barrier, so their watermarks are not the barrier's), starts again
+//! from [`MIN_WATERMARK`].
 
 use serde::{Deserialize, Serialize};
 
@@ -266,9 +268,9 @@ struct GeneratorState {
     idle: bool,
 }
 
-/// The event time of a task's inputs at a snapshot (task state format 2):
-/// each input channel's watermark and idleness, and the combined
-/// watermark the task had handed its chain.
+/// The event time of a task's inputs at a snapshot (task state format 2,
+/// exactly-once modes): each input channel's watermark and idleness, and
+/// the combined watermark the task had handed its chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub(crate) struct InputEventTime {
     /// Per input channel: its largest watermark, and whether it is idle.
