@@ -176,7 +176,7 @@ fn list_inspect_verify_and_detect_corruption() {
             .find(|l| l.contains(&needle))
             .unwrap_or_else(|| panic!("no row for {needle} in\n{out}"));
         assert!(row.contains(&format!("{:08x}", t.file.crc32)), "{row}");
-        assert!(row.contains("magic \"WEIRTSK1\""), "{row}");
+        assert!(row.contains("magic \"WEIRTSK2\""), "{row}");
         assert!(row.contains(&format!("payload {} B", t.file.size - 20)), "{row}");
         assert!(row.contains(" ok") && !row.contains("[BAD]"), "{row}");
     }

@@ -876,3 +876,150 @@ fn a_source_emits_its_own_watermarks_and_idleness() {
         .collect();
     assert_eq!(got, vec![(0, 10), (100, 10), (200, 10), (300, 10)]);
 }
+
+/// Records per source batch (`RuntimeConfig::batch_size`) and window size
+/// of the late-records job below.
+const LATE_BATCH: i64 = 8;
+
+/// The input of [`late_records_run`]: batches of `LATE_BATCH` records with
+/// timestamps `i` (record `i`), keys `i % 3`, except that in every batch
+/// `k >= 2` record 3 is late: its timestamp is in window `k - 2`, which the
+/// watermark in front of the batch (`8k - 2`, after batch `k - 1`) has
+/// fired, and the watermark before that (`8k - 10`) had not.
+fn late_items(batches: i64) -> Vec<Ev> {
+    (0..batches * LATE_BATCH)
+        .map(|i| {
+            let (k, slot) = (i / LATE_BATCH, i % LATE_BATCH);
+            let ts = if k >= 2 && slot == 3 {
+                (k - 2) * LATE_BATCH + (k % 5)
+            } else {
+                i
+            };
+            ((i % 3) as u64, ts, i as u64)
+        })
+        .collect()
+}
+
+/// (0, key, window start, count, sum) for a result; (1, key, ts, value, 0)
+/// for a late record.
+type LateRow = (u8, u64, i64, u64, u64);
+
+/// What `late_items` gives in a run without failures, computed directly:
+/// one source, so each window task sees the batches in order, with the
+/// ascending watermark (newest - 1) after each.
+fn expected_late_rows(items: &[Ev]) -> Vec<LateRow> {
+    let mut windows: BTreeMap<(u64, i64), (u64, u64)> = BTreeMap::new();
+    let mut rows = Vec::new();
+    let mut wm = i64::MIN;
+    for batch in items.chunks(LATE_BATCH as usize) {
+        for e in batch {
+            let start = e.1 - e.1.rem_euclid(LATE_BATCH);
+            if start + LATE_BATCH - 1 <= wm {
+                rows.push((1, e.0, e.1, e.2, 0));
+            } else {
+                let w = windows.entry((e.0, start)).or_default();
+                w.0 += 1;
+                w.1 += e.2;
+            }
+        }
+        wm = wm.max(batch.iter().map(|e| e.1).max().unwrap() - 1);
+    }
+    rows.extend(windows.into_iter().map(|((k, s), (c, sum))| (0, k, s, c, sum)));
+    rows.sort_unstable();
+    rows
+}
+
+/// Tumbling windows of `LATE_BATCH` ms with the late side output over
+/// `late_items`, the window task slow (20 µs per record) behind small
+/// rings so that unaligned barriers overtake records and watermarks.
+/// Returns the committed rows, sorted, the restarts and the channel-state
+/// bytes of the completed checkpoints.
+fn late_records_run(mode: Option<CheckpointMode>, failures: u32, batches: i64) -> (Vec<LateRow>, usize, u64) {
+    let items = Arc::new(late_items(batches));
+    let dir = tempfile::tempdir().unwrap();
+    let chaos = Chaos::new(failures);
+    let target: Arc<Mutex<Target<LateRow>>> = Arc::default();
+    let t = target.clone();
+    let ckpt = mode.is_some();
+    let p = Pipeline::new("late-records");
+    p.source("in", 1, move |i, n| weir_core::VecSource::new(items.clone(), i, n))
+        .assign_watermarks(WatermarkStrategy::ascending(|e: &Ev| e.1))
+        .map(move |e: Ev| {
+            chaos.tick();
+            e
+        })
+        .key_by(|e: &Ev| e.0)
+        .parallelism(2)
+        .window(Windows::tumbling(LATE_BATCH), |e: &Ev| {
+            let t0 = std::time::Instant::now();
+            while t0.elapsed() < Duration::from_micros(20) {
+                std::hint::spin_loop();
+            }
+            e.1
+        })
+        .aggregate(CountSum, |k: &u64, w, (c, sum)| (*k, w.start, c, sum))
+        .map(|w: Windowed<(u64, i64, u64, u64), Ev>| match w {
+            Windowed::Result((k, start, c, sum)) => (0u8, k, start, c, sum),
+            Windowed::Late((k, ts, v)) => (1u8, k, ts, v, 0),
+        })
+        .sink("tx", move |i| TxSink::new(i, t.clone(), ckpt));
+    let config = RuntimeConfig {
+        workers: 2,
+        ring_capacity: 64,
+        batch_size: LATE_BATCH as usize,
+        checkpointing: mode.map(|mode| CheckpointConfig {
+            interval: Duration::from_millis(5),
+            timeout: Duration::from_secs(20),
+            ..CheckpointConfig::new(mode, dir.path())
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 20,
+            delay: Duration::from_millis(1),
+        },
+        ..RuntimeConfig::default()
+    };
+    let result = p.run(config).unwrap().join().unwrap();
+    let stats = &result.metrics.checkpoints;
+    let channel_bytes = stats.history.iter().map(|r| r.channel_state_bytes).sum();
+    let mut rows = std::mem::take(&mut target.lock().unwrap().rows);
+    rows.sort_unstable();
+    (rows, stats.restarts.len(), channel_bytes)
+}
+
+/// Issue 17 (d): watermarks are part of channel state. Under unaligned
+/// checkpoints with in-flight records and injected failures, the window
+/// results and the late side output equal those of the failure-free run.
+/// Every batch holds a record that only the watermark in front of it
+/// makes late: replayed without that watermark (or after a restore that
+/// starts event time again from the beginning), it would join a window
+/// that already fired.
+#[test]
+fn late_records_are_the_same_across_unaligned_restores() {
+    let batches = 1_500;
+    let expected = expected_late_rows(&late_items(batches));
+    let late = expected.iter().filter(|r| r.0 == 1).count();
+    assert_eq!(late, batches as usize - 2, "one late record per batch from the third");
+    let (free, _, _) = late_records_run(None, 0, batches);
+    assert!(free == expected, "the failure-free run gives the direct computation");
+    for mode in [CheckpointMode::Unaligned, CheckpointMode::Aligned] {
+        let (rows, restarts, channel_bytes) = late_records_run(Some(mode), 3, batches);
+        assert_eq!(restarts, 3, "{mode:?}");
+        if mode == CheckpointMode::Unaligned {
+            assert!(channel_bytes > 0, "unaligned checkpoints stored in-flight records");
+        }
+        let diff: Vec<_> = rows
+            .iter()
+            .filter(|r| !expected.contains(r))
+            .chain(expected.iter().filter(|r| !rows.contains(r)))
+            .take(6)
+            .collect();
+        assert!(
+            rows == expected,
+            "{mode:?}: {} rows, expected {} (late: {} vs {}); first differences: {diff:?}",
+            rows.len(),
+            expected.len(),
+            rows.iter().filter(|r| r.0 == 1).count(),
+            late
+        );
+    }
+}

@@ -8,7 +8,7 @@
 //!   `crc32 <8 hex digits>`, then the inline task states; parsed and checked
 //!   (every inline state's CRC32 included) by [`storage::read_manifest`];
 //! - a task state frame, in a task state file (`task-GGG-SSS.state`) or
-//!   inline in the manifest: `WEIRTSK1` magic (bytes
+//!   inline in the manifest: `WEIRTSK2` magic (`WEIRTSK1` for format 1, still read; bytes
 //!   0..8), payload length `L` as u64 LE (bytes 8..16), the payload (bytes
 //!   `16..16+L`), then the CRC32 of the payload as u32 LE (bytes
 //!   `16+L..20+L`); decoded here, because the core decodes it only on
@@ -71,8 +71,11 @@ pub fn run(args: &CheckpointsArgs) -> Result<(), CliError> {
     }
 }
 
-/// Magic at the start of every task state file.
-const TASK_MAGIC: &[u8; 8] = b"WEIRTSK1";
+/// Magic at the start of every task state file written (format 2).
+const TASK_MAGIC: &[u8; 8] = b"WEIRTSK2";
+/// Magic of task state format 1, before channel state had watermarks:
+/// still read by the runtime, so fine here too.
+const TASK_MAGIC_V1: &[u8; 8] = b"WEIRTSK1";
 /// Bytes of a task state file around its payload: magic, length, CRC.
 const TASK_FRAME: u64 = 8 + 8 + 4;
 
@@ -467,9 +470,9 @@ impl TaskHeader {
     fn problems(&self) -> Vec<String> {
         let mut p = Vec::new();
         match self.magic {
-            Some(m) if &m == TASK_MAGIC => {}
+            Some(m) if &m == TASK_MAGIC || &m == TASK_MAGIC_V1 => {}
             Some(m) => p.push(format!(
-                "bad magic at bytes 0..8: expected \"WEIRTSK1\", found \"{}\"",
+                "bad magic at bytes 0..8: expected \"WEIRTSK2\" (or \"WEIRTSK1\"), found \"{}\"",
                 m.escape_ascii()
             )),
             None => {}

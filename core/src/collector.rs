@@ -56,6 +56,26 @@ pub(crate) struct RestoreCtx<'a> {
     pub(crate) checkpoint: u64,
     /// Key groups owned by this subtask.
     pub(crate) key_groups: Range<usize>,
+    /// The event time the operator had reached at the checkpoint (what its
+    /// task, or the watermark generator in front of it, had handed it), or
+    /// [`crate::time::MIN_WATERMARK`] when unknown (a chain restored at
+    /// another parallelism, a source chain, a checkpoint of task state
+    /// format 1). Event-time operators take it as their watermark, firing
+    /// nothing: whatever it completed fired before the checkpoint.
+    pub(crate) watermark: i64,
+}
+
+impl RestoreCtx<'_> {
+    /// The same, with another watermark for the operators further down.
+    pub(crate) fn with_watermark(&self, watermark: i64) -> Self {
+        RestoreCtx {
+            own: self.own,
+            all: self.all,
+            checkpoint: self.checkpoint,
+            key_groups: self.key_groups.clone(),
+            watermark,
+        }
+    }
 }
 
 /// Receives batches and control from the previous operator of a chain.

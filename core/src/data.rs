@@ -21,7 +21,10 @@ pub(crate) fn encode_into<T: Serialize>(record: &T, out: &mut Vec<u8>) -> Result
     postcard::to_io(record, &mut *out).map(|_| ())
 }
 
-/// Decodes every record of a buffer written by [`encode_into`].
+/// Decodes every record of a buffer written by [`encode_into`] (channel
+/// state is decoded with its watermarks by
+/// [`crate::checkpoint::channel::decode_channel`]).
+#[cfg(test)]
 pub(crate) fn decode_all<T: DeserializeOwned>(mut bytes: &[u8]) -> Result<Vec<T>, postcard::Error> {
     let mut out = Vec::new();
     while !bytes.is_empty() {

@@ -306,6 +306,8 @@ fn prepare(
                 all,
                 checkpoint: r.manifest.id,
                 key_groups: crate::keyed::key_group_range(i, group.parallelism, plan.max_parallelism),
+                // Tasks with inputs and watermark generators set their own.
+                watermark: crate::time::MIN_WATERMARK,
             };
             task.restore(&rc, &mut ctx).map_err(|e| {
                 Error::Restore(format!(

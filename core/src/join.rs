@@ -299,6 +299,8 @@ where
             kept.push((k.clone(), false, (ts, s)));
         });
         self.seq = seq;
+        // Event time as at the checkpoint: what it expired is gone already.
+        self.watermark = r.watermark;
         self.expiry.clear();
         for (k, is_left, slot) in kept {
             if let Some(e) = self.expires(is_left, slot.0) {

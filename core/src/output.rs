@@ -14,10 +14,11 @@ use std::sync::Arc;
 
 use rtrb::Producer;
 
+use crate::checkpoint::channel::{decode_channel, ChannelRecorder, Replayed};
 use crate::checkpoint::snapshot::TaskSnapshot;
 use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::TaskContext;
-use crate::data::{decode_all, encode_into, Data};
+use crate::data::Data;
 use crate::error::BoxError;
 use crate::idle::Parker;
 use crate::keyed::{key_group, stable_hash, subtask_for_key_group};
@@ -118,19 +119,20 @@ impl<T> Outbox<T> {
         self.head = 0;
     }
 
-    /// Encodes the staged records (not control) into `out`; returns how many.
-    pub(crate) fn encode_staged(&self, out: &mut Vec<u8>) -> Result<u64, postcard::Error>
+    /// Records the staged records and the watermarks between them (not
+    /// barriers or end-of-stream) as channel state.
+    pub(crate) fn record_staged(&self, out: &mut ChannelRecorder) -> Result<(), postcard::Error>
     where
         T: Data,
     {
-        let mut n = 0;
         for m in self.pending() {
-            if let Message::Data(r) = m {
-                encode_into(r, out)?;
-                n += 1;
+            match m {
+                Message::Data(r) => out.record(r)?,
+                Message::Watermark(wm) => out.watermark(*wm),
+                Message::Barrier(_) | Message::End => {}
             }
         }
-        Ok(n)
+        Ok(())
     }
 
     /// How many staged messages fit in `free` ring slots, given that
@@ -245,8 +247,9 @@ fn flush_all<T>(outboxes: &mut [Outbox<T>]) -> bool {
 }
 
 /// Forwards a barrier on every outbox. Aligned: behind the staged records.
-/// Unaligned: ahead of them, and the overtaken records go into the
-/// snapshot as output channel state (re-sent first on recovery).
+/// Unaligned: ahead of them, and the overtaken records, with the
+/// watermarks between them, go into the snapshot as output channel state
+/// (re-sent first on recovery).
 fn forward_barrier<T: Data>(
     outboxes: &mut [Outbox<T>],
     barrier: Barrier,
@@ -254,12 +257,15 @@ fn forward_barrier<T: Data>(
 ) -> Result<(), BoxError> {
     for (k, o) in outboxes.iter_mut().enumerate() {
         if barrier.unaligned {
-            let mut bytes = Vec::new();
-            let n = o.encode_staged(&mut bytes)?;
-            if n > 0 {
-                snap.state.channel_records += n;
-                snap.state.output_channels.push((k as u32, bytes));
-            }
+            let mut channel = ChannelRecorder::default();
+            o.record_staged(&mut channel)?;
+            snap.state.channel_records += channel.records;
+            let state = &mut snap.state;
+            channel.store_into(
+                k as u32,
+                &mut state.output_channels,
+                &mut state.output_channel_watermarks,
+            );
             o.stage_front(Message::Barrier(barrier));
         } else {
             o.stage(Message::Barrier(barrier));
@@ -269,10 +275,13 @@ fn forward_barrier<T: Data>(
     Ok(())
 }
 
-/// Re-stages the output channel state of a restored task, ahead of
-/// anything new.
+/// Re-stages the output channel state of a restored task, records and
+/// the watermarks between them, ahead of anything new.
 fn restore_outboxes<T: Data>(outboxes: &mut [Outbox<T>], r: &RestoreCtx<'_>) -> Result<(), BoxError> {
     let Some(own) = r.own else {
+        // At another parallelism: in-flight records cannot be placed, and
+        // event time starts again from the beginning (watermarks alone are
+        // dropped).
         if r.all.iter().any(|s| !s.output_channels.is_empty()) {
             return Err(format!(
                 "checkpoint {} holds in-flight records of an unaligned checkpoint; restore it at the same parallelism",
@@ -282,15 +291,38 @@ fn restore_outboxes<T: Data>(outboxes: &mut [Outbox<T>], r: &RestoreCtx<'_>) -> 
         }
         return Ok(());
     };
-    for (k, bytes) in &own.output_channels {
-        let outbox = outboxes.get_mut(*k as usize).ok_or_else(|| {
+    let mut channels: Vec<u32> = own
+        .output_channels
+        .iter()
+        .map(|(k, _)| *k)
+        .chain(own.output_channel_watermarks.iter().map(|(k, _)| *k))
+        .collect();
+    channels.sort_unstable();
+    channels.dedup();
+    for k in channels {
+        let outbox = outboxes.get_mut(k as usize).ok_or_else(|| {
             format!(
                 "checkpoint {}: output channel {k} does not exist in this job",
                 r.checkpoint
             )
         })?;
-        for record in decode_all::<T>(bytes)? {
-            outbox.stage(Message::Data(record));
+        let bytes = own
+            .output_channels
+            .iter()
+            .find(|(c, _)| *c == k)
+            .map_or(&[][..], |(_, b)| b);
+        let marks = own
+            .output_channel_watermarks
+            .iter()
+            .find(|(c, _)| *c == k)
+            .map_or(&[][..], |(_, w)| w);
+        let entries = decode_channel::<T>(bytes, marks)
+            .map_err(|e| format!("checkpoint {}: output channel {k}: {e}", r.checkpoint))?;
+        for e in entries {
+            match e {
+                Replayed::Record(record) => outbox.stage(Message::Data(record)),
+                Replayed::Watermark(wm) => outbox.stage_watermark(wm),
+            }
         }
     }
     Ok(())
@@ -537,5 +569,65 @@ mod tests {
         while !o.flush() {
             while c.pop().is_ok() {}
         }
+    }
+
+    /// Issue 17 (d): an unaligned barrier overtaking staged output stores
+    /// the watermarks staged between the records too, and a restore stages
+    /// them again in place.
+    #[test]
+    fn output_channel_state_keeps_staged_watermarks() {
+        use crate::checkpoint::snapshot::TaskSnapshot;
+        use crate::metrics::{MetricsRegistry, TaskCounters};
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0));
+        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
+        let mut ctx = TaskContext::new(0, 1, vec!["x".to_string()].into(), counters, registry);
+        let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 2);
+        let mut out = RebalanceOutput {
+            outboxes: vec![Outbox::new(p, 8)],
+            next: 0,
+        };
+        out.collect(&mut vec![1u64, 2, 3, 4], &mut ctx).unwrap();
+        out.watermark(10, &mut ctx).unwrap();
+        out.collect(&mut vec![5], &mut ctx).unwrap();
+        out.watermark(11, &mut ctx).unwrap();
+        let b = Barrier {
+            id: 1,
+            trigger_ns: 0,
+            unaligned: true,
+            is_final: false,
+        };
+        let mut snap = TaskSnapshot::new(1, 0, 0, 1, 1 << 20);
+        out.barrier(b, &mut snap, &mut ctx).unwrap();
+        // 1 and 2 were in the ring; 3, 4, 10, 5, 11 were overtaken.
+        assert_eq!(snap.state.channel_records, 3);
+        assert_eq!(snap.state.output_channel_watermarks, vec![(0, vec![(2, 10), (3, 11)])]);
+        let got: Vec<_> = std::iter::from_fn(|| c.pop().ok()).collect();
+        assert_eq!(got[..3], [Message::Data(1), Message::Data(2), Message::Barrier(b)]);
+
+        let (p, mut c) = rtrb::RingBuffer::new(64);
+        let mut restored = RebalanceOutput::<u64> {
+            outboxes: vec![Outbox::new(p, 8)],
+            next: 0,
+        };
+        let rc = RestoreCtx {
+            own: Some(&snap.state),
+            all: std::slice::from_ref(&snap.state),
+            checkpoint: 1,
+            key_groups: 0..1,
+            watermark: crate::time::MIN_WATERMARK,
+        };
+        restored.restore(&rc, &mut ctx).unwrap();
+        assert!(restored.flush(&mut ctx).unwrap());
+        let got: Vec<_> = std::iter::from_fn(|| c.pop().ok()).collect();
+        assert_eq!(
+            got,
+            vec![
+                Message::Data(3),
+                Message::Data(4),
+                Message::Watermark(10),
+                Message::Data(5),
+                Message::Watermark(11)
+            ]
+        );
     }
 }

@@ -417,6 +417,9 @@ where
             &root,
             &handles[1],
         )?);
+        // Event time as at the checkpoint, firing nothing: a timer at or
+        // before it fires at the next advance, as it would have.
+        self.watermark = r.watermark;
         self.next.restore(r, ctx)
     }
     fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {

@@ -18,17 +18,18 @@
 
 use rtrb::Consumer;
 
+use crate::checkpoint::channel::{decode_channel, ChannelRecorder, Replayed};
 use crate::checkpoint::signals::Event;
 use crate::checkpoint::snapshot::{complete, TaskSnapshot};
 use crate::checkpoint::CheckpointMode;
 use crate::clock;
 use crate::collector::{Collector, Notice, RestoreCtx};
 use crate::context::{SourceContext, TaskContext};
-use crate::data::{decode_all, encode_into, Data};
+use crate::data::Data;
 use crate::error::BoxError;
 use crate::message::{Barrier, Message};
 use crate::source::{Source, SourcePoll};
-use crate::time::{InputWatermarks, WatermarkUpdate, IDLE, MAX_WATERMARK};
+use crate::time::{InputWatermarks, WatermarkUpdate, IDLE, MAX_WATERMARK, MIN_WATERMARK};
 
 /// Records an unaligned task handles per turn while it waits for a
 /// triggered checkpoint's barrier: bounds how long a slow chain delays
@@ -393,11 +394,29 @@ impl<T> Inbox<T> {
 
 /// Barrier handling of a task with inputs: an explicit state machine.
 ///
-/// - `Idle` -> `Collecting` (aligned, at-least-once) at the first barrier;
-///   -> `Idle` once every input delivered it (snapshot taken then).
+/// - `Idle` -> `Collecting` (aligned, at-least-once, and the final barrier
+///   in every mode) at the first barrier; -> `Idle` once every input
+///   delivered it (snapshot taken then).
 /// - `Idle` -> `Recording` (unaligned, or an aligned checkpoint past its
-///   alignment timeout, or a barrier flagged unaligned) with the snapshot
-///   taken at once; -> `Idle` once the barrier was found in every input.
+///   alignment timeout, or a barrier flagged unaligned; never the final
+///   barrier) with the snapshot taken at once; -> `Idle` once the barrier
+///   was found in every input.
+/// - `Recording(n)`, a newer barrier `m` that is not the final one: `n` is
+///   declined (subsumed) and `m` is recorded instead.
+/// - `Recording(n)`, the final barrier `f` read on input `i`: `i` is
+///   blocked and `f` waits (`final_waiting`) while `n` goes on recording;
+///   once `n` was found in every input it is acknowledged and the task
+///   goes to `Collecting(f)`.
+/// - `Recording(n)` while an input that has not delivered `n` shows the
+///   final barrier next (so `n` never comes there): `n` is declined, and
+///   the task goes to `Collecting(f)` if `f` was waiting, else to `Idle`
+///   (`f` is read in order later).
+///
+/// Invariants (issue 17, c): the final checkpoint is never taken
+/// unaligned. Its snapshot is taken only by `complete_collecting`, once
+/// the final barrier was read, in order, on every input, so every record
+/// before it was processed and the barrier it forwards queues behind
+/// every staged record; look-ahead never claims a final barrier.
 enum Gate {
     Idle,
     Collecting {
@@ -406,8 +425,24 @@ enum Gate {
     },
     Recording {
         snap: Box<TaskSnapshot>,
-        buffers: Vec<Vec<u8>>,
+        /// Per input, the records and watermarks recorded so far.
+        buffers: Vec<ChannelRecorder>,
+        /// The final barrier, read on some inputs (now blocked) while this
+        /// checkpoint was still recording, and when it first arrived: it is
+        /// collected, aligned, once this checkpoint is done or given up.
+        final_waiting: Option<(Barrier, u64)>,
     },
+}
+
+/// What look-ahead found in an input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Found {
+    Nothing,
+    /// A newer barrier, claimed (`Inbox::ahead`): the caller handles it now.
+    Barrier(Barrier),
+    /// The final barrier is next: never claimed; look-ahead stopped in
+    /// front of it, and the task reads it in order with the data.
+    Final,
 }
 
 /// A task whose chain starts at its input rings.
@@ -421,8 +456,9 @@ pub(crate) struct InputTask<T> {
     open_inputs: usize,
     phase: Phase,
     gate: Gate,
-    /// Restored channel state, fed to the chain before any live input.
-    replay: Vec<T>,
+    /// Restored channel state, fed to the chain before any live input
+    /// (`None` once fed: the normal path checks one discriminant).
+    replay: Option<Box<Replay<T>>>,
     /// Event time of each input; the minimum goes to the chain.
     watermarks: InputWatermarks,
 }
@@ -440,7 +476,7 @@ impl<T> InputTask<T> {
             open_inputs,
             phase: Phase::Running,
             gate: Gate::Idle,
-            replay: Vec::new(),
+            replay: None,
             watermarks: InputWatermarks::new(open_inputs),
         }
     }
@@ -456,17 +492,17 @@ impl<T: Data> InputTask<T> {
     /// recording. Consumes nothing. Returns the barrier found, if any.
     fn scan(
         inbox: &mut Inbox<T>,
-        mut buffer: Option<&mut Vec<u8>>,
+        mut buffer: Option<&mut ChannelRecorder>,
         records: &mut u64,
-    ) -> Result<Option<Barrier>, BoxError> {
+    ) -> Result<Found, BoxError> {
         if inbox.ended || inbox.ahead.is_some() {
-            return Ok(None);
+            return Ok(Found::Nothing);
         }
         let available = inbox.ring.slots();
         if available <= inbox.scanned {
-            return Ok(None);
+            return Ok(Found::Nothing);
         }
-        let mut found = None;
+        let mut found = Found::Nothing;
         let mut pos = inbox.scanned;
         {
             // Peek only: the chunk is never committed, so scanning consumes nothing.
@@ -481,18 +517,26 @@ impl<T: Data> InputTask<T> {
                 match m {
                     Message::Data(r) => {
                         if let Some(buf) = buffer.as_deref_mut() {
-                            encode_into(r, buf)?;
+                            buf.record(r)?;
                             *records += 1;
                         }
                     }
+                    // Recorded in place: replayed between the same records
+                    // after a restore (issue 17, d).
+                    Message::Watermark(wm) => {
+                        if let Some(buf) = buffer.as_deref_mut() {
+                            buf.watermark(*wm);
+                        }
+                    }
                     Message::Barrier(bar) if bar.id > inbox.delivered => {
-                        if bar.is_final && buffer.is_none() {
+                        if bar.is_final {
                             // The final barrier is handled aligned, when read:
                             // stop in front of it without claiming it.
                             pos -= 1;
+                            found = Found::Final;
                             break;
                         }
-                        found = Some(*bar);
+                        found = Found::Barrier(*bar);
                         break;
                     }
                     _ => {}
@@ -500,7 +544,7 @@ impl<T: Data> InputTask<T> {
             }
         }
         inbox.scanned = pos;
-        if let Some(bar) = found {
+        if let Found::Barrier(bar) = found {
             inbox.ahead = Some(bar.id);
             inbox.delivered = bar.id;
         }
@@ -511,15 +555,20 @@ impl<T: Data> InputTask<T> {
     /// in-flight records: everything queued before the barrier in inputs
     /// that have not consumed it, and what arrives there until it shows up.
     fn start_unaligned(&mut self, barrier: Barrier, first_ns: u64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        assert!(!barrier.is_final, "the final checkpoint is never taken unaligned");
+        debug_assert!(matches!(self.gate, Gate::Idle));
         let barrier = Barrier {
             unaligned: true,
             ..barrier
         };
         let mut snap = new_snapshot(ctx, &barrier, first_ns);
-        snap.is_final = barrier.is_final;
+        // Event time at the snapshot; the channel state recorded below
+        // holds the watermarks that follow it.
+        snap.state.input_event_time = Some(self.watermarks.checkpoint());
         let mut snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
-        let mut buffers = vec![Vec::new(); self.inputs.len()];
+        let mut buffers = vec![ChannelRecorder::default(); self.inputs.len()];
         let mut records = 0;
+        let mut final_next = false;
         for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
             inbox.blocked = false;
             let consumed = inbox.ahead.is_none() && inbox.delivered >= barrier.id;
@@ -530,34 +579,75 @@ impl<T: Data> InputTask<T> {
             inbox.scanned = 0;
             inbox.ahead = None;
             inbox.delivered = inbox.delivered.min(barrier.id - 1);
-            Self::scan(inbox, Some(buffer), &mut records)?;
+            final_next |= Self::scan(inbox, Some(buffer), &mut records)? == Found::Final;
         }
         snap.state.channel_records += records;
         self.gate = Gate::Recording {
             snap: Box::new(snap),
             buffers,
+            final_waiting: None,
         };
-        self.finish_recording_if_done(ctx);
-        Ok(())
+        if final_next {
+            return self.give_up_recording(
+                "the final barrier came first on an input: this checkpoint's barrier never will".into(),
+                ctx,
+            );
+        }
+        self.finish_recording_if_done(ctx)
     }
 
-    /// Ends recording once the barrier was found in every input.
-    fn finish_recording_if_done(&mut self, ctx: &mut TaskContext) {
+    /// Ends recording once the barrier was found in every input; then
+    /// collects a final barrier that waited behind it.
+    fn finish_recording_if_done(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         let Gate::Recording { snap, .. } = &self.gate else {
-            return;
+            return Ok(());
         };
         let id = snap.id();
         if !self.inputs.iter().all(|i| i.has(id)) {
-            return;
+            return Ok(());
         }
-        if let Gate::Recording { mut snap, buffers } = std::mem::replace(&mut self.gate, Gate::Idle) {
-            for (i, b) in buffers.into_iter().enumerate() {
-                if !b.is_empty() {
-                    snap.state.input_channels.push((i as u32, b));
-                }
-            }
-            send_snapshot(*snap, ctx);
+        let Gate::Recording {
+            mut snap,
+            buffers,
+            final_waiting,
+        } = std::mem::replace(&mut self.gate, Gate::Idle)
+        else {
+            unreachable!("matched above");
+        };
+        for (i, b) in buffers.into_iter().enumerate() {
+            let state = &mut snap.state;
+            b.store_into(i as u32, &mut state.input_channels, &mut state.input_channel_watermarks);
         }
+        send_snapshot(*snap, ctx);
+        if let Some((barrier, first_ns)) = final_waiting {
+            self.gate = Gate::Collecting { barrier, first_ns };
+            self.complete_collecting(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Gives up the checkpoint being recorded, which can no longer complete
+    /// here, declining it. A final barrier waiting behind it is collected
+    /// now (-> `Collecting`); otherwise -> `Idle`.
+    fn give_up_recording(&mut self, reason: String, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let Gate::Recording {
+            snap, final_waiting, ..
+        } = std::mem::replace(&mut self.gate, Gate::Idle)
+        else {
+            return Ok(());
+        };
+        if let Some(ck) = &ctx.ckpt {
+            ck.send(Event::Decline {
+                id: snap.id(),
+                task: ck.task,
+                reason,
+            });
+        }
+        if let Some((barrier, first_ns)) = final_waiting {
+            self.gate = Gate::Collecting { barrier, first_ns };
+            self.complete_collecting(ctx)?;
+        }
+        Ok(())
     }
 
     /// Unaligned look-ahead: while a checkpoint is triggered but not taken
@@ -572,53 +662,85 @@ impl<T: Data> InputTask<T> {
                 }
                 let mut records = 0;
                 for i in 0..self.inputs.len() {
-                    if let Some(bar) = Self::scan(&mut self.inputs[i], None, &mut records)? {
+                    // A final barrier found next is left for the read (aligned).
+                    if let Found::Barrier(bar) = Self::scan(&mut self.inputs[i], None, &mut records)? {
                         return self.start_unaligned(bar, clock::now_ns(), ctx);
                     }
                 }
                 Ok(())
             }
-            Gate::Recording { snap, buffers } => {
+            Gate::Recording { snap, buffers, .. } => {
                 let id = snap.id();
                 let mut records = 0;
                 let mut newer = None;
+                let mut final_next = false;
                 for (inbox, buffer) in self.inputs.iter_mut().zip(buffers.iter_mut()) {
                     if !inbox.has(id) {
-                        if let Some(bar) = Self::scan(inbox, Some(buffer), &mut records)? {
-                            if bar.id > id {
-                                newer = Some(bar);
-                            }
+                        match Self::scan(inbox, Some(buffer), &mut records)? {
+                            Found::Barrier(bar) if bar.id > id => newer = Some(bar),
+                            Found::Final => final_next = true,
+                            Found::Barrier(_) | Found::Nothing => {}
                         }
                     }
                 }
                 snap.state.channel_records += records;
+                if final_next {
+                    // This input will never deliver checkpoint `id` (nor a
+                    // newer one found elsewhere): only the final one is left.
+                    if let (Some(bar), Some(ck)) = (newer, &ctx.ckpt) {
+                        ck.send(Event::Decline {
+                            id: bar.id,
+                            task: ck.task,
+                            reason: "the final barrier came first on an input: this checkpoint's barrier never will"
+                                .into(),
+                        });
+                    }
+                    return self.give_up_recording(
+                        "the final barrier came first on an input: this checkpoint's barrier never will".into(),
+                        ctx,
+                    );
+                }
                 if let Some(bar) = newer {
                     return self.subsume(bar, ctx);
                 }
-                self.finish_recording_if_done(ctx);
-                Ok(())
+                self.finish_recording_if_done(ctx)
             }
             Gate::Collecting { .. } => Ok(()),
         }
     }
 
-    /// A newer barrier reached this task while it was still recording an
-    /// older checkpoint's channel state (that checkpoint was aborted, or is
-    /// being overtaken): give the older one up, declining it, and take the
-    /// newer one, as a newer checkpoint subsumes an older one.
+    /// A newer barrier (not the final one) reached this task while it was
+    /// still recording an older checkpoint's channel state (that checkpoint
+    /// was aborted, or is being overtaken): give the older one up, declining
+    /// it, and take the newer one, as a newer checkpoint subsumes an older
+    /// one. If the final barrier already waits behind the older one, the
+    /// newer one cannot complete here either (it did not come before the
+    /// final one on that input): both are declined and the final one is
+    /// collected.
     fn subsume(&mut self, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        if let Gate::Recording { snap, .. } = std::mem::replace(&mut self.gate, Gate::Idle) {
+        debug_assert!(!barrier.is_final, "a final barrier waits, it never subsumes");
+        let final_waiting = matches!(
+            self.gate,
+            Gate::Recording {
+                final_waiting: Some(_),
+                ..
+            }
+        );
+        let reason = format!(
+            "subsumed by checkpoint {} before its channel state was complete",
+            barrier.id
+        );
+        if final_waiting {
             if let Some(ck) = &ctx.ckpt {
                 ck.send(Event::Decline {
-                    id: snap.id(),
+                    id: barrier.id,
                     task: ck.task,
-                    reason: format!(
-                        "subsumed by checkpoint {} before its channel state was complete",
-                        barrier.id
-                    ),
+                    reason: "the final barrier came before it on an input".into(),
                 });
             }
+            return self.give_up_recording(reason, ctx);
         }
+        self.give_up_recording(reason, ctx)?;
         for inbox in &mut self.inputs {
             if inbox.ahead.is_some_and(|a| a < barrier.id) {
                 inbox.ahead = None;
@@ -648,15 +770,44 @@ impl<T: Data> InputTask<T> {
             // input was read up to it): its checkpoint is taken already.
             return Ok(());
         }
+        let before = inbox.delivered;
         inbox.delivered = inbox.delivered.max(barrier.id);
+        // The final checkpoint is always collected aligned: its barrier is
+        // never forwarded flagged unaligned.
+        debug_assert!(!(barrier.is_final && barrier.unaligned), "an unaligned final barrier");
+        let barrier = if barrier.is_final {
+            Barrier {
+                unaligned: false,
+                ..barrier
+            }
+        } else {
+            barrier
+        };
         match &mut self.gate {
+            Gate::Recording {
+                snap, final_waiting, ..
+            } if barrier.is_final && barrier.id > snap.id() => {
+                // Not a newer checkpoint to subsume the recorded one with: the
+                // final one waits, aligned, until the recorded one is done.
+                let recorded = snap.id();
+                final_waiting.get_or_insert((barrier, clock::now_ns()));
+                self.inputs[i].blocked = true;
+                if before < recorded {
+                    // The recorded checkpoint's barrier never came on this input.
+                    return self.give_up_recording(
+                        "the final barrier came first on an input: this checkpoint's barrier never will".into(),
+                        ctx,
+                    );
+                }
+                self.finish_recording_if_done(ctx)
+            }
             Gate::Recording { snap, .. } if barrier.id > snap.id() => self.subsume(barrier, ctx),
             Gate::Recording { .. } => Ok(()),
             Gate::Idle if !barrier.is_final && (barrier.unaligned || mode == CheckpointMode::Unaligned) => {
                 self.start_unaligned(barrier, clock::now_ns(), ctx)
             }
             Gate::Idle => {
-                if mode == CheckpointMode::Aligned {
+                if mode == CheckpointMode::Aligned || barrier.is_final {
                     self.inputs[i].blocked = true;
                 }
                 self.gate = Gate::Collecting {
@@ -688,13 +839,13 @@ impl<T: Data> InputTask<T> {
                     // An older barrier behind a newer checkpoint: already given up.
                     return Ok(());
                 }
-                if barrier.unaligned {
+                if barrier.unaligned && !b.is_final {
                     // An upstream task went unaligned: so does this one.
                     let (b, first) = (*b, *first_ns);
                     self.gate = Gate::Idle;
                     return self.start_unaligned(b, first, ctx);
                 }
-                if mode == CheckpointMode::Aligned {
+                if mode == CheckpointMode::Aligned || barrier.is_final {
                     self.inputs[i].blocked = true;
                 }
                 self.complete_collecting(ctx)
@@ -710,8 +861,19 @@ impl<T: Data> InputTask<T> {
         if !self.inputs.iter().all(|i| i.has(barrier.id)) {
             return Ok(());
         }
+        // Every input delivered the barrier in order: nothing overtook it,
+        // and it goes out behind everything staged (aligned).
+        debug_assert!(!barrier.unaligned, "a collected barrier is aligned");
         self.gate = Gate::Idle;
-        let snap = new_snapshot(ctx, &barrier, first_ns);
+        let mut snap = new_snapshot(ctx, &barrier, first_ns);
+        snap.is_final = barrier.is_final;
+        // Event time at the snapshot, when it is the barrier's: not in
+        // at-least-once mode, whose inputs went on past the barrier (their
+        // watermarks from after it would make the replayed records late);
+        // event time then starts again from the beginning after a restore.
+        if Self::mode(ctx).is_some_and(|m| m.is_exactly_once()) {
+            snap.state.input_event_time = Some(self.watermarks.checkpoint());
+        }
         let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
         for inbox in &mut self.inputs {
             inbox.blocked = false;
@@ -736,12 +898,44 @@ impl<T: Data> InputTask<T> {
         self.start_unaligned(barrier, first_ns, ctx)
     }
 
+    /// Feeds at most a batch of restored channel state to the chain, with
+    /// the watermarks between the records, as if read from the inputs.
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let n = self.replay.len().min(self.batch_size);
-        self.batch.extend(self.replay.drain(..n));
-        ctx.records_in += n as u64;
-        self.chain.collect(&mut self.batch, ctx)?;
-        self.batch.clear();
+        let Some(replay) = self.replay.as_mut() else {
+            return Ok(());
+        };
+        Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
+        let next_mark = replay.marks.front().map_or(usize::MAX, |m| m.0 - replay.fed);
+        let n = replay.records.len().min(self.batch_size).min(next_mark);
+        if n > 0 {
+            self.batch.extend(replay.records.drain(..n));
+            replay.fed += n;
+            ctx.records_in += n as u64;
+            self.chain.collect(&mut self.batch, ctx)?;
+            self.batch.clear();
+            Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
+        }
+        if replay.records.is_empty() && replay.marks.is_empty() {
+            self.replay = None;
+        }
+        Ok(())
+    }
+
+    /// Hands on the replayed watermarks due before the next record.
+    fn replay_watermarks(
+        replay: &mut Replay<T>,
+        watermarks: &mut InputWatermarks,
+        chain: &mut dyn Collector<T>,
+        ctx: &mut TaskContext,
+    ) -> Result<(), BoxError> {
+        while let Some(&(at, input, wm)) = replay.marks.front() {
+            if at > replay.fed {
+                break;
+            }
+            replay.marks.pop_front();
+            let update = watermarks.on_watermark(input, wm);
+            forward_watermark(chain, update, ctx)?;
+        }
         Ok(())
     }
 }
@@ -749,7 +943,7 @@ impl<T: Data> InputTask<T> {
 impl<T: Data> Task for InputTask<T> {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
         let mode = Self::mode(ctx);
-        if self.phase == Phase::Running && self.replay.is_empty() {
+        if self.phase == Phase::Running && self.replay.is_none() {
             // Before the backpressure check: an unaligned barrier is found
             // and forwarded (overtaking staged output) even while this
             // task's output is blocked.
@@ -763,7 +957,7 @@ impl<T: Data> Task for InputTask<T> {
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
         }
-        if !self.replay.is_empty() {
+        if self.replay.is_some() {
             self.feed_replay(ctx)?;
             return Ok(TaskPoll::Progress);
         }
@@ -877,7 +1071,7 @@ impl<T: Data> Task for InputTask<T> {
                     let update = self.watermarks.on_end(i);
                     forward_watermark(&mut *self.chain, update, ctx)?;
                     self.complete_collecting(ctx)?;
-                    self.finish_recording_if_done(ctx);
+                    self.finish_recording_if_done(ctx)?;
                 }
                 Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
                 Some(Message::Watermark(_)) | Some(Message::Data(_)) | None => {}
@@ -917,13 +1111,54 @@ impl<T: Data> Task for InputTask<T> {
         for inbox in &mut self.inputs {
             inbox.delivered = r.checkpoint;
         }
+        // Event time as at the snapshot, when known (see `RestoreCtx::watermark`).
+        let mut watermark = MIN_WATERMARK;
         match r.own {
             Some(own) => {
-                for (i, bytes) in &own.input_channels {
+                for (i, _) in own.input_channels.iter() {
                     if *i as usize >= self.inputs.len() {
                         return Err(format!("checkpoint {}: input channel {i} does not exist", r.checkpoint).into());
                     }
-                    self.replay.extend(decode_all::<T>(bytes)?);
+                }
+                for (i, _) in own.input_channel_watermarks.iter() {
+                    if *i as usize >= self.inputs.len() {
+                        return Err(format!("checkpoint {}: input channel {i} does not exist", r.checkpoint).into());
+                    }
+                }
+                if let Some(time) = &own.input_event_time {
+                    if self.watermarks.restore(time) {
+                        watermark = time.emitted;
+                    }
+                }
+                let mut replay = Replay {
+                    records: Vec::new(),
+                    marks: std::collections::VecDeque::new(),
+                    fed: 0,
+                };
+                // Channel by channel, each in its order: one of the orders
+                // in which the task could have read them.
+                for i in 0..self.inputs.len() {
+                    let bytes = own
+                        .input_channels
+                        .iter()
+                        .find(|(c, _)| *c as usize == i)
+                        .map_or(&[][..], |(_, b)| b);
+                    let marks = own
+                        .input_channel_watermarks
+                        .iter()
+                        .find(|(c, _)| *c as usize == i)
+                        .map_or(&[][..], |(_, w)| w);
+                    let entries = decode_channel::<T>(bytes, marks)
+                        .map_err(|e| format!("checkpoint {}: input channel {i}: {e}", r.checkpoint))?;
+                    for e in entries {
+                        match e {
+                            Replayed::Record(record) => replay.records.push(record),
+                            Replayed::Watermark(wm) => replay.marks.push_back((replay.records.len(), i, wm)),
+                        }
+                    }
+                }
+                if !replay.records.is_empty() || !replay.marks.is_empty() {
+                    self.replay = Some(Box::new(replay));
                 }
             }
             None => {
@@ -937,6 +1172,21 @@ impl<T: Data> Task for InputTask<T> {
                 }
             }
         }
-        self.chain.restore(r, ctx)
+        self.chain.restore(&r.with_watermark(watermark), ctx)
     }
 }
+
+/// Restored input channel state still to be fed to the chain.
+struct Replay<T> {
+    /// The records of every input channel, channel after channel.
+    records: Vec<T>,
+    /// Watermarks to hand on: (records of `records` fed before it, input
+    /// channel, watermark), in order.
+    marks: std::collections::VecDeque<(usize, usize, i64)>,
+    /// Records fed so far.
+    fed: usize,
+}
+
+#[cfg(test)]
+#[path = "task_tests.rs"]
+mod tests;

@@ -11,9 +11,19 @@
 //! [`MAX_WATERMARK`], so every window and timer fires before the final
 //! checkpoint. `docs/event-time.md` tells the whole story.
 //!
-//! Watermarks are not part of checkpoints: after a restore event time
-//! starts again from [`MIN_WATERMARK`] and advances with the replayed
-//! input, so timers restored from state fire as soon as it passes them.
+//! Event time is part of checkpoints (issue 17, d): a task with inputs
+//! stores the watermark of each input at its snapshot (`InputEventTime`),
+//! unaligned channel state keeps the watermarks between the in-flight
+//! records, and a watermark generator stores its own progress. A restore
+//! at the same parallelism therefore continues event time exactly where
+//! the checkpoint left it: event-time operators get their watermark back
+//! (`RestoreCtx::watermark`) without firing anything, and a record that
+//! was late stays late. A chain restored at another parallelism, and
+//! every task after an at-least-once checkpoint (its inputs went on past
+//! the barrier, so their watermarks are not the barrier's), starts again
+//! from [`MIN_WATERMARK`].
+
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::snapshot::TaskSnapshot;
 use crate::collector::{Collector, Notice, RestoreCtx};
@@ -187,13 +197,36 @@ where
 
     crate::collector::forward_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        // Its progress, so that a restore goes on with the same watermarks
+        // (and says "active again" first if it was idle).
+        let state = GeneratorState {
+            max_ts: self.max_ts,
+            emitted: self.emitted,
+            idle: self.idle,
+        };
+        snap.put_operator(self.op, postcard::to_stdvec(&state)?);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
         self.next.notify(notice, ctx)
     }
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        self.next.restore(r, ctx)
+        // Own state only: at another parallelism (or from a checkpoint
+        // before generators stored theirs) it starts from the beginning.
+        if let Some(bytes) = r.own.and_then(|s| s.operator(self.op)) {
+            ctx.current_op = self.op;
+            let state: GeneratorState = postcard::from_bytes(bytes).map_err(|e| {
+                format!(
+                    "checkpoint {}: watermark generator state does not decode: {e}",
+                    r.checkpoint
+                )
+            })?;
+            self.max_ts = state.max_ts;
+            self.emitted = state.emitted;
+            self.idle = state.idle;
+        }
+        // Downstream of a generator, event time is the generator's.
+        self.next.restore(&r.with_watermark(self.emitted), ctx)
     }
 
     fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -225,6 +258,27 @@ where
         }
         self.next.tick(ctx)
     }
+}
+
+/// What a watermark generator stores in a checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+struct GeneratorState {
+    max_ts: i64,
+    emitted: i64,
+    idle: bool,
+}
+
+/// The event time of a task's inputs at a snapshot (task state format 2,
+/// exactly-once modes): each input channel's watermark and idleness, and
+/// the combined watermark the task had handed its chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InputEventTime {
+    /// Per input channel: its largest watermark, and whether it is idle.
+    pub(crate) channels: Vec<(i64, bool)>,
+    /// The combined watermark handed to the chain.
+    pub(crate) emitted: i64,
+    /// The task had told its chain it is idle.
+    pub(crate) emitted_idle: bool,
 }
 
 /// The combined watermark of a task's input channels.
@@ -259,6 +313,28 @@ impl InputWatermarks {
             emitted: MIN_WATERMARK,
             emitted_idle: false,
         }
+    }
+
+    /// The state to store in a checkpoint. No channel has ended at a
+    /// snapshot (end-of-stream follows the final checkpoint).
+    pub(crate) fn checkpoint(&self) -> InputEventTime {
+        InputEventTime {
+            channels: self.channels.clone(),
+            emitted: self.emitted,
+            emitted_idle: self.emitted_idle,
+        }
+    }
+
+    /// Continues from a checkpoint's state; false (and nothing changed) if
+    /// it was taken with another number of input channels.
+    pub(crate) fn restore(&mut self, state: &InputEventTime) -> bool {
+        if state.channels.len() != self.channels.len() {
+            return false;
+        }
+        self.channels.clone_from(&state.channels);
+        self.emitted = state.emitted;
+        self.emitted_idle = state.emitted_idle;
+        true
     }
 
     /// Channel `i` delivered watermark (or [`IDLE`] marker) `wm`.

@@ -762,6 +762,10 @@ where
         self.body
             .restore(restore_options(&self.body_opts, r), &root, &handles[1])?;
         self.fired_until = MapStore::restore(restore_options(&self.fired_opts, r), &root, &handles[2])?;
+        // Event time as at the checkpoint: every window it completed has
+        // fired (and is marked or gone), so nothing fires here, and a record
+        // that was late then is late now.
+        self.watermark = r.watermark;
         self.queue.clear();
         let mut windows = Vec::new();
         self.meta

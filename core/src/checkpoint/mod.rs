@@ -13,6 +13,7 @@
 //!
 //! See `docs/checkpointing.md` for the modes, settings and file layout.
 
+pub(crate) mod channel;
 mod config;
 pub(crate) mod coordinator;
 pub(crate) mod recovery;

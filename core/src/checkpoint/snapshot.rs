@@ -10,10 +10,18 @@
 //! on the rayon pool: it runs the state jobs and writes the task's state
 //! file, then acknowledges.
 //!
-//! Task state frame (a task file's contents, or an inline state): `WEIRTSK1`
+//! Task state frame (a task file's contents, or an inline state): `WEIRTSK2`
 //! magic, payload length (u64 LE), payload (postcard-encoded [`TaskState`]),
 //! CRC32 of the payload (u32 LE). The manifest also records the frame's
 //! size and whole-frame CRC32.
+//!
+//! The magic's digit is the payload's format version. Format 2 added the
+//! watermarks of channel state (see [`super::channel`]) and the event time
+//! of a task's inputs at the snapshot, after the fields of format 1;
+//! frames of format 1 (`WEIRTSK1`) are still read, as states without
+//! either (their in-flight records replay without watermarks, and event
+//! time starts again from the beginning, as it did when they were
+//! written).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -21,12 +29,18 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::channel::{check_positions, ChannelWatermarks};
 use super::signals::{Event, TaskCheckpointing};
 use super::storage::{self, FileRef};
 use crate::error::BoxError;
+use crate::time::InputEventTime;
 
-/// Magic at the start of every task state file.
-pub(crate) const TASK_MAGIC: &[u8; 8] = b"WEIRTSK1";
+/// Magic at the start of every task state frame written: format 2.
+pub(crate) const TASK_MAGIC: &[u8; 8] = b"WEIRTSK2";
+
+/// Magic of task state format 1 (before channel state had watermarks):
+/// still read.
+pub(crate) const TASK_MAGIC_V1: &[u8; 8] = b"WEIRTSK1";
 
 /// Serde for a list of `(index, bytes)`, the bytes as byte strings.
 mod blobs {
@@ -69,6 +83,53 @@ pub(crate) struct TaskState {
     pub(crate) output_channels: Vec<(u32, Vec<u8>)>,
     /// Records encoded in input and output channel state.
     pub(crate) channel_records: u64,
+    /// Format 2: the watermarks among each input channel's in-flight
+    /// records (unaligned), by position ([`super::channel`]).
+    pub(crate) input_channel_watermarks: Vec<(u32, ChannelWatermarks)>,
+    /// Format 2: the watermarks among each output channel's overtaken
+    /// records (unaligned).
+    pub(crate) output_channel_watermarks: Vec<(u32, ChannelWatermarks)>,
+    /// Format 2, tasks with inputs: the watermark of each input at the
+    /// snapshot, and the task's own (what its chain had been given).
+    pub(crate) input_event_time: Option<InputEventTime>,
+}
+
+/// The payload of task state format 1 (`WEIRTSK1`): format 2 without its
+/// last three fields.
+#[derive(Deserialize)]
+struct TaskStateV1 {
+    checkpoint: u64,
+    group: u32,
+    subtask: u32,
+    parallelism: u32,
+    #[serde(with = "serde_bytes")]
+    source_offset: Option<Vec<u8>>,
+    #[serde(with = "blobs")]
+    operators: Vec<(u32, Vec<u8>)>,
+    #[serde(with = "blobs")]
+    input_channels: Vec<(u32, Vec<u8>)>,
+    #[serde(with = "blobs")]
+    output_channels: Vec<(u32, Vec<u8>)>,
+    channel_records: u64,
+}
+
+impl From<TaskStateV1> for TaskState {
+    fn from(v: TaskStateV1) -> Self {
+        TaskState {
+            checkpoint: v.checkpoint,
+            group: v.group,
+            subtask: v.subtask,
+            parallelism: v.parallelism,
+            source_offset: v.source_offset,
+            operators: v.operators,
+            input_channels: v.input_channels,
+            output_channels: v.output_channels,
+            channel_records: v.channel_records,
+            input_channel_watermarks: Vec::new(),
+            output_channel_watermarks: Vec::new(),
+            input_event_time: None,
+        }
+    }
 }
 
 impl TaskState {
@@ -103,14 +164,15 @@ impl TaskState {
         out
     }
 
-    /// Decodes and verifies a task state file's bytes; `what` names the
-    /// file in errors.
+    /// Decodes and verifies a task state file's bytes (format 2, or 1);
+    /// `what` names the file in errors.
     pub(crate) fn decode(bytes: &[u8], what: &str) -> Result<Self, String> {
-        if bytes.len() < 20 || &bytes[..8] != TASK_MAGIC {
+        if bytes.len() < 20 || (&bytes[..8] != TASK_MAGIC && &bytes[..8] != TASK_MAGIC_V1) {
             return Err(format!(
-                "{what}: not a task state file (bad magic or shorter than 20 bytes)"
+                "{what}: not a task state file (bad magic at bytes 0..8, or shorter than 20 bytes)"
             ));
         }
+        let v1 = &bytes[..8] == TASK_MAGIC_V1;
         let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
         if bytes.len() != 16 + len + 4 {
             return Err(format!(
@@ -128,7 +190,24 @@ impl TaskState {
                 16 + len
             ));
         }
-        postcard::from_bytes(payload).map_err(|e| format!("{what}: payload does not decode: {e}"))
+        let undecodable =
+            |e: postcard::Error| format!("{what}: payload at bytes 16..{} does not decode: {e}", 16 + len);
+        let state: TaskState = if v1 {
+            postcard::from_bytes::<TaskStateV1>(payload)
+                .map_err(undecodable)?
+                .into()
+        } else {
+            postcard::from_bytes(payload).map_err(undecodable)?
+        };
+        for (kind, lists) in [
+            ("input", &state.input_channel_watermarks),
+            ("output", &state.output_channel_watermarks),
+        ] {
+            for (k, w) in lists {
+                check_positions(w, &format!("{what}: {kind} channel {k}"))?;
+            }
+        }
+        Ok(state)
     }
 }
 
@@ -323,24 +402,46 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
-    /// The byte-string encoding is postcard's encoding of the plain
-    /// `Vec<u8>` fields: task files written before either way read back.
-    #[test]
-    fn byte_strings_encode_like_plain_vectors() {
-        #[derive(Serialize)]
-        struct Plain {
-            checkpoint: u64,
-            group: u32,
-            subtask: u32,
-            parallelism: u32,
-            source_offset: Option<Vec<u8>>,
-            operators: Vec<(u32, Vec<u8>)>,
-            input_channels: Vec<(u32, Vec<u8>)>,
-            output_channels: Vec<(u32, Vec<u8>)>,
-            channel_records: u64,
+    /// Format 1's payload, field by field, with plain vectors.
+    #[derive(Serialize)]
+    struct PlainV1 {
+        checkpoint: u64,
+        group: u32,
+        subtask: u32,
+        parallelism: u32,
+        source_offset: Option<Vec<u8>>,
+        operators: Vec<(u32, Vec<u8>)>,
+        input_channels: Vec<(u32, Vec<u8>)>,
+        output_channels: Vec<(u32, Vec<u8>)>,
+        channel_records: u64,
+    }
+
+    fn v1_of(st: &TaskState) -> PlainV1 {
+        PlainV1 {
+            checkpoint: st.checkpoint,
+            group: st.group,
+            subtask: st.subtask,
+            parallelism: st.parallelism,
+            source_offset: st.source_offset.clone(),
+            operators: st.operators.clone(),
+            input_channels: st.input_channels.clone(),
+            output_channels: st.output_channels.clone(),
+            channel_records: st.channel_records,
         }
-        let st = TaskState {
+    }
+
+    fn frame(magic: &[u8; 8], payload: &[u8]) -> Vec<u8> {
+        let mut out = magic.to_vec();
+        out.extend_from_slice(&(payload.len() as u64).to_le_bytes());
+        out.extend_from_slice(payload);
+        out.extend_from_slice(&crc32fast::hash(payload).to_le_bytes());
+        out
+    }
+
+    fn sample() -> TaskState {
+        TaskState {
             checkpoint: 9,
             group: 1,
             subtask: 0,
@@ -350,36 +451,61 @@ mod tests {
             input_channels: vec![(1, (0..200).collect())],
             output_channels: vec![(0, vec![1])],
             channel_records: 3,
-        };
+            input_channel_watermarks: vec![(1, vec![(0, 5), (2, i64::MIN)])],
+            output_channel_watermarks: vec![(0, vec![(1, 40)])],
+            input_event_time: Some(InputEventTime {
+                channels: vec![(3, false), (i64::MIN + 1, true)],
+                emitted: 3,
+                emitted_idle: false,
+            }),
+        }
+    }
+
+    /// The byte-string encoding is postcard's encoding of the plain
+    /// `Vec<u8>` fields, and format 2 is format 1 with its fields appended:
+    /// task files written before either change read back.
+    #[test]
+    fn byte_strings_encode_like_plain_vectors() {
+        #[derive(Serialize)]
+        struct Plain {
+            v1: PlainV1,
+            input_channel_watermarks: Vec<(u32, Vec<(u64, i64)>)>,
+            output_channel_watermarks: Vec<(u32, Vec<(u64, i64)>)>,
+            input_event_time: Option<InputEventTime>,
+        }
+        let st = sample();
         let plain = Plain {
-            checkpoint: 9,
-            group: 1,
-            subtask: 0,
-            parallelism: 2,
-            source_offset: st.source_offset.clone(),
-            operators: st.operators.clone(),
-            input_channels: st.input_channels.clone(),
-            output_channels: st.output_channels.clone(),
-            channel_records: 3,
+            v1: v1_of(&st),
+            input_channel_watermarks: st.input_channel_watermarks.clone(),
+            output_channel_watermarks: st.output_channel_watermarks.clone(),
+            input_event_time: st.input_event_time.clone(),
         };
         let ours = postcard::to_stdvec(&st).unwrap();
         assert_eq!(ours, postcard::to_stdvec(&plain).unwrap());
         assert_eq!(postcard::from_bytes::<TaskState>(&ours).unwrap(), st);
+        assert!(ours.starts_with(&postcard::to_stdvec(&v1_of(&st)).unwrap()));
+    }
+
+    /// A format 1 frame (`WEIRTSK1`) still restores: the same state,
+    /// without watermarks or input event time.
+    #[test]
+    fn format_1_frames_decode_without_watermarks() {
+        let st = sample();
+        let bytes = frame(TASK_MAGIC_V1, &postcard::to_stdvec(&v1_of(&st)).unwrap());
+        let back = TaskState::decode(&bytes, "old").unwrap();
+        let expected = TaskState {
+            input_channel_watermarks: Vec::new(),
+            output_channel_watermarks: Vec::new(),
+            input_event_time: None,
+            ..st
+        };
+        assert_eq!(back, expected);
+        assert!(back.encode().starts_with(TASK_MAGIC), "written again as format 2");
     }
 
     #[test]
     fn task_state_roundtrip_and_every_corruption_detected() {
-        let st = TaskState {
-            checkpoint: 7,
-            group: 1,
-            subtask: 2,
-            parallelism: 3,
-            source_offset: Some(vec![1, 2, 3]),
-            operators: vec![(0, vec![9; 40])],
-            input_channels: vec![(1, vec![5; 10])],
-            output_channels: vec![],
-            channel_records: 2,
-        };
+        let st = sample();
         let bytes = st.encode();
         assert_eq!(TaskState::decode(&bytes, "f").unwrap(), st);
         for i in 0..bytes.len() {
@@ -392,6 +518,94 @@ mod tests {
                 TaskState::decode(&bytes[..len], "f").is_err(),
                 "truncation to {len} not detected"
             );
+        }
+    }
+
+    /// Watermark positions that go backwards are refused when the frame is
+    /// read, with the file and the channel named.
+    #[test]
+    fn decreasing_watermark_positions_are_refused_with_the_file() {
+        let mut st = sample();
+        st.input_channel_watermarks = vec![(1, vec![(3, 5), (2, 6)])];
+        let err = TaskState::decode(&st.encode(), "chk-1/task-001-000.state").unwrap_err();
+        assert!(
+            err.contains("chk-1/task-001-000.state") && err.contains("input channel 1"),
+            "{err}"
+        );
+    }
+
+    fn marks() -> impl Strategy<Value = Vec<(u32, Vec<(u64, i64)>)>> {
+        proptest::collection::vec(
+            (
+                any::<u32>(),
+                proptest::collection::vec((0u64..1_000, any::<i64>()), 0..8).prop_map(|mut v| {
+                    v.sort_by_key(|m| m.0);
+                    v
+                }),
+            ),
+            0..4,
+        )
+    }
+
+    fn state() -> impl Strategy<Value = TaskState> {
+        (
+            any::<(u64, u32, u32, u32)>(),
+            proptest::option::of(proptest::collection::vec(any::<u8>(), 0..16)),
+            proptest::collection::vec((any::<u32>(), proptest::collection::vec(any::<u8>(), 0..32)), 0..4),
+            proptest::collection::vec((any::<u32>(), proptest::collection::vec(any::<u8>(), 0..32)), 0..3),
+            (marks(), marks()),
+            proptest::option::of((
+                proptest::collection::vec(any::<(i64, bool)>(), 0..6),
+                any::<(i64, bool)>(),
+            )),
+        )
+            .prop_map(
+                |((checkpoint, group, subtask, parallelism), offset, inputs, outputs, (im, om), time)| TaskState {
+                    checkpoint,
+                    group,
+                    subtask,
+                    parallelism,
+                    source_offset: offset,
+                    operators: vec![(0, vec![1, 2, 3])],
+                    channel_records: inputs.len() as u64,
+                    input_channels: inputs,
+                    output_channels: outputs,
+                    input_channel_watermarks: im,
+                    output_channel_watermarks: om,
+                    input_event_time: time.map(|(channels, (emitted, emitted_idle))| InputEventTime {
+                        channels,
+                        emitted,
+                        emitted_idle,
+                    }),
+                },
+            )
+    }
+
+    proptest! {
+        /// Format 2 round-trips, and a flipped bit anywhere in the frame or
+        /// a cut anywhere is reported, never decoded into another state.
+        #[test]
+        fn format_2_roundtrips_and_corruption_is_detected(st in state(), flip in any::<prop::sample::Index>(), bit in 0u8..8) {
+            let bytes = st.encode();
+            prop_assert_eq!(&TaskState::decode(&bytes, "f").unwrap(), &st);
+            let mut b = bytes.clone();
+            let i = flip.index(b.len());
+            b[i] ^= 1 << bit;
+            // One flipped bit of the magic never turns `2` into `1`; any
+            // other is caught by the length or the CRC.
+            prop_assert!(TaskState::decode(&b, "f").is_err(), "flip of bit {} at {} not detected", bit, i);
+            prop_assert!(TaskState::decode(&bytes[..i], "f").is_err());
+        }
+
+        /// Format 1 frames of any content decode to the same fields.
+        #[test]
+        fn format_1_decodes_to_the_same_fields(st in state()) {
+            let bytes = frame(TASK_MAGIC_V1, &postcard::to_stdvec(&v1_of(&st)).unwrap());
+            let back = TaskState::decode(&bytes, "f").unwrap();
+            prop_assert_eq!(back.input_channels, st.input_channels);
+            prop_assert_eq!(back.output_channels, st.output_channels);
+            prop_assert_eq!(back.source_offset, st.source_offset);
+            prop_assert!(back.input_channel_watermarks.is_empty() && back.input_event_time.is_none());
         }
     }
 }
