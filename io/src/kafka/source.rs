@@ -46,8 +46,9 @@
 //! job's helper cores) at the first poll; until it is done the source
 //! returns [`SourcePoll::Idle`]. Offset commits to the group are
 //! asynchronous client calls. Dropping the source on a worker (a failed
-//! attempt, the end of the job) closes the consumer on a short-lived
-//! thread of its own, since closing waits for the client's threads.
+//! attempt, the end of the job) closes the consumer (or waits out a setup
+//! in progress) on a short-lived thread of its own, since closing waits
+//! for the client's threads.
 //!
 //! **Allocation**: none per record on weir's side; `rdkafka` allocates a
 //! reference count per message it hands out. The parse function may.
@@ -800,16 +801,16 @@ where
 impl<T, P> Drop for KafkaSource<T, P> {
     fn drop(&mut self) {
         let state = std::mem::replace(&mut self.state, State::NotStarted);
-        if let State::Running(consumer) = state {
-            if weir_core::on_worker_thread() {
-                // Closing the consumer waits for its threads: not on a
-                // worker. (Should no thread be had, the closure and the
-                // consumer with it are dropped here.)
-                let _ = std::thread::Builder::new()
-                    .name("weir-kafka-close".into())
-                    .spawn(move || drop(consumer));
-            }
+        if matches!(state, State::NotStarted) || !weir_core::on_worker_thread() {
+            return;
         }
+        // Closing the consumer waits for its threads, and dropping the
+        // setup thread waits for a setup in progress (each of its calls at
+        // most setup_timeout): neither on a worker. (Should no thread be
+        // had, the closure and the state with it are dropped here.)
+        let _ = std::thread::Builder::new()
+            .name("weir-kafka-close".into())
+            .spawn(move || drop(state));
     }
 }
 
