@@ -111,12 +111,12 @@ impl TaskState {
                 "{what}: not a task state file (bad magic or shorter than 20 bytes)"
             ));
         }
-        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
-        if bytes.len() != 16 + len + 4 {
+        // Compared as read: a length near u64::MAX must not overflow.
+        let field = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let len = bytes.len() - 20;
+        if field != len as u64 {
             return Err(format!(
-                "{what}: length field says {} bytes of payload but the file has {}",
-                len,
-                bytes.len().saturating_sub(20)
+                "{what}: length field at byte 8 says {field} bytes of payload but the file has {len}"
             ));
         }
         let payload = &bytes[16..16 + len];
@@ -365,6 +365,18 @@ mod tests {
         let ours = postcard::to_stdvec(&st).unwrap();
         assert_eq!(ours, postcard::to_stdvec(&plain).unwrap());
         assert_eq!(postcard::from_bytes::<TaskState>(&ours).unwrap(), st);
+    }
+
+    /// Found by fuzzing: a length field near `u64::MAX` overflowed the
+    /// size check (a panic in debug builds).
+    #[test]
+    fn a_huge_length_field_is_an_error() {
+        let mut bytes = TaskState::default().encode();
+        for field in [u64::MAX, u64::MAX - 15, u64::MAX - 19, 1 << 63] {
+            bytes[8..16].copy_from_slice(&field.to_le_bytes());
+            let e = TaskState::decode(&bytes, "f").unwrap_err();
+            assert!(e.contains("length field at byte 8"), "{e}");
+        }
     }
 
     #[test]
