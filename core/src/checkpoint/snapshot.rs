@@ -367,8 +367,8 @@ mod tests {
         assert_eq!(postcard::from_bytes::<TaskState>(&ours).unwrap(), st);
     }
 
-    /// Found by fuzzing: a length field near `u64::MAX` overflowed the
-    /// size check (a panic in debug builds).
+    /// A length field near `u64::MAX` overflowed the size check (a panic
+    /// with overflow checks on).
     #[test]
     fn a_huge_length_field_is_an_error() {
         let mut bytes = TaskState::default().encode();
