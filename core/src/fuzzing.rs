@@ -102,7 +102,7 @@ pub const TASK_STATE: Decoder = Decoder {
 pub const STATE_FILE: Decoder = Decoder {
     name: "state_file",
     decode: state_files,
-    fix_checksums: fix_state_files,
+    fix_checksums: |b| fix_state_files(b),
     max_alloc: |len| (256 << 10) + 8 * len,
 };
 
@@ -113,7 +113,7 @@ pub const STATE_FILE: Decoder = Decoder {
 pub const STATE_IMAGE: Decoder = Decoder {
     name: "state_image",
     decode: state_image,
-    fix_checksums: fix_state_image,
+    fix_checksums: |b| fix_state_image(b),
     max_alloc: |len| (256 << 10) + 8 * len + len / 21 * 4096,
 };
 
@@ -316,7 +316,7 @@ fn fix_state_file(b: &mut [u8]) {
     }
 }
 
-fn fix_state_files(b: &mut Vec<u8>) {
+fn fix_state_files(b: &mut [u8]) {
     let starts = file_starts(b);
     for (i, &s) in starts.iter().enumerate() {
         let e = starts.get(i + 1).copied().unwrap_or(b.len());
@@ -324,7 +324,7 @@ fn fix_state_files(b: &mut Vec<u8>) {
     }
 }
 
-fn fix_state_image(b: &mut Vec<u8>) {
+fn fix_state_image(b: &mut [u8]) {
     fix_state_file(b);
 }
 
@@ -422,11 +422,14 @@ fn fix_manifest(b: &mut Vec<u8>) {
     b.splice(json_end + 1..end, line.into_bytes());
 }
 
+/// A seed: the decoder's name, the seed's file name, its bytes.
+pub type Seed = (&'static str, String, Vec<u8>);
+
 /// Seeds for the decoders of this crate, `(decoder, name, bytes)`, made by
 /// weir's own encoders and stores: full, delta and inline snapshots of a
 /// value, a map and a list store, task state frames holding them, and
 /// manifests with inline task states. Writes scratch files under `dir`.
-pub fn seeds(dir: &Path) -> Result<Vec<(&'static str, String, Vec<u8>)>, String> {
+pub fn seeds(dir: &Path) -> Result<Vec<Seed>, String> {
     let e = |e: crate::Error| e.to_string();
     let mut out = Vec::new();
     let root = dir.join("checkpoints");

@@ -38,7 +38,7 @@ pub const DECODERS: &[Decoder] = &[
 pub const WAL_SEGMENT: Decoder = Decoder {
     name: "wal_segment",
     decode: wal_segment,
-    fix_checksums: fix_wal_segment,
+    fix_checksums: |b| fix_wal_segment(b),
     max_alloc: |len| (64 << 10) + 8 * len,
 };
 
@@ -47,7 +47,7 @@ pub const WAL_SEGMENT: Decoder = Decoder {
 pub const WAL_MARKER: Decoder = Decoder {
     name: "wal_marker",
     decode: wal_marker,
-    fix_checksums: fix_wal_marker,
+    fix_checksums: |b| fix_wal_marker(b),
     max_alloc: |_| 4 << 10,
 };
 
@@ -55,7 +55,7 @@ pub const WAL_MARKER: Decoder = Decoder {
 pub const WAL_SINK_STATE: Decoder = Decoder {
     name: "wal_sink_state",
     decode: wal_sink_state,
-    fix_checksums: fix_wal_sink_state,
+    fix_checksums: |b| fix_wal_sink_state(b),
     max_alloc: |_| 4 << 10,
 };
 
@@ -67,7 +67,7 @@ pub const WAL_SINK_STATE: Decoder = Decoder {
 pub const TWOPHASE_STATE: Decoder = Decoder {
     name: "twophase_state",
     decode: twophase_state,
-    fix_checksums: fix_twophase_state,
+    fix_checksums: |b| fix_twophase_state(b),
     max_alloc: |len| (64 << 10) + 8 * len + 2 * SEQ_PREALLOC,
 };
 
@@ -146,7 +146,7 @@ fn wal_segment(bytes: &[u8]) -> Result<(), String> {
     result
 }
 
-fn fix_wal_segment(b: &mut Vec<u8>) {
+fn fix_wal_segment(b: &mut [u8]) {
     if b.len() < SEGMENT_HEADER_BYTES {
         return;
     }
@@ -171,7 +171,7 @@ fn wal_marker(bytes: &[u8]) -> Result<(), String> {
         .map_err(|(at, reason)| format!("byte {at}: {reason}"))
 }
 
-fn fix_wal_marker(b: &mut Vec<u8>) {
+fn fix_wal_marker(b: &mut [u8]) {
     for slot in b.chunks_exact_mut(40) {
         if slot.iter().any(|&x| x != 0) {
             let c = crc32fast::hash(&slot[4..]);
@@ -184,7 +184,7 @@ fn wal_sink_state(bytes: &[u8]) -> Result<(), String> {
     SinkState::decode(bytes).map(|_| ())
 }
 
-fn fix_wal_sink_state(b: &mut Vec<u8>) {
+fn fix_wal_sink_state(b: &mut [u8]) {
     if b.len() == codec::STATE_BYTES {
         let c = crc32fast::hash(&b[..29]);
         b[29..33].copy_from_slice(&c.to_le_bytes());
@@ -198,7 +198,7 @@ fn twophase_state(bytes: &[u8]) -> Result<(), String> {
 }
 
 /// The CRC of a two-phase state is over every byte before it.
-fn fix_twophase_state(b: &mut Vec<u8>) {
+fn fix_twophase_state(b: &mut [u8]) {
     if b.len() >= 5 {
         let n = b.len() - 4;
         let c = crc32fast::hash(&b[..n]);
@@ -216,7 +216,9 @@ fn parse_line(line: &[u8], info: &LineInfo<'_>) -> Result<(u64, usize), ParseErr
     Ok((info.line_number, text.len()))
 }
 
-type Lines = FileSource<(u64, usize), fn(&[u8], &LineInfo<'_>) -> Result<(u64, usize), ParseError>>;
+/// [`parse_line`] as a function pointer.
+type ParseFn = fn(&[u8], &LineInfo<'_>) -> Result<(u64, usize), ParseError>;
+type Lines = FileSource<(u64, usize), ParseFn>;
 
 /// Reads `src` to its end in polls of `batch`; the records, and the
 /// offset before each poll with how many records came before it.
@@ -242,7 +244,7 @@ fn file_lines(bytes: &[u8]) -> Result<(), String> {
     let scratch = Scratch::new()?;
     let path = scratch.path().join("input.txt");
     std::fs::write(&path, bytes).map_err(|e| e.to_string())?;
-    let parse: fn(&[u8], &LineInfo<'_>) -> Result<(u64, usize), ParseError> = parse_line;
+    let parse: ParseFn = parse_line;
     // At most one record per byte, plus the end.
     let limit = bytes.len() + 2;
 
@@ -282,7 +284,7 @@ fn file_offset(bytes: &[u8]) -> Result<(), String> {
     for (name, text) in [("a.txt", "1\n22\n333\n"), ("b.txt", "x\n#y\nz"), (".hidden", "h\n")] {
         std::fs::write(dir.join(name), text).map_err(|e| e.to_string())?;
     }
-    let parse: fn(&[u8], &LineInfo<'_>) -> Result<(u64, usize), ParseError> = parse_line;
+    let parse: ParseFn = parse_line;
     let mut src = FileSource::new(&dir, 0, 1, parse).bad_records(BadRecords::Skip {
         rejected: scratch.path().join("rejected.tsv"),
     });
@@ -310,7 +312,7 @@ fn nexmark_json(bytes: &[u8]) -> Result<(), String> {
 /// weir's own encoders: WAL segments, markers and sink states, two-phase
 /// states of both targets, file-source inputs and offsets, Nexmark event
 /// lines. Writes scratch files under `dir`.
-pub fn seeds(dir: &Path) -> Result<Vec<(&'static str, String, Vec<u8>)>, String> {
+pub fn seeds(dir: &Path) -> Result<Vec<weir_core::fuzzing::Seed>, String> {
     let mut out = Vec::new();
     // WAL: a segment of a few frames of two epochs, and one cut mid-frame.
     let mut seg = codec::segment_header(SEG, SUBTASK).to_vec();
@@ -399,7 +401,7 @@ pub fn seeds(dir: &Path) -> Result<Vec<(&'static str, String, Vec<u8>)>, String>
     for (name, text) in [("a.txt", "1\n22\n333\n"), ("b.txt", "x\n#y\nz")] {
         std::fs::write(input.join(name), text).map_err(|e| e.to_string())?;
     }
-    let parse: fn(&[u8], &LineInfo<'_>) -> Result<(u64, usize), ParseError> = parse_line;
+    let parse: ParseFn = parse_line;
     let mut src = FileSource::new(&input, 0, 1, parse).bad_records(BadRecords::Skip {
         rejected: scratch.path().join("rejected.tsv"),
     });
