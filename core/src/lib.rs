@@ -38,6 +38,8 @@ mod data;
 pub mod disk;
 mod error;
 pub mod fault;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod harness;
 mod idle;
 pub mod io_thread;

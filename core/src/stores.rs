@@ -227,14 +227,14 @@ struct StateHandleV1 {
     full: bool,
 }
 
-fn encode_handles(handles: &[StateHandle]) -> Vec<u8> {
+pub(crate) fn encode_handles(handles: &[StateHandle]) -> Vec<u8> {
     let mut out = HANDLES_V2.to_vec();
     out.extend_from_slice(&postcard::to_stdvec(handles).expect("state handles always encode"));
     out
 }
 
 /// Decodes an operator's state handles, in either encoding.
-fn decode_handles(bytes: &[u8]) -> Result<Vec<StateHandle>, postcard::Error> {
+pub(crate) fn decode_handles(bytes: &[u8]) -> Result<Vec<StateHandle>, postcard::Error> {
     if let Some(rest) = bytes.strip_prefix(HANDLES_V2) {
         return postcard::from_bytes(rest);
     }

@@ -201,7 +201,7 @@ impl<T, P> FileSource<T, P> {
         self.line_number = 1;
     }
 
-    fn poll_lines(&mut self, out: &mut Vec<T>, max: usize, now: u64) -> Result<SourcePoll>
+    pub(crate) fn poll_lines(&mut self, out: &mut Vec<T>, max: usize, now: u64) -> Result<SourcePoll>
     where
         P: FnMut(&[u8], &LineInfo<'_>) -> Result<T, ParseError>,
     {
@@ -245,7 +245,7 @@ impl<T, P> FileSource<T, P> {
         Ok(result)
     }
 
-    fn encode_offset(&self) -> Vec<u8> {
+    pub(crate) fn encode_offset(&self) -> Vec<u8> {
         let name = self
             .files
             .as_ref()
@@ -261,7 +261,7 @@ impl<T, P> FileSource<T, P> {
         out
     }
 
-    fn seek_to(&mut self, offset: &[u8]) -> Result<()> {
+    pub(crate) fn seek_to(&mut self, offset: &[u8]) -> Result<()> {
         let bad = |reason: String| Error::BadOffset {
             source_name: "files",
             reason,

@@ -65,6 +65,8 @@ pub mod direct;
 mod error;
 pub mod files;
 mod fsutil;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod generator;
 mod handover;
 pub mod kafka;

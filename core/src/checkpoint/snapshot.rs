@@ -173,12 +173,12 @@ impl TaskState {
             ));
         }
         let v1 = &bytes[..8] == TASK_MAGIC_V1;
-        let len = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes")) as usize;
-        if bytes.len() != 16 + len + 4 {
+        // Compared as read: a length near u64::MAX must not overflow.
+        let field = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+        let len = bytes.len() - 20;
+        if field != len as u64 {
             return Err(format!(
-                "{what}: length field says {} bytes of payload but the file has {}",
-                len,
-                bytes.len().saturating_sub(20)
+                "{what}: length field at byte 8 says {field} bytes of payload but the file has {len}"
             ));
         }
         let payload = &bytes[16..16 + len];
@@ -501,6 +501,18 @@ mod tests {
         };
         assert_eq!(back, expected);
         assert!(back.encode().starts_with(TASK_MAGIC), "written again as format 2");
+    }
+
+    /// A length field near `u64::MAX` overflowed the size check (a panic
+    /// with overflow checks on).
+    #[test]
+    fn a_huge_length_field_is_an_error() {
+        let mut bytes = TaskState::default().encode();
+        for field in [u64::MAX, u64::MAX - 15, u64::MAX - 19, 1 << 63] {
+            bytes[8..16].copy_from_slice(&field.to_le_bytes());
+            let e = TaskState::decode(&bytes, "f").unwrap_err();
+            assert!(e.contains("length field at byte 8"), "{e}");
+        }
     }
 
     #[test]

@@ -385,24 +385,40 @@ pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
 pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
     for f in &manifest.files {
         let path = root.join(&f.path);
-        let mut file = File::open(&path).map_err(|e| {
+        let file = File::open(&path).map_err(|e| {
             format!(
                 "checkpoint {}: file {} is missing or unreadable: {e}",
                 manifest.id,
                 path.display()
             )
         })?;
-        let mut bytes = Vec::with_capacity(f.size as usize);
-        file.read_to_end(&mut bytes)
+        // The size first, from the file system: a size in the manifest is
+        // never trusted for an allocation, nor a file read past it.
+        let len = file
+            .metadata()
+            .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?
+            .len();
+        if len != f.size {
+            return Err(format!(
+                "checkpoint {}: file {} has {len} bytes, the manifest says {} (truncated or extended at byte {})",
+                manifest.id,
+                path.display(),
+                f.size,
+                len.min(f.size)
+            ));
+        }
+        let mut bytes = Vec::with_capacity(len as usize);
+        file.take(len)
+            .read_to_end(&mut bytes)
             .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?;
         if bytes.len() as u64 != f.size {
             return Err(format!(
-                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
+                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated at byte {})",
                 manifest.id,
                 path.display(),
                 bytes.len(),
                 f.size,
-                bytes.len().min(f.size as usize)
+                bytes.len()
             ));
         }
         let actual = crc32fast::hash(&bytes);

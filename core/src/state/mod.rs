@@ -45,7 +45,7 @@
 
 pub(crate) mod arena;
 mod codec;
-mod format;
+pub(crate) mod format;
 mod handle;
 mod list;
 mod map;

@@ -217,14 +217,14 @@ pub trait TwoPhaseCommit<T>: Send + 'static {
 
 /// What a checkpoint records, as written.
 #[derive(Serialize)]
-struct RecordedRef<'a, X> {
-    pending: Vec<(u64, &'a X)>,
-    open: Option<&'a X>,
+pub(crate) struct RecordedRef<'a, X> {
+    pub(crate) pending: Vec<(u64, &'a X)>,
+    pub(crate) open: Option<&'a X>,
 }
 
 /// What a checkpoint records, as read back.
 #[derive(Deserialize)]
-struct Recorded<X> {
+pub(crate) struct Recorded<X> {
     pending: Vec<(u64, X)>,
     open: Option<X>,
 }
@@ -441,15 +441,10 @@ impl<T, P: TwoPhaseCommit<T>> Target<T, P> {
     }
 
     fn encode_state(&self) -> Result<Vec<u8>, BoxError> {
-        let recorded = RecordedRef {
+        encode_state(&RecordedRef {
             pending: self.pending.iter().map(|p| (p.checkpoint, &p.txn)).collect(),
             open: self.open.as_ref().map(|o| &o.txn),
-        };
-        let mut out = vec![STATE_VERSION];
-        postcard::to_io(&recorded, &mut out)?;
-        let crc = crc32fast::hash(&out);
-        out.extend_from_slice(&crc.to_le_bytes());
-        Ok(out)
+        })
     }
 }
 
@@ -667,29 +662,42 @@ impl<T: Send + 'static, P: TwoPhaseCommit<T>> TwoPhaseCommitSink<T, P> {
         }
         Ok(())
     }
+}
 
-    fn decode_state(checkpoint: u64, state: &[u8]) -> Result<Recorded<P::Txn>, Error> {
-        let bad = |reason: String| Error::BadState {
-            sink: "two-phase commit sink".to_string(),
-            checkpoint,
-            reason,
-        };
-        if state.len() < 5 || state[0] != STATE_VERSION {
-            return Err(bad(format!(
-                "not a version-{STATE_VERSION} state of {} bytes",
-                state.len()
-            )));
-        }
-        let (body, crc) = state.split_at(state.len() - 4);
-        let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
-        let actual = crc32fast::hash(body);
-        if stored != actual {
-            return Err(bad(format!(
-                "CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
-            )));
-        }
-        postcard::from_bytes(&body[1..]).map_err(|e| bad(format!("cannot decode the transactions: {e}")))
+/// The state a two-phase commit sink records: see [`decode_state`].
+pub(crate) fn encode_state<X: Serialize>(recorded: &RecordedRef<'_, X>) -> Result<Vec<u8>, BoxError> {
+    let mut out = vec![STATE_VERSION];
+    postcard::to_io(recorded, &mut out)?;
+    let crc = crc32fast::hash(&out);
+    out.extend_from_slice(&crc.to_le_bytes());
+    Ok(out)
+}
+
+/// Decodes and verifies the state a two-phase commit sink recorded in
+/// `checkpoint`: version byte, postcard-encoded transactions, CRC-32 of the
+/// bytes before. Never panics; allocates at most what the transactions
+/// take plus serde's cautious preallocation (1 MiB per sequence).
+pub(crate) fn decode_state<X: DeserializeOwned>(checkpoint: u64, state: &[u8]) -> Result<Recorded<X>, Error> {
+    let bad = |reason: String| Error::BadState {
+        sink: "two-phase commit sink".to_string(),
+        checkpoint,
+        reason,
+    };
+    if state.len() < 5 || state[0] != STATE_VERSION {
+        return Err(bad(format!(
+            "not a version-{STATE_VERSION} state of {} bytes",
+            state.len()
+        )));
     }
+    let (body, crc) = state.split_at(state.len() - 4);
+    let stored = u32::from_le_bytes(crc.try_into().expect("4 bytes"));
+    let actual = crc32fast::hash(body);
+    if stored != actual {
+        return Err(bad(format!(
+            "CRC mismatch: stored {stored:#010x}, computed {actual:#010x}"
+        )));
+    }
+    postcard::from_bytes(&body[1..]).map_err(|e| bad(format!("cannot decode the transactions: {e}")))
 }
 
 impl<T, P> Sink<T> for TwoPhaseCommitSink<T, P>
@@ -804,7 +812,7 @@ where
     }
 
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        let recorded = Self::decode_state(checkpoint, state)?;
+        let recorded = decode_state::<P::Txn>(checkpoint, state)?;
         // Meant for a new instance; on a used one, what it staged is gone
         // and the restore follows what its thread was handed before.
         self.staged.clear();

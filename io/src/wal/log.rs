@@ -290,11 +290,15 @@ impl LogReader {
         Ok((frames, last_end - start, stopped))
     }
 
-    /// Decodes frames from `start` up to `end` of an open segment.
-    fn scan(
+    /// Decodes frames from `start` up to `end` of an open segment (any
+    /// reader: a file, or bytes in memory for the fuzz tests). Its buffer
+    /// grows only while one frame fills it, so it never holds more than
+    /// twice the bytes read or [`READ_CHUNK`], whichever is more, up to one
+    /// largest frame.
+    pub(crate) fn scan<R: Read + Seek>(
         &mut self,
         path: &Path,
-        file: &mut File,
+        file: &mut R,
         start: u64,
         end: u64,
         mut each: impl FnMut(u64, &[u8], u64) -> Result<()>,
@@ -359,7 +363,7 @@ impl LogReader {
     }
 }
 
-fn read_some(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_some<R: Read>(file: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     loop {
         match file.read(buf) {
             Ok(n) => return Ok(n),
@@ -370,7 +374,7 @@ fn read_some(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
 }
 
 /// Reads until `buf` is full or the file ends; returns the bytes read.
-fn read_full(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full<R: Read>(file: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match read_some(file, &mut buf[n..])? {

@@ -81,13 +81,44 @@ fn decode_slot(b: &[u8]) -> Slot {
     )
 }
 
+/// Decodes a marker file's bytes: the valid slot with the higher write
+/// counter, as `(counter, committed)`; `None` if no commit was ever
+/// recorded. A wrong size or two damaged slots is an error with the byte
+/// position to blame. Allocates nothing but the error message.
+pub(crate) fn decode_marker(bytes: &[u8]) -> std::result::Result<Option<(u64, Committed)>, (u64, String)> {
+    if bytes.len() != 2 * SLOT_BYTES {
+        let size = if bytes.len() > 2 * SLOT_BYTES {
+            format!("over {}", 2 * SLOT_BYTES)
+        } else {
+            bytes.len().to_string()
+        };
+        return Err((
+            bytes.len().min(2 * SLOT_BYTES) as u64,
+            format!("file is {size} bytes, expected {}", 2 * SLOT_BYTES),
+        ));
+    }
+    let a = decode_slot(&bytes[..SLOT_BYTES]);
+    let b = decode_slot(&bytes[SLOT_BYTES..]);
+    match (a, b) {
+        (Slot::Valid(ca, va), Slot::Valid(cb, vb)) => Ok(Some(if ca >= cb { (ca, va) } else { (cb, vb) })),
+        (Slot::Valid(c, v), _) | (_, Slot::Valid(c, v)) => Ok(Some((c, v))),
+        // Never written, or the very first write was torn by a crash
+        // before its fsync returned: no commit was recorded.
+        (Slot::Empty, Slot::Empty) | (Slot::Empty, Slot::Bad(_)) | (Slot::Bad(_), Slot::Empty) => Ok(None),
+        (Slot::Bad(reason), Slot::Bad(_)) => Err((0, format!("both slots damaged: {reason}"))),
+    }
+}
+
 impl Marker {
     /// Reads the marker at `path`; `None` if there is none yet.
     pub(crate) fn open(path: PathBuf) -> Result<(Self, Option<Committed>)> {
         let mut bytes = Vec::new();
         match File::open(&path) {
-            Ok(mut f) => {
-                f.read_to_end(&mut bytes).ctx("read", &path)?;
+            Ok(f) => {
+                // A marker is 80 bytes: a longer file is not read whole.
+                f.take(2 * SLOT_BYTES as u64 + 1)
+                    .read_to_end(&mut bytes)
+                    .ctx("read", &path)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok((
@@ -101,31 +132,7 @@ impl Marker {
             }
             Err(e) => return Err(Error::io("open", &path, e)),
         }
-        if bytes.len() != 2 * SLOT_BYTES {
-            return Err(Error::corrupt(
-                "commit marker",
-                &path,
-                0,
-                format!("file is {} bytes, expected {}", bytes.len(), 2 * SLOT_BYTES),
-            ));
-        }
-        let a = decode_slot(&bytes[..SLOT_BYTES]);
-        let b = decode_slot(&bytes[SLOT_BYTES..]);
-        let best = match (a, b) {
-            (Slot::Valid(ca, va), Slot::Valid(cb, vb)) => Some(if ca >= cb { (ca, va) } else { (cb, vb) }),
-            (Slot::Valid(c, v), _) | (_, Slot::Valid(c, v)) => Some((c, v)),
-            // Never written, or the very first write was torn by a crash
-            // before its fsync returned: no commit was recorded.
-            (Slot::Empty, Slot::Empty) | (Slot::Empty, Slot::Bad(_)) | (Slot::Bad(_), Slot::Empty) => None,
-            (Slot::Bad(reason), Slot::Bad(_)) => {
-                return Err(Error::corrupt(
-                    "commit marker",
-                    &path,
-                    0,
-                    format!("both slots damaged: {reason}"),
-                ))
-            }
-        };
+        let best = decode_marker(&bytes).map_err(|(at, reason)| Error::corrupt("commit marker", &path, at, reason))?;
         let counter = best.map_or(0, |(c, _)| c);
         Ok((
             Marker {

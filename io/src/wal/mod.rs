@@ -99,8 +99,10 @@ use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
 use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
-use log::{list_segments, segment_path, LogIo, LogReader, LogReply, LogRequest};
+pub(crate) use log::LogReader;
+use log::{list_segments, segment_path, LogIo, LogReply, LogRequest};
 pub use marker::Committed;
+pub(crate) use marker::{decode_marker, Marker};
 pub use target::{EpochTarget, FileTarget};
 
 pub use commit::QUEUED_COMMITS;
