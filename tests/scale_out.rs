@@ -73,7 +73,8 @@ fn job(seed: u64) -> Job {
 }
 
 /// The arguments of process `i` of `n`.
-fn args(j: &Job, mode: &str, n: usize, i: usize, ck: &Path, rescale_from: &[PathBuf]) -> Vec<String> {
+/// `throttle`: records per second per shard.
+fn args(j: &Job, mode: &str, throttle: u32, n: usize, i: usize, ck: &Path, rescale_from: &[PathBuf]) -> Vec<String> {
     let b = kafka::broker();
     let mut a: Vec<String> = [
         "run",
@@ -94,7 +95,7 @@ fn args(j: &Job, mode: &str, n: usize, i: usize, ck: &Path, rescale_from: &[Path
         "--checkpoint-interval-ms",
         "20",
         "--throttle",
-        "400",
+        &throttle.to_string(),
         "--instances",
         &n.to_string(),
         "--instance",
@@ -237,7 +238,7 @@ fn shared(n: usize, mode: &str, kills: usize, seed: u64) -> usize {
     let root = tempfile::tempdir().unwrap();
     let j = job(seed);
     let procs: Vec<Vec<String>> = (0..n)
-        .map(|i| args(&j, mode, n, i, &root.path().join(format!("p{i}")), &[]))
+        .map(|i| args(&j, mode, 400, n, i, &root.path().join(format!("p{i}")), &[]))
         .collect();
     let landed = run_all(&procs, n - 1, kills, &mut Rng(seed ^ 0x5eed));
     check_exactly_once(&j);
@@ -256,6 +257,11 @@ fn generation(folder: &Path, shard: usize) -> String {
     text.lines().next().unwrap().to_string()
 }
 
+/// Slow enough that each stop lands mid-stream: a shard's 1000 records
+/// take 6-7 s, and the first output shows after the first checkpoint's
+/// transaction (the sinks' producers start in 1-3 s).
+const RESCALE_THROTTLE: u32 = 150;
+
 #[test]
 fn rescaling_2_to_3_to_2_keeps_output_exactly_once() {
     let root = tempfile::tempdir().unwrap();
@@ -264,17 +270,18 @@ fn rescaling_2_to_3_to_2_keeps_output_exactly_once() {
     let f: Vec<PathBuf> = (0..3).map(|i| root.path().join(format!("p{i}"))).collect();
     let mode = "unaligned";
     // Two processes: shards 0 2 4 | 1 3 5. Stopped mid-stream.
-    let two: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, 2, i, &f[i], &[])).collect();
+    let two: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &[])).collect();
     let a = run_then_kill(&two, &j, 1, &mut rng).expect("the first run was stopped before it finished");
     // Three: 0 3 | 1 4 | 2 5, from the two old folders (p2 is new).
-    let three: Vec<Vec<String>> = (0..3).map(|i| args(&j, mode, 3, i, &f[i], &f[..2])).collect();
+    let three: Vec<Vec<String>> = (0..3).map(|i| args(&j, mode, RESCALE_THROTTLE, 3, i, &f[i], &f[..2])).collect();
     let b = run_then_kill(&three, &j, a + 1, &mut rng).expect("the second run was stopped before it finished");
+    eprintln!("output records: {a} at the first stop, {b} at the second, of {LINES}");
     assert!(b > a && b < LINES, "the output grew across the first rescale: {a} then {b} of {LINES}");
     assert_eq!(generation(&f[0], 3), "generation=1", "p0 took shard 3 over from p1");
     assert_eq!(generation(&f[2], 2), "generation=1", "p2 took shard 2 over from p0");
     // Back to two, from all three; p0 still has its old copy of shard 2
     // (generation 0), and must take p2's; one process is killed once more.
-    let back: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, 2, i, &f[i], &f)).collect();
+    let back: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &f)).collect();
     run_all(&back, 1, 1, &mut rng);
     assert_eq!(generation(&f[0], 2), "generation=2", "p0 took shard 2 back from p2");
     assert_eq!(generation(&f[1], 5), "generation=2", "p1 took shard 5 back from p2");
