@@ -216,7 +216,11 @@ fn check_exactly_once(j: &Job) {
         got.sort();
         let n = vals.len() as u64;
         let counts: Vec<u64> = got.iter().map(|r| r.0).collect();
-        assert_eq!(counts, (1..=n).collect::<Vec<_>>(), "key {k}: counts 1..={n} exactly once");
+        assert_eq!(
+            counts,
+            (1..=n).collect::<Vec<_>>(),
+            "key {k}: counts 1..={n} exactly once"
+        );
         let mut pool = vals.clone();
         let mut prev = 0i64;
         for &(c, s) in &got {
@@ -230,7 +234,11 @@ fn check_exactly_once(j: &Job) {
         }
         assert_eq!(prev, vals.iter().sum::<i64>(), "key {k}: final sum");
     }
-    assert!(by_key.is_empty(), "output for keys not in the input: {:?}", by_key.keys());
+    assert!(
+        by_key.is_empty(),
+        "output for keys not in the input: {:?}",
+        by_key.keys()
+    );
 }
 
 /// `n` processes over one topic; process `n - 1` is killed `kills` times.
@@ -270,18 +278,27 @@ fn rescaling_2_to_3_to_2_keeps_output_exactly_once() {
     let f: Vec<PathBuf> = (0..3).map(|i| root.path().join(format!("p{i}"))).collect();
     let mode = "unaligned";
     // Two processes: shards 0 2 4 | 1 3 5. Stopped mid-stream.
-    let two: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &[])).collect();
+    let two: Vec<Vec<String>> = (0..2)
+        .map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &[]))
+        .collect();
     let a = run_then_kill(&two, &j, 1, &mut rng).expect("the first run was stopped before it finished");
     // Three: 0 3 | 1 4 | 2 5, from the two old folders (p2 is new).
-    let three: Vec<Vec<String>> = (0..3).map(|i| args(&j, mode, RESCALE_THROTTLE, 3, i, &f[i], &f[..2])).collect();
-    let b = run_then_kill(&three, &j, a + 1, &mut rng).expect("the second run was stopped before it finished");
+    let three: Vec<Vec<String>> = (0..3)
+        .map(|i| args(&j, mode, RESCALE_THROTTLE, 3, i, &f[i], &f[..2]))
+        .collect();
+    let b = run_then_kill(&three, &j, a + 500, &mut rng).expect("the second run was stopped before it finished");
     eprintln!("output records: {a} at the first stop, {b} at the second, of {LINES}");
-    assert!(b > a && b < LINES, "the output grew across the first rescale: {a} then {b} of {LINES}");
+    assert!(
+        b > a && b < LINES,
+        "the output grew across the first rescale: {a} then {b} of {LINES}"
+    );
     assert_eq!(generation(&f[0], 3), "generation=1", "p0 took shard 3 over from p1");
     assert_eq!(generation(&f[2], 2), "generation=1", "p2 took shard 2 over from p0");
     // Back to two, from all three; p0 still has its old copy of shard 2
     // (generation 0), and must take p2's; one process is killed once more.
-    let back: Vec<Vec<String>> = (0..2).map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &f)).collect();
+    let back: Vec<Vec<String>> = (0..2)
+        .map(|i| args(&j, mode, RESCALE_THROTTLE, 2, i, &f[i], &f))
+        .collect();
     run_all(&back, 1, 1, &mut rng);
     assert_eq!(generation(&f[0], 2), "generation=2", "p0 took shard 2 back from p2");
     assert_eq!(generation(&f[1], 5), "generation=2", "p1 took shard 5 back from p2");

@@ -455,10 +455,7 @@ fn start_job(
             match sink {
                 RunSink::Wal => {
                     // The sink's log lives with the job's checkpoints.
-                    let wal = WalSinkConfig::new(
-                        checkpoint_dir.join("kafka-wal"),
-                        checkpoint_dir.join("unused"),
-                    );
+                    let wal = WalSinkConfig::new(checkpoint_dir.join("kafka-wal"), checkpoint_dir.join("unused"));
                     counted.sink("kafka", move |i| {
                         weir_io::kafka::exactly_once(config.clone(), wal.clone(), i, encode_kafka, emitted)
                     });
@@ -486,7 +483,7 @@ fn start_job(
         checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
             interval: Duration::from_millis(args.checkpoint_interval_ms),
             restore: RestoreFrom::Latest,
-            ..CheckpointConfig::new(m, &checkpoint_dir)
+            ..CheckpointConfig::new(m, checkpoint_dir)
         }),
         restart: RestartStrategy::FixedDelay {
             attempts: 3,
@@ -556,9 +553,12 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
     if n == 0 {
         return Err(CliError::Usage("--instances must be at least 1".into()));
     }
-    let i = args
-        .instance
-        .ok_or_else(|| CliError::Usage(format!("--instances {n} needs --instance I, with I from 0 to {}", n - 1)))?;
+    let i = args.instance.ok_or_else(|| {
+        CliError::Usage(format!(
+            "--instances {n} needs --instance I, with I from 0 to {}",
+            n - 1
+        ))
+    })?;
     if i >= n {
         return Err(CliError::Usage(format!(
             "--instance {i} is out of range: process numbers of --instances {n} are 0 to {}",

@@ -216,7 +216,10 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), CliError> {
                 .and_then(|f| f.sync_all())
                 .map_err(io_err(&dst))?;
         } else {
-            return Err(corrupt(&src, "neither a file nor a folder: cannot copy it with its shard".into()));
+            return Err(corrupt(
+                &src,
+                "neither a file nor a folder: cannot copy it with its shard".into(),
+            ));
         }
     }
     weir_core::checkpoint::storage::sync_dir(to).map_err(io_err(to))
@@ -331,7 +334,7 @@ pub fn prepare(
                 copies.push((read_generation(&d)?, f.clone()));
             }
         }
-        copies.sort_by(|a, b| b.0.cmp(&a.0));
+        copies.sort_by_key(|c| std::cmp::Reverse(c.0));
         match copies.as_slice() {
             [] if fresh_job => install_shard(root, s, None, 0)?,
             [] => {
@@ -339,7 +342,11 @@ pub fn prepare(
                     "shard {s} is in none of the folders {} and {}: pass the checkpoint folder of the process that \
                      ran it with --rescale-from",
                     root.display(),
-                    others.iter().map(|f| f.display().to_string()).collect::<Vec<_>>().join(", ")
+                    others
+                        .iter()
+                        .map(|f| f.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 )))
             }
             [(g, a), (h, b), ..] if g == h => {
@@ -366,11 +373,7 @@ pub fn prepare(
             instance,
         },
     )?;
-    Ok(Plan {
-        shards,
-        owned,
-        adopted,
-    })
+    Ok(Plan { shards, owned, adopted })
 }
 
 #[cfg(test)]
@@ -403,8 +406,8 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f: Vec<PathBuf> = (0..3).map(|i| t.path().join(format!("p{i}"))).collect();
         // Two processes: 0, 2, 4 and 1, 3, 5.
-        for i in 0..2 {
-            let p = plan(&f[i], &[], 2, i).unwrap();
+        for (i, folder) in f.iter().enumerate().take(2) {
+            let p = plan(folder, &[], 2, i).unwrap();
             assert_eq!(p.owned.iter().map(|o| o.0).collect::<Vec<_>>(), vec![i, i + 2, i + 4]);
             for (s, d) in &p.owned {
                 mark(d, &format!("{s}@a"));
@@ -449,12 +452,12 @@ mod tests {
         let (a, b) = (t.path().join("a"), t.path().join("b"));
         plan(&a, &[], 2, 0).unwrap();
         // Process 1 never ran: its shards are nowhere.
-        let e = plan(&b, &[a.clone()], 2, 1).unwrap_err().to_string();
+        let e = plan(&b, std::slice::from_ref(&a), 2, 1).unwrap_err().to_string();
         assert!(e.contains("shard 1 is in none"), "{e}");
         // Two processes, both as instance 0 of 2, adopt the same shards.
         let (c, d) = (t.path().join("c"), t.path().join("d"));
-        plan(&c, &[a.clone()], 2, 0).unwrap();
-        plan(&d, &[a.clone()], 2, 0).unwrap();
+        plan(&c, std::slice::from_ref(&a), 2, 0).unwrap();
+        plan(&d, std::slice::from_ref(&a), 2, 0).unwrap();
         let e = plan(&a, &[c, d], 2, 0).unwrap_err().to_string();
         assert!(e.contains("generation 1 in both"), "{e}");
     }

@@ -11,7 +11,8 @@
 //!
 //! - [`KafkaSource`] ([`source`]): one subtask reads the partitions `p`
 //!   with `p mod parallelism == subtask` (assigned, no consumer-group
-//!   rebalancing), with per-partition offsets in the checkpoint, per-
+//!   rebalancing; [`KafkaSourceConfig::shard`] narrows it to one shard's
+//!   partitions), with per-partition offsets in the checkpoint, per-
 //!   partition event-time watermarks, a bounded mode, start positions and
 //!   optional offset commits to a consumer group.
 //! - [`KafkaSourceConfig`]: the settings; [`KafkaSourceStats`]: counters

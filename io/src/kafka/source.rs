@@ -237,7 +237,9 @@ fn setup(r: SetupRequest) -> Result<Setup> {
     if n == 0 {
         return Err(topic_err("the topic has no partitions".into()));
     }
-    let mine: Vec<i32> = (0..n as i32).filter(|&p| c.reads(p, r.subtask, r.parallelism)).collect();
+    let mine: Vec<i32> = (0..n as i32)
+        .filter(|&p| c.reads(p, r.subtask, r.parallelism))
+        .collect();
     if let Some(restored) = &r.restored {
         if let Some((p, _, _)) = restored.iter().find(|(p, _, _)| *p as usize >= n) {
             return Err(topic_err(format!(
@@ -476,7 +478,11 @@ impl<T, P> KafkaSource<T, P> {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     // Bounded only (enable.partition.eof): every record
                     // before the end has been delivered.
-                    if let Some(part) = self.parts.get_mut(self.config.local_index(p, par)).filter(|q| q.partition == p) {
+                    if let Some(part) = self
+                        .parts
+                        .get_mut(self.config.local_index(p, par))
+                        .filter(|q| q.partition == p)
+                    {
                         if let Some(end) = part.end {
                             part.next = part.next.max(end);
                             Self::pause(consumer, topic, part);
@@ -504,7 +510,11 @@ impl<T, P> KafkaSource<T, P> {
             };
             let p = msg.partition();
             let offset = msg.offset();
-            let Some(part) = self.parts.get_mut(self.config.local_index(p, par)).filter(|q| q.partition == p) else {
+            let Some(part) = self
+                .parts
+                .get_mut(self.config.local_index(p, par))
+                .filter(|q| q.partition == p)
+            else {
                 continue;
             };
             if part.done || part.end.is_some_and(|e| offset >= e) {
@@ -891,7 +901,10 @@ mod tests {
         assert!(e.contains("shard 2 of 3"), "{e}");
         let bad = KafkaSourceConfig::new("127.0.0.1:1", "t").shard(2, 2);
         assert!(bad.validate().unwrap_err().to_string().contains("shard"));
-        assert!(KafkaSourceConfig::new("127.0.0.1:1", "t").shard(0, 0).validate().is_err());
+        assert!(KafkaSourceConfig::new("127.0.0.1:1", "t")
+            .shard(0, 0)
+            .validate()
+            .is_err());
     }
 
     #[test]
