@@ -11,6 +11,7 @@ mod platform;
 mod plot;
 mod report;
 mod run_cmd;
+mod scale_out;
 
 use clap::{Parser, Subcommand};
 

@@ -6,7 +6,6 @@
 
 use std::collections::HashSet;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use weir_io::{
 };
 
 use crate::bench_cmd::{CliError, Mode};
+use crate::scale_out;
 
 /// Which committing sink `weir run` writes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -97,6 +97,23 @@ pub struct RunArgs {
     /// watch a job, or give a crash test time to kill it); 0: no limit.
     #[arg(long, default_value_t = 0)]
     pub throttle: u64,
+    /// Run one of N processes of a job over Kafka (Kafka inputs and
+    /// output only): the job is cut into shards, one per partition of the
+    /// first input topic at its first start; process I runs the shards
+    /// `s mod N == I`, each with its folder under --checkpoint-dir. Give
+    /// a job that may be rescaled later --instances from its first start
+    /// (even 1). See docs/scaling.md.
+    #[arg(long)]
+    pub instances: Option<usize>,
+    /// Which process of --instances this is, 0 to N-1.
+    #[arg(long)]
+    pub instance: Option<usize>,
+    /// With --instances: the checkpoint folder of a process of the job's
+    /// previous run; repeat it for every old process when the number of
+    /// processes changes. Shards this process now owns are copied from
+    /// the newest copy in them (stop every old process first).
+    #[arg(long)]
+    pub rescale_from: Vec<PathBuf>,
 }
 
 /// Longest accepted key.
@@ -286,19 +303,61 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         },
         None => OutputTo::Folder(PathBuf::from(&args.output)),
     };
+    let sharded = args.instances.is_some();
+    if !sharded && (args.instance.is_some() || !args.rescale_from.is_empty()) {
+        return Err(CliError::Usage(
+            "--instance and --rescale-from belong to a job of several processes: give --instances N too".into(),
+        ));
+    }
+    if let Some(n) = args.instances {
+        return run_instances(args, &inputs, &output_to, n);
+    }
     if let OutputTo::Folder(dir) = &output_to {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
-    std::fs::create_dir_all(&args.checkpoint_dir).map_err(io(&args.checkpoint_dir))?;
+    let workers = weir_core::available_cores().min(2 * args.parallelism);
+    let started = start_job(args, &inputs, &output_to, &args.checkpoint_dir, None, workers)?;
+    let result = started.job.join()?;
+    report(args, &output_to, "", &result, &started.kafka_stats, started.started)
+}
+
+/// One running job: a whole `weir run`, or one shard of it.
+struct Started {
+    job: weir_core::JobHandle,
+    kafka_stats: Vec<(String, Arc<KafkaSourceStats>)>,
+    started: u64,
+}
+
+/// `(shards, shard)` of a job of several processes.
+type Shard = (usize, usize);
+
+/// Builds the keyed count over `inputs` into `output_to` with its
+/// checkpoints in `checkpoint_dir` (a shard's: only its partitions, its
+/// sink slots) and starts it.
+fn start_job(
+    args: &RunArgs,
+    inputs: &[Input],
+    output_to: &OutputTo,
+    checkpoint_dir: &std::path::Path,
+    shard: Option<Shard>,
+    workers: usize,
+) -> Result<Started, CliError> {
+    let io = |path: &std::path::Path| {
+        let p = path.display().to_string();
+        move |source| CliError::Io {
+            path: p.clone(),
+            source,
+        }
+    };
+    std::fs::create_dir_all(checkpoint_dir).map_err(io(checkpoint_dir))?;
     let p = args.parallelism;
-    let records = Arc::new(AtomicU64::new(0));
     let bad = match args.bad_records {
         BadRecordsArg::Fail => BadRecords::Fail,
         BadRecordsArg::Skip => BadRecords::Skip {
             rejected: args
                 .rejected
                 .clone()
-                .unwrap_or_else(|| args.checkpoint_dir.join("rejected-records.tsv")),
+                .unwrap_or_else(|| checkpoint_dir.join("rejected-records.tsv")),
         },
     };
     let pipeline = Pipeline::new("keyed-count");
@@ -327,6 +386,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
             }
             Input::Kafka { brokers, topic } => {
                 let mut config = KafkaSourceConfig::new(brokers, topic);
+                if let Some((shards, s)) = shard {
+                    config = config.shard(shards, s);
+                }
                 if !args.follow {
                     config = config.bounded();
                 }
@@ -365,7 +427,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         })
         .name("count");
     let emitted = |r: &Counted| r.emitted_ns;
-    match (&output_to, args.sink) {
+    match (output_to, args.sink) {
         (OutputTo::Folder(output), RunSink::Wal) => {
             let config = WalSinkConfig::new(output.join(".weir-wal"), output.clone());
             counted.sink("wal", move |i| WalSink::new(config.clone(), i, encode, emitted));
@@ -385,14 +447,15 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         (OutputTo::Kafka(Input::Kafka { brokers, topic }), sink) => {
             let mut config = weir_io::kafka::KafkaSinkConfig::new(brokers, topic);
             config.partitions = p as i32;
+            if let Some((_, s)) = shard {
+                // A shard's slots: its own, whichever process runs it.
+                config.slot_base = s * p;
+            }
             let config = Arc::new(config);
             match sink {
                 RunSink::Wal => {
                     // The sink's log lives with the job's checkpoints.
-                    let wal = WalSinkConfig::new(
-                        args.checkpoint_dir.join("kafka-wal"),
-                        args.checkpoint_dir.join("unused"),
-                    );
+                    let wal = WalSinkConfig::new(checkpoint_dir.join("kafka-wal"), checkpoint_dir.join("unused"));
                     counted.sink("kafka", move |i| {
                         weir_io::kafka::exactly_once(config.clone(), wal.clone(), i, encode_kafka, emitted)
                     });
@@ -414,11 +477,13 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         (OutputTo::Kafka(Input::Files(_)), _) => unreachable!("parsed as Kafka above"),
     }
     let config = RuntimeConfig {
-        workers: weir_core::available_cores().min(2 * p),
+        workers,
+        // Several shards' runtimes share the cores of one process.
+        pin_workers: shard.is_none(),
         checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
             interval: Duration::from_millis(args.checkpoint_interval_ms),
             restore: RestoreFrom::Latest,
-            ..CheckpointConfig::new(m, &args.checkpoint_dir)
+            ..CheckpointConfig::new(m, checkpoint_dir)
         }),
         restart: RestartStrategy::FixedDelay {
             attempts: 3,
@@ -428,7 +493,22 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     };
     let started = clock::now_ns();
     let job = pipeline.run(config)?;
-    let result = job.join()?;
+    Ok(Started {
+        job,
+        kafka_stats,
+        started,
+    })
+}
+
+/// Prints what a finished job did; `label` names a shard.
+fn report(
+    args: &RunArgs,
+    output_to: &OutputTo,
+    label: &str,
+    result: &weir_core::JobResult,
+    kafka_stats: &[(String, Arc<KafkaSourceStats>)],
+    started: u64,
+) -> Result<(), CliError> {
     let m = &result.metrics;
     let read: u64 = m
         .tasks
@@ -436,10 +516,9 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         .filter(|t| t.input_capacity == 0)
         .map(|t| t.records_in)
         .sum();
-    records.store(read, Ordering::Relaxed);
     let ck = &m.checkpoints;
     println!(
-        "weir run: {} records read in this run ({:.2} s), {} checkpoints completed, {} failed, restored from {}, {} restarts",
+        "weir run{label}: {} records read in this run ({:.2} s), {} checkpoints completed, {} failed, restored from {}, {} restarts",
         read,
         (clock::now_ns() - started) as f64 / 1e9,
         ck.completed,
@@ -447,21 +526,145 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         ck.restored_from.map_or("nothing (fresh start)".to_string(), |id| format!("checkpoint {id}")),
         ck.restarts.len()
     );
-    for (topic, stats) in &kafka_stats {
+    for (topic, stats) in kafka_stats {
         if stats.skipped() > 0 {
             println!(
-                "weir run: {} malformed records of Kafka topic {topic} skipped",
+                "weir run{label}: {} malformed records of Kafka topic {topic} skipped",
                 stats.skipped()
             );
         }
     }
-    if let OutputTo::Folder(dir) = &output_to {
+    if let OutputTo::Folder(dir) = output_to {
         if args.mode == Mode::AtLeastOnce || args.sink == RunSink::Direct {
-            let dups = duplicates(dir).map_err(io(dir))?;
+            let dups = duplicates(dir).map_err(|source| CliError::Io {
+                path: dir.display().to_string(),
+                source,
+            })?;
             println!("weir run: {dups} duplicate output lines (at-least-once)");
         }
     }
     Ok(())
+}
+
+/// `--instances N --instance I`: settles this process's shards (copying
+/// adopted ones from --rescale-from folders), runs one job per shard, and
+/// stops them all when one fails.
+fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usize) -> Result<(), CliError> {
+    if n == 0 {
+        return Err(CliError::Usage("--instances must be at least 1".into()));
+    }
+    let i = args.instance.ok_or_else(|| {
+        CliError::Usage(format!(
+            "--instances {n} needs --instance I, with I from 0 to {}",
+            n - 1
+        ))
+    })?;
+    if i >= n {
+        return Err(CliError::Usage(format!(
+            "--instance {i} is out of range: process numbers of --instances {n} are 0 to {}",
+            n - 1
+        )));
+    }
+    let files = inputs.iter().any(|i| matches!(i, Input::Files(_)));
+    let (Some(Input::Kafka { brokers, topic }), false) = (inputs.first(), files) else {
+        return Err(CliError::Usage(
+            "--instances splits a job by Kafka partitions: every --input must be kafka:HOST:PORT/TOPIC (files \
+             have no partitions to split by key; run them with a single process)"
+                .into(),
+        ));
+    };
+    if !matches!(output_to, OutputTo::Kafka(_)) {
+        return Err(CliError::Usage(
+            "--instances needs a Kafka --output (kafka:HOST:PORT/TOPIC): the processes write one topic, each \
+             shard through sink slots of its own"
+                .into(),
+        ));
+    }
+    let shape = scale_out::JobShape {
+        shards: 0,
+        parallelism: args.parallelism,
+        inputs: args.input.join(" "),
+        output: args.output.clone(),
+    };
+    let count = || partitions_of(brokers, topic);
+    let plan = scale_out::prepare(&args.checkpoint_dir, &args.rescale_from, n, i, shape, count)?;
+    for (s, from, generation) in &plan.adopted {
+        println!(
+            "weir run: process {i} of {n}: shard {s} adopted from {} (generation {generation})",
+            from.display()
+        );
+    }
+    println!(
+        "weir run: process {i} of {n}: shards {:?} of {}",
+        plan.owned.iter().map(|o| o.0).collect::<Vec<_>>(),
+        plan.shards
+    );
+    let workers = (weir_core::available_cores() / plan.owned.len()).clamp(1, 2 * args.parallelism);
+    let mut running = Vec::new();
+    for (s, dir) in &plan.owned {
+        match start_job(args, inputs, output_to, dir, Some((plan.shards, *s)), workers) {
+            Ok(job) => running.push(Some((*s, job))),
+            Err(e) => {
+                stop_all(&mut running);
+                return Err(e);
+            }
+        }
+    }
+    let mut results = Vec::new();
+    while running.iter().any(Option::is_some) {
+        for slot in running.iter_mut() {
+            if !slot.as_ref().is_some_and(|(_, j)| j.job.is_finished()) {
+                continue;
+            }
+            let (s, job) = slot.take().expect("checked above");
+            match job.job.join() {
+                Ok(result) => results.push((s, result, job.kafka_stats, job.started)),
+                Err(e) => {
+                    eprintln!("weir run: shard {s} failed; stopping the other shards of this process");
+                    stop_all(&mut running);
+                    return Err(e.into());
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    results.sort_by_key(|r| r.0);
+    for (s, result, stats, started) in &results {
+        report(args, output_to, &format!(" (shard {s})"), result, stats, *started)?;
+    }
+    Ok(())
+}
+
+/// Cancels and waits for every job still running.
+fn stop_all(running: &mut [Option<(usize, Started)>]) {
+    for (_, job) in running.iter().flatten() {
+        job.job.cancel();
+    }
+    for (_, job) in running.iter_mut().filter_map(Option::take) {
+        let _ = job.job.join();
+    }
+}
+
+/// The number of partitions of `topic`: the shards of a new job.
+fn partitions_of(brokers: &str, topic: &str) -> Result<usize, CliError> {
+    use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
+    let failed = |what: String| CliError::Usage(format!("kafka:{brokers}/{topic}: {what}"));
+    let consumer: BaseConsumer = weir_io::rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()
+        .map_err(|e| failed(format!("cannot create a client: {e}")))?;
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(30))
+        .map_err(|e| failed(format!("cannot read the topic's metadata: {e}")))?;
+    let n = md.topics().first().map_or(0, |t| t.partitions().len());
+    if n == 0 {
+        return Err(failed(
+            "the topic has no partitions (does it exist?): the shards of a job of several processes are the \
+             partitions of its first input topic"
+                .into(),
+        ));
+    }
+    Ok(n)
 }
 
 /// Lines of the committed output that repeat an earlier `key,count`.

@@ -11,7 +11,8 @@
 //!
 //! - [`KafkaSource`] ([`source`]): one subtask reads the partitions `p`
 //!   with `p mod parallelism == subtask` (assigned, no consumer-group
-//!   rebalancing), with per-partition offsets in the checkpoint, per-
+//!   rebalancing; [`KafkaSourceConfig::shard`] narrows it to one shard's
+//!   partitions), with per-partition offsets in the checkpoint, per-
 //!   partition event-time watermarks, a bounded mode, start positions and
 //!   optional offset commits to a consumer group.
 //! - [`KafkaSourceConfig`]: the settings; [`KafkaSourceStats`]: counters
@@ -162,6 +163,9 @@ pub struct KafkaSourceConfig {
     pub(crate) properties: Vec<(String, String)>,
     pub(crate) setup_timeout: Duration,
     pub(crate) stats: Arc<KafkaSourceStats>,
+    /// `(shards, shard)`: this source reads only the partitions `p` with
+    /// `p mod shards == shard`.
+    pub(crate) shard: (usize, usize),
 }
 
 impl KafkaSourceConfig {
@@ -182,7 +186,32 @@ impl KafkaSourceConfig {
             properties: Vec::new(),
             setup_timeout: DEFAULT_SETUP_TIMEOUT,
             stats: Arc::default(),
+            shard: (1, 0),
         }
+    }
+
+    /// Reads only the partitions `p` with `p mod shards == shard` (default:
+    /// one shard, every partition): several jobs, in one process or in
+    /// several, share a topic this way, each with its own checkpoints.
+    /// Within the shard, subtask `i` of `n` reads the shard's partitions
+    /// `p` with `(p / shards) mod n == i`. `weir run --instances` runs one
+    /// job per shard (docs/scaling.md).
+    pub fn shard(mut self, shards: usize, shard: usize) -> Self {
+        self.shard = (shards, shard);
+        self
+    }
+
+    /// Whether this source reads partition `p` as subtask `subtask` of
+    /// `parallelism` (see [`KafkaSourceConfig::shard`]).
+    pub fn reads(&self, p: i32, subtask: usize, parallelism: usize) -> bool {
+        let (shards, shard) = self.shard;
+        p >= 0 && p as usize % shards == shard && (p as usize / shards) % parallelism == subtask
+    }
+
+    /// Where partition `p` sits in its subtask's ordered list of
+    /// partitions.
+    pub(crate) fn local_index(&self, p: i32, parallelism: usize) -> usize {
+        p.max(0) as usize / self.shard.0 / parallelism
     }
 
     /// Where to start in partitions not covered by a restored checkpoint.
@@ -284,8 +313,12 @@ impl KafkaSourceConfig {
     /// which the source never commits to), then every [`KafkaSourceConfig::set`].
     pub fn client_config(&self, subtask: usize) -> rdkafka::ClientConfig {
         let mut c = rdkafka::ClientConfig::new();
+        let client_id = match self.shard {
+            (1, _) => format!("weir-{}-{subtask}", self.topic),
+            (_, shard) => format!("weir-{}-s{shard}-{subtask}", self.topic),
+        };
         c.set("bootstrap.servers", &self.brokers)
-            .set("client.id", format!("weir-{}-{subtask}", self.topic))
+            .set("client.id", client_id)
             .set("isolation.level", "read_committed")
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -339,6 +372,14 @@ impl KafkaSourceConfig {
             if w.idle_after_ms == Some(0) {
                 return Err(invalid("watermarks.idle_after_ms", "0".into(), "must be at least 1"));
             }
+        }
+        let (shards, shard) = self.shard;
+        if shards == 0 || shard >= shards {
+            return Err(invalid(
+                "shard",
+                format!("{shard} of {shards}"),
+                "the shard must be below the number of shards, which must be at least 1",
+            ));
         }
         if self.setup_timeout.is_zero() {
             return Err(invalid("setup_timeout", "0".into(), "must be positive"));

@@ -3,7 +3,9 @@
 //! - **Partitions**: subtask `i` of `p` reads the topic's partitions `q`
 //!   with `q mod p == i`, assigned directly (`assign`, never `subscribe`:
 //!   no group rebalancing can move a partition away from the subtask whose
-//!   checkpoint holds its offset). A subtask may get several partitions or
+//!   checkpoint holds its offset). With [`KafkaSourceConfig::shard`]
+//!   (`s` of `S`), only the partitions `q mod S == s` are read, subtask `i`
+//!   taking those with `(q / S) mod p == i`. A subtask may get several partitions or
 //!   none; one with none is finished at once when bounded, and otherwise
 //!   marks itself idle, so it never holds event time back. The partitions
 //!   are listed once, at start: partitions added later are not read until
@@ -236,7 +238,7 @@ fn setup(r: SetupRequest) -> Result<Setup> {
         return Err(topic_err("the topic has no partitions".into()));
     }
     let mine: Vec<i32> = (0..n as i32)
-        .filter(|p| *p as usize % r.parallelism == r.subtask)
+        .filter(|&p| c.reads(p, r.subtask, r.parallelism))
         .collect();
     if let Some(restored) = &r.restored {
         if let Some((p, _, _)) = restored.iter().find(|(p, _, _)| *p as usize >= n) {
@@ -476,7 +478,11 @@ impl<T, P> KafkaSource<T, P> {
                 Some(Err(KafkaError::PartitionEOF(p))) => {
                     // Bounded only (enable.partition.eof): every record
                     // before the end has been delivered.
-                    if let Some(part) = self.parts.get_mut(p as usize / par).filter(|q| q.partition == p) {
+                    if let Some(part) = self
+                        .parts
+                        .get_mut(self.config.local_index(p, par))
+                        .filter(|q| q.partition == p)
+                    {
                         if let Some(end) = part.end {
                             part.next = part.next.max(end);
                             Self::pause(consumer, topic, part);
@@ -504,7 +510,11 @@ impl<T, P> KafkaSource<T, P> {
             };
             let p = msg.partition();
             let offset = msg.offset();
-            let Some(part) = self.parts.get_mut(p as usize / par).filter(|q| q.partition == p) else {
+            let Some(part) = self
+                .parts
+                .get_mut(self.config.local_index(p, par))
+                .filter(|q| q.partition == p)
+            else {
                 continue;
             };
             if part.done || part.end.is_some_and(|e| offset >= e) {
@@ -633,9 +643,11 @@ impl<T, P> KafkaSource<T, P> {
             let p = r.i32().ok_or_else(damaged)?;
             let next = r.i64().ok_or_else(damaged)?;
             let end = r.i64().ok_or_else(damaged)?;
-            if p < 0 || p as usize % self.parallelism != self.subtask || next < 0 {
+            if !self.config.reads(p, self.subtask, self.parallelism) || next < 0 {
+                let (shards, shard) = self.config.shard;
                 return Err(bad(format!(
-                    "partition {p} (next offset {next}) is not subtask {}'s of {}: restore with the same parallelism",
+                    "partition {p} (next offset {next}) is not subtask {}'s of {} (shard {shard} of {shards}): \
+                     restore with the same parallelism and shards",
                     self.subtask, self.parallelism
                 )));
             }
@@ -853,6 +865,46 @@ mod tests {
         assert!(e.contains("partition 1"), "{e}");
         assert!(source("t", 1, 2).seek_to(&off[..off.len() - 1]).is_err());
         assert!(source("t", 1, 2).seek_to(&[]).is_err());
+    }
+
+    #[test]
+    fn shards_split_the_partitions_and_their_offsets() {
+        let c = KafkaSourceConfig::new("127.0.0.1:1", "t").shard(3, 1);
+        // Shard 1 of 3 holds partitions 1, 4, 7, 10, ...; of those subtask 0
+        // of 2 reads every other one, starting with the first.
+        let of = |subtask| (0..14).filter(|&p| c.reads(p, subtask, 2)).collect::<Vec<i32>>();
+        assert_eq!(of(0), vec![1, 7, 13]);
+        assert_eq!(of(1), vec![4, 10]);
+        assert_eq!(c.local_index(13, 2), 2);
+        assert_eq!(c.local_index(10, 2), 1);
+        // Every partition is read by exactly one (shard, subtask).
+        for p in 0..30 {
+            let readers = (0..3)
+                .flat_map(|s| (0..2).map(move |i| (s, i)))
+                .filter(|&(s, i)| KafkaSourceConfig::new("b:1", "t").shard(3, s).reads(p, i, 2))
+                .count();
+            assert_eq!(readers, 1, "partition {p}");
+        }
+        // A checkpoint of shard 1 restores into shard 1, not shard 2.
+        let mut a: Src = KafkaSource::new(c.clone(), 0, 2, parse as _);
+        a.parts = vec![Part::new(1, 10, None), Part::new(7, 3, None)];
+        let mut off = a.encode_offset();
+        off[1] = 1;
+        let mut b: Src = KafkaSource::new(c, 0, 2, parse as _);
+        b.seek_to(&off).unwrap();
+        assert_eq!(b.restored, Some(vec![(1, 10, None), (7, 3, None)]));
+        let other = KafkaSourceConfig::new("127.0.0.1:1", "t").shard(3, 2);
+        let e = KafkaSource::<u64, _>::new(other, 0, 2, parse as fn(&[u8], &KafkaRecordInfo<'_>) -> _)
+            .seek_to(&off)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("shard 2 of 3"), "{e}");
+        let bad = KafkaSourceConfig::new("127.0.0.1:1", "t").shard(2, 2);
+        assert!(bad.validate().unwrap_err().to_string().contains("shard"));
+        assert!(KafkaSourceConfig::new("127.0.0.1:1", "t")
+            .shard(0, 0)
+            .validate()
+            .is_err());
     }
 
     #[test]
