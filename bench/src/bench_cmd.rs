@@ -33,7 +33,7 @@ pub struct BenchArgs {
     /// [default: one per core].
     #[arg(long, value_delimiter = ',')]
     pub parallelism: Vec<usize>,
-    /// Worker threads [default: one per core].
+    /// Worker threads [default: one per core used, min(parallelism, cores)].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Slots per ring.
