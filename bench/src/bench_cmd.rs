@@ -10,7 +10,8 @@ use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, Run
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
-    excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo,
+    copy_line, excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine, Percentiles,
+    ProbeInfo,
 };
 
 /// Arguments of `weir bench`.
@@ -32,7 +33,7 @@ pub struct BenchArgs {
     /// [default: one per core].
     #[arg(long, value_delimiter = ',')]
     pub parallelism: Vec<usize>,
-    /// Worker threads [default: one per core].
+    /// Worker threads [default: one per core used, min(parallelism, cores)].
     #[arg(long)]
     pub workers: Option<usize>,
     /// Slots per ring.
@@ -205,8 +206,10 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             Some(d) => (d.clone(), false),
             None => (temp_checkpoint_dir(), true),
         };
+        // One worker per core used: `--parallelism 1,2` compares one core
+        // with two (more workers than tasks would idle).
         let mut config = runtime_config(
-            args.workers.unwrap_or(cores),
+            args.workers.unwrap_or(parallelism.clamp(1, cores)),
             args.ring_capacity,
             args.batch_size,
             args.mode,
@@ -219,12 +222,21 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(d) = &args.state_dir {
             config.state_dir = Some(d.clone());
         }
+        // Stateless, closed loop: the copy bandwidth of this moment, to
+        // read the job's bytes/s against (measured before the job, on as
+        // many threads as it has workers).
+        let copy = (args.pipeline == Kind::Stateless && args.rate.is_none())
+            .then(|| crate::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
         let result = run_one(
             &spec,
             config,
             args.mode,
             args.platform_probe.on_for(args.rate.is_some()),
-        );
+        )
+        .map(|mut r| {
+            r.copy = copy;
+            r
+        });
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
         }
@@ -232,6 +244,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         println!("{}", row(&result));
         if let Some(p) = platform_row(&result) {
             println!("{p}");
+        }
+        if let Some(c) = copy_line(&result) {
+            println!("    {c}");
         }
         if let Some(e) = excess_line(&result) {
             println!("    {e}");
@@ -322,6 +337,12 @@ pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool)
 fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
+    // Tasks of the job: one chain per subtask, two for the keyed job (the
+    // exchange splits it).
+    let tasks = match spec.kind {
+        Kind::Keyed => 2 * spec.parallelism,
+        _ => spec.parallelism,
+    };
     // Worker w runs on core w: the probe covers the cores the workers use.
     let probe = probe.then(|| PlatformProbe::start(workers.min(weir_core::available_cores())));
     // Every generator subtask shares one schedule origin, slightly in the
@@ -360,6 +381,8 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         sink_records: delivered,
         seconds,
         events_per_sec: spec.events as f64 / seconds,
+        events_per_sec_per_worker: spec.events as f64 / seconds / workers.min(tasks).max(1) as f64,
+        copy: None,
         latency_us,
         sink: spec.sink,
         visible_latency_us: (spec.sink != SinkKind::Count && !result.metrics.visible_latency_ns.is_empty())

@@ -3,6 +3,7 @@
 mod bench_cmd;
 mod checkpoints_cmd;
 mod compare_cmd;
+mod copy_probe;
 mod disk_probe;
 mod event;
 mod nexmark;

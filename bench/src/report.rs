@@ -218,6 +218,13 @@ pub struct BenchResult {
     pub seconds: f64,
     /// `events / seconds`.
     pub events_per_sec: f64,
+    /// `events_per_sec` divided by the workers that had a task to run
+    /// (`min(workers, tasks)`): the per-core figure of a scaling sweep.
+    pub events_per_sec_per_worker: f64,
+    /// Stateless job: memory copy bandwidth measured just before the job
+    /// in the same run, to read weir's bytes/s against.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy: Option<crate::copy_probe::CopyBandwidth>,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
     /// The sink records went through.
@@ -258,13 +265,14 @@ pub fn si(v: f64) -> String {
 /// The table header matching [`row`].
 pub fn header() -> String {
     format!(
-        "{:<10} {:<13} {:>3} {:>12} {:>8} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}",
+        "{:<10} {:<13} {:>3} {:>12} {:>8} {:>11} {:>11} {:>9} {:>9} {:>9} {:>9} {:>6} {:>9} {:>9}",
         "pipeline",
         "mode",
         "par",
         "events",
         "seconds",
         "events/s",
+        "ev/s/worker",
         "p50 µs",
         "p99 µs",
         "p99.9 µs",
@@ -280,12 +288,13 @@ pub fn header() -> String {
 pub fn platform_row(r: &BenchResult) -> Option<String> {
     let (l, probe) = (r.platform_us?, r.platform_probe.as_ref()?);
     Some(format!(
-        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
+        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
         "platform",
         probe.policy.name(),
         "-",
         "-",
         probe.seconds,
+        "-",
         "-",
         l.p50,
         l.p99,
@@ -321,13 +330,14 @@ pub fn row(r: &BenchResult) -> String {
         None => ("-".into(), "-".into(), "-".into()),
     };
     format!(
-        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
+        "{:<10} {:<13} {:>3} {:>12} {:>8.3} {:>11} {:>11} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>6} {:>9} {:>9}",
         r.pipeline,
         r.mode,
         r.parallelism,
         r.events,
         r.seconds,
         si(r.events_per_sec),
+        si(r.events_per_sec_per_worker),
         l.p50,
         l.p99,
         l.p999,
@@ -336,4 +346,24 @@ pub fn row(r: &BenchResult) -> String {
         c50,
         c99
     )
+}
+
+/// The copy-bandwidth line under a stateless run's [`row`]: weir's bytes/s
+/// (32-byte records) as a fraction of a `memcpy` of the generator's batch
+/// and of main memory, measured in the same run; `None` when not measured.
+pub fn copy_line(r: &BenchResult) -> Option<String> {
+    let c = r.copy.as_ref()?;
+    let weir = r.events_per_sec * crate::copy_probe::RECORD_BYTES as f64;
+    Some(format!(
+        "weir moves {:.2} GB/s of records: {:.0}% of memcpy of {} KiB batches ({:.2} GB/s), \
+         {:.0}% of memcpy of 64 MiB buffers ({:.2} GB/s), {} thread{} copying",
+        weir / 1e9,
+        100.0 * weir / c.batch_bytes_per_sec,
+        c.batch_bytes / 1024,
+        c.batch_bytes_per_sec / 1e9,
+        100.0 * weir / c.dram_bytes_per_sec,
+        c.dram_bytes_per_sec / 1e9,
+        c.threads,
+        if c.threads == 1 { "" } else { "s" }
+    ))
 }

@@ -157,14 +157,19 @@ where
         let now = ctx.now_ns();
         match self.period_ns {
             None => {
-                for k in self.next..self.next + n {
-                    let seq = self.seq(k);
-                    out.push((self.f)(GenContext {
+                // One reservation, then a loop of exactly `n` writes: the
+                // capacity check runs once per batch, not per record.
+                let (f, seed_mix) = (&mut self.f, self.seed_mix);
+                let (first, stride) = (self.subtask + self.next * self.stride, self.stride);
+                out.reserve(n as usize);
+                out.extend((0..n).map(|j| {
+                    let seq = first + j * stride;
+                    f(GenContext {
                         seq,
-                        random: splitmix64(seq ^ self.seed_mix),
+                        random: splitmix64(seq ^ seed_mix),
                         emitted_ns: now,
-                    }));
-                }
+                    })
+                }));
             }
             Some(period) => {
                 let start = *self.start_ns.get_or_insert(now);

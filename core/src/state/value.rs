@@ -53,14 +53,53 @@ fn home(h: u64, pages: usize, slots_per_page: usize) -> (usize, usize) {
     (page, slot as usize)
 }
 
-/// How many keys ahead of its update [`ValueStore::update_many`] prefetches
-/// a key's slot: enough misses in flight to cover the memory latency, few
-/// enough that the prefetched lines are still in L1 when used.
+/// How many keys [`ValueStore::update_many`] locates (and prefetches) before
+/// it updates them: enough misses in flight to cover the memory latency,
+/// few enough that the prefetched lines are still in L1 when used.
 pub const UPDATE_AHEAD: usize = 16;
 
 enum Probe {
     Found(u64),
     Vacant(u64),
+}
+
+/// A key's home slot, found ahead of its update ([`ValueStore::update_many`]).
+#[derive(Clone, Copy)]
+struct Located {
+    /// The key's stable hash.
+    h: u64,
+    /// The home page's first byte; null when the table has no page yet.
+    base: *mut u8,
+    /// The home page's number.
+    page: u32,
+    /// The home slot in the page.
+    slot: u32,
+    /// The key group's table.
+    ti: u32,
+}
+
+impl Located {
+    const NONE: Located = Located {
+        h: 0,
+        base: std::ptr::null_mut(),
+        page: 0,
+        slot: 0,
+        ti: 0,
+    };
+}
+
+/// Asks the processor to start loading a located home slot.
+#[inline(always)]
+fn prefetch_slot<K: StateKey, V: StateValue>(at: &Located) {
+    let p = at.base.wrapping_add(at.slot as usize * ValueStore::<K, V>::SLOT_SIZE);
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint: it never faults, reads nothing into
+    // the program and has no effect on memory, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
 }
 
 /// Keyed value state of one keyed operator subtask: per key one `V`,
@@ -97,6 +136,9 @@ pub struct ValueStore<K, V> {
     len: usize,
     slots_per_page: usize,
     page_shift: u32,
+    /// Tables grown so far: a slot located before a growth may name a
+    /// released page.
+    grows: u64,
     _types: PhantomData<fn() -> (K, V)>,
 }
 
@@ -139,6 +181,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             len: 0,
             slots_per_page: arena.layout.slots_per_page(),
             page_shift: arena.opts.page_size.trailing_zeros(),
+            grows: 0,
             arena,
             _types: PhantomData,
         }
@@ -213,6 +256,33 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         }
     }
 
+    /// The home slot of hash `h` in table `ti`: where a lookup starts.
+    #[inline(always)]
+    fn locate(&self, h: u64, ti: usize) -> Located {
+        // SAFETY: `table_of` returned `ti < tables.len()`.
+        let t = unsafe { self.tables.get_unchecked(ti) };
+        let n = t.ptrs.len();
+        if n == 0 {
+            return Located {
+                h,
+                base: std::ptr::null_mut(),
+                page: 0,
+                slot: 0,
+                ti: ti as u32,
+            };
+        }
+        let (pi, i) = home(h, n, self.slots_per_page);
+        // SAFETY: `pi = h & (n - 1) < n`.
+        let (base, page) = unsafe { t.ptrs.get_unchecked(pi) };
+        Located {
+            h,
+            base: base.0,
+            page: *page,
+            slot: i as u32,
+            ti: ti as u32,
+        }
+    }
+
     /// The slot of `key` if it lies in its home page at or after its home
     /// slot (nearly all keys do): its page, offset and address. `None`
     /// means "look elsewhere" (the key is absent or its probe run crosses
@@ -226,20 +296,24 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// whenever it lies in the next line, so it is read only when needed.)
     #[inline(always)]
     fn fast_find(&self, h: u64, ti: usize, key: &K) -> Option<(usize, u64, *mut u8)> {
-        // SAFETY: `table_of` returned `ti < tables.len()`.
-        let t = unsafe { self.tables.get_unchecked(ti) };
-        let n = t.ptrs.len();
-        if n == 0 {
+        self.find_located(&self.locate(h, ti), key)
+    }
+
+    /// [`Self::fast_find`] from a home slot located earlier, with no table
+    /// grown since (`grows` unchanged): the pages it names are still the
+    /// table's.
+    #[inline(always)]
+    fn find_located(&self, at: &Located, key: &K) -> Option<(usize, u64, *mut u8)> {
+        if at.base.is_null() {
             return None;
         }
         let spp = self.slots_per_page;
-        let (pi, mut i) = home(h, n, spp);
-        // SAFETY: `pi = h & (n - 1) < n`.
-        let (base, page) = unsafe { t.ptrs.get_unchecked(pi) };
-        let (base, page) = (base.0, *page as usize);
+        let (base, page, mut i) = (at.base, at.page as usize, at.slot as usize);
         loop {
             // SAFETY: slot i < slots_per_page lies inside the page, a live
-            // mapping; reading it races with no writer (the task, which
+            // mapping (segments are never unmapped while the store lives,
+            // and the page is still this table's: no growth since it was
+            // located); reading it races with no writer (the task, which
             // holds `&self`, is the only one).
             let (occupied, hit) = unsafe {
                 let s = base.add(i * Self::SLOT_SIZE);
@@ -269,29 +343,12 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// ([`ValueStore::update_many`] does this for a slice of keys).
     #[inline(always)]
     pub fn prefetch(&self, key: &K) {
-        self.prefetch_hashed(stable_hash(key));
-    }
-
-    #[inline(always)]
-    fn prefetch_hashed(&self, h: u64) {
+        let h = stable_hash(key);
         let kg = key_group(h, self.arena.opts.max_parallelism);
-        let Some(t) = self.tables.get(kg.wrapping_sub(self.arena.opts.key_groups.start)) else {
-            return;
-        };
-        let n = t.ptrs.len();
-        if n == 0 {
-            return;
+        let ti = kg.wrapping_sub(self.arena.opts.key_groups.start);
+        if ti < self.tables.len() {
+            prefetch_slot::<K, V>(&self.locate(h, ti));
         }
-        let (pi, i) = home(h, n, self.slots_per_page);
-        let p = t.ptrs[pi].0 .0.wrapping_add(i * Self::SLOT_SIZE);
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: a prefetch is a hint: it never faults, reads nothing into
-        // the program and has no effect on memory, whatever the address.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = p;
     }
 
     /// The value of `key`, inserted as `V::default()` if absent, for
@@ -310,9 +367,10 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// Calls `f` with each key of `keys` and its value (inserted as
     /// `V::default()` if absent), in order: the same as calling
     /// [`ValueStore::get_or_default`] for each key, but faster on a large
-    /// state, because each key's slot is prefetched [`UPDATE_AHEAD`] keys
-    /// before it is updated, so that the cache misses of several updates
-    /// overlap, and each key is hashed once.
+    /// state, because the keys are taken in groups of [`UPDATE_AHEAD`]:
+    /// each key of a group is hashed, located and prefetched before the
+    /// group's updates, so that their cache misses overlap and each key's
+    /// home slot is computed once.
     ///
     /// ```
     /// use weir_core::state::{StoreOptions, ValueStore};
@@ -329,35 +387,58 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// As [`ValueStore::get_or_default`].
     #[inline]
     pub fn update_many(&mut self, keys: &[K], mut f: impl FnMut(&K, &mut V)) {
-        // Hashes of the keys between the one updated and the one
-        // prefetched, in a ring on the stack: no allocation.
-        let mut ahead = [0u64; UPDATE_AHEAD];
-        for (slot, key) in ahead.iter_mut().zip(keys) {
-            *slot = stable_hash(key);
-            self.prefetch_hashed(*slot);
-        }
-        for (j, key) in keys.iter().enumerate() {
-            let ring = j % UPDATE_AHEAD;
-            let h = ahead[ring];
-            if let Some(next) = keys.get(j + UPDATE_AHEAD) {
-                ahead[ring] = stable_hash(next);
-                self.prefetch_hashed(ahead[ring]);
+        // Per group of UPDATE_AHEAD keys: first hash and locate each key's
+        // home slot (prefetching it), then update them in order from the
+        // located slots, so the key-group and table arithmetic runs once
+        // per key and the misses of a group overlap. A table that grows
+        // (an insert) moves its pages: the rest of the group is then
+        // looked up afresh. The located slots live on the stack: no
+        // allocation.
+        let mut located = [Located::NONE; UPDATE_AHEAD];
+        for group in keys.chunks(UPDATE_AHEAD) {
+            let grows = self.grows;
+            for (at, key) in located.iter_mut().zip(group) {
+                let h = stable_hash(key);
+                *at = self.locate(h, self.table_of(h));
+                prefetch_slot::<K, V>(at);
             }
-            f(key, self.get_or_default_hashed(h, key));
+            for (at, key) in located.iter().zip(group) {
+                let found = if self.grows == grows {
+                    self.find_located(at, key)
+                } else {
+                    None
+                };
+                let p = match found {
+                    Some((page, off, p)) => {
+                        self.arena.touch(page, off, p);
+                        p
+                    }
+                    None if self.grows == grows => self.get_or_insert_slow(at.h, at.ti as usize, key),
+                    None => self.get_or_insert_hashed(at.h, key),
+                };
+                // SAFETY: as in `get_or_default_hashed`.
+                f(key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() });
+            }
+        }
+    }
+
+    /// The prepared slot of `key` (hash `h`), inserted if absent.
+    #[inline(always)]
+    fn get_or_insert_hashed(&mut self, h: u64, key: &K) -> *mut u8 {
+        let ti = self.table_of(h);
+        match self.fast_find(h, ti, key) {
+            Some((page, off, p)) => {
+                self.arena.touch(page, off, p);
+                p
+            }
+            None => self.get_or_insert_slow(h, ti, key),
         }
     }
 
     #[inline(always)]
     fn get_or_default_hashed(&mut self, h: u64, key: &K) -> &mut V {
         debug_assert_eq!(h, stable_hash(key));
-        let ti = self.table_of(h);
-        let p = match self.fast_find(h, ti, key) {
-            Some((page, off, p)) => {
-                self.arena.touch(page, off, p);
-                p
-            }
-            None => self.get_or_insert_slow(h, ti, key),
-        };
+        let p = self.get_or_insert_hashed(h, key);
         // SAFETY: the slot is occupied by `key` and prepared for writing;
         // its value area is `size_of::<V>()` bytes aligned for `V` (see
         // `SlotLayout::compute`), `V: Pod` is valid for any bytes, and the
@@ -403,6 +484,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     /// Doubles table `ti` into new pages and moves every entry over.
     fn grow(&mut self, ti: usize) {
+        self.grows += 1;
         let kg = self.arena.opts.key_groups.start + ti;
         let old = std::mem::take(&mut self.tables[ti]);
         let n = (old.pages.len() * 2).max(1);
