@@ -149,10 +149,12 @@ format() {
         [ "$had" = "$ports" ] || die "$KAFKA_DIR was formatted for ports $had, not $ports: run 'kafka.sh clean' first, or use another KAFKA_DIR"
         return 0
     fi
-    # A Kafka Uuid: 16 random bytes in URL-safe base64 without padding.
+    # A Kafka Uuid: 16 random bytes in URL-safe base64 without padding. It may
+    # start with '-', so it is passed as --cluster-id=ID (as "-t ID" the
+    # argument parser takes it for an option: one start in 64 failed so).
     local cluster_id
     cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
-    "${JAVA_CMD[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$CONFIG" >>"$LOG" 2>&1 \
+    "${JAVA_CMD[@]}" kafka.tools.StorageTool format --standalone --cluster-id="$cluster_id" -c "$CONFIG" >>"$LOG" 2>&1 \
         || { tail -n 30 "$LOG" >&2; die "formatting $KAFKA_DIR/data failed (log: $LOG)"; }
     echo "$ports" >"$KAFKA_DIR/ports"
 }
