@@ -326,9 +326,6 @@ fn kafka_to_kafka_survives_kills_exactly_once_or_at_least_once() {
 /// same arguments, as a supervisor would), and a `read_committed` reader
 /// then sees every count exactly once.
 #[test]
-#[ignore = "unverified (issue 16): its one complete run, on a machine at load average 45, failed: the \
-            broker took 103 s to start again, and weir run had not finished 240 s later; run it with \
-            --ignored on an idle machine before relying on it"]
 fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let own = common::kafka::OwnBroker::start("restart");
