@@ -488,6 +488,7 @@ fn read_output(
     };
     let mut incomplete = expected.iter().filter(|&&c| c > 0).count();
     let mut stop_seen: Option<Instant> = None;
+    let mut errors = 0u64;
     while incomplete > 0 {
         if stop.load(Ordering::Acquire) {
             let at = *stop_seen.get_or_insert_with(Instant::now);
@@ -498,6 +499,13 @@ fn read_output(
         let m = match consumer.poll(Duration::from_millis(100)) {
             None => continue,
             Some(Ok(m)) => m,
+            // Transient (a connection lost, all brokers down for a while: a
+            // stalled broker): the client reconnects on its own; the wait is
+            // bounded by the drain timeout once the job or producer is done.
+            Some(Err(e)) if !is_fatal(&e) => {
+                errors += 1;
+                continue;
+            }
             Some(Err(e)) => return Err(kafka_err(format!("read {topic}"), e)),
         };
         let now = clock::now_ns();
@@ -528,7 +536,27 @@ fn read_output(
             let _ = seen.latency_ns.record(now.saturating_sub(from).max(1_000));
         }
     }
+    if errors > 0 {
+        eprintln!("weir bench: the output reader saw {errors} transient client errors (reconnected)");
+    }
     Ok(seen)
+}
+
+/// A consumer error that reconnecting does not cure.
+fn is_fatal(e: &KafkaError) -> bool {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::NotCoordinator
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition,
+        ) => false,
+        _ => true,
+    }
 }
 
 /// Final count per key of records `0..events`.
