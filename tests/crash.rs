@@ -426,3 +426,112 @@ fn soak() {
         println!("| {mode} | {sink} | {runs} | {kills} | {ck} | {dup} |");
     }
 }
+
+/// `weir run` from Kafka to Kafka while its broker (one of this test's
+/// own, so the binary's other tests keep theirs) is stopped and started
+/// again mid-job: the job rides the outage out (its clients reconnect; a
+/// call that times out fails the job, which restarts from its last
+/// checkpoint, and a run that exhausts its restarts is run again with the
+/// same arguments, as a supervisor would), and a `read_committed` reader
+/// then sees every count exactly once.
+#[test]
+fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
+    let root = tempfile::tempdir().unwrap();
+    let own = common::kafka::OwnBroker::start("restart");
+    let b = &own.broker;
+    let input = common::kafka::unique_topic("restart-in");
+    let output = common::kafka::unique_topic("restart-out");
+    b.create_topic(&input, 3);
+    let files = root.path().join("in");
+    let values = write_input(&files, 11);
+    let mut lines = Vec::new();
+    for f in 0..FILES {
+        let text = std::fs::read_to_string(files.join(format!("in-{f}.txt"))).unwrap();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    b.produce(
+        &input,
+        lines.iter().map(|l| {
+            let key = l.split(',').next().unwrap();
+            let p = key.bytes().map(u32::from).sum::<u32>() % 3;
+            (p as i32, "", l.clone(), None)
+        }),
+    );
+    let ck: PathBuf = root.path().join("ck");
+    // 12,000 lines at 1,000 a second per source subtask: about 6 s of work,
+    // so the outage lands in the middle.
+    let args: Vec<String> = [
+        "run",
+        "--job",
+        "keyed-count",
+        "--input",
+        &format!("kafka:{}/{input}", b.addr),
+        "--output",
+        &format!("kafka:{}/{output}", b.addr),
+        "--checkpoint-dir",
+        ck.to_str().unwrap(),
+        "--mode",
+        "aligned",
+        "--sink",
+        "wal",
+        "--checkpoint-interval-ms",
+        "50",
+        "--throttle",
+        "1000",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let mut child = weir(&args).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "weir run ended before the broker was stopped: {}",
+        stderr_of(&mut child)
+    );
+    own.stop();
+    let down = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    own.start_again();
+    eprintln!("the broker was down for {:.1} s", down.elapsed().as_secs_f64());
+    let mut runs = 1;
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let out = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break (status, stderr_of(&mut child));
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!(
+                    "weir run did not finish within 240 s of the broker's restart; its log: {}",
+                    stderr_of(&mut child)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        if out.0.success() {
+            break;
+        }
+        // Its restarts ran out while the broker was away: run it again.
+        eprintln!("weir run exited with {} after the restart: {}", out.0, out.1);
+        assert!(
+            runs < 3,
+            "weir run failed {runs} times after the broker's restart: {}",
+            out.1
+        );
+        runs += 1;
+        child = weir(&args).spawn().unwrap();
+    }
+    let rows: Vec<(String, u64, i64)> = common::kafka::read_committed_from(b, &output, 2)
+        .into_iter()
+        .map(|(k, v)| {
+            let mut p = v.split(',');
+            let (key, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
+            assert_eq!(k, key, "the record's key is its count's key");
+            (key.to_string(), c.parse().unwrap(), s.parse().unwrap())
+        })
+        .collect();
+    check(&values, &rows, true);
+}

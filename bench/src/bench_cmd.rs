@@ -80,6 +80,32 @@ pub struct BenchArgs {
     /// ms here) and latency is queueing anyway. `off` to measure its cost.
     #[arg(long, value_enum, default_value = "auto")]
     pub platform_probe: Switch,
+    /// Where records come from: the in-process generator, or a Kafka topic
+    /// (`--source kafka --sink kafka`: the keyed count from topic to topic,
+    /// see docs/kafka.md).
+    #[arg(long, value_enum, default_value = "generator")]
+    pub source: SourceKind,
+    /// Kafka: bootstrap servers `HOST:PORT[,...]` [default: start a broker
+    /// with bench/peers/kafka/kafka.sh for this run].
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Kafka: partitions of the input and output topics.
+    #[arg(long, default_value_t = 2)]
+    pub partitions: i32,
+    /// Kafka, closed loop: the input topic, filled with --events records if
+    /// empty and reused as long as it holds exactly that many [default: a
+    /// fresh topic per run].
+    #[arg(long)]
+    pub topic: Option<String>,
+}
+
+/// Where `weir bench` reads its records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum SourceKind {
+    /// The in-process generator.
+    Generator,
+    /// A Kafka topic, filled by the benchmark's producer.
+    Kafka,
 }
 
 /// On, off, or decided by the run.
@@ -163,6 +189,15 @@ pub enum CliError {
 
 /// Runs `weir bench`.
 pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
+    match (args.source, args.sink) {
+        (SourceKind::Kafka, SinkKind::Kafka) => return crate::kafka_bench::run(args).map(|_| Vec::new()),
+        (SourceKind::Kafka, _) | (_, SinkKind::Kafka) => {
+            return Err(CliError::Usage(
+                "the Kafka benchmark reads and writes Kafka: --source kafka --sink kafka".into(),
+            ))
+        }
+        _ => {}
+    }
     if args.keys == 0 {
         return Err(CliError::Usage("--keys must be at least 1".into()));
     }

@@ -6,6 +6,7 @@ mod compare_cmd;
 mod copy_probe;
 mod disk_probe;
 mod event;
+mod kafka_bench;
 mod nexmark;
 mod pipelines;
 mod platform;

@@ -133,6 +133,9 @@ pub enum SinkKind {
     /// once for the latest value per key, which is what the keyed job's
     /// running sums are).
     Upsert,
+    /// A Kafka topic (only with `--source kafka`; at-least-once or
+    /// exactly-once by the checkpoint mode).
+    Kafka,
 }
 
 impl SinkKind {
@@ -145,6 +148,7 @@ impl SinkKind {
             SinkKind::TwoPcFile => "2pc-file",
             SinkKind::Sqlite => "sqlite",
             SinkKind::Upsert => "upsert",
+            SinkKind::Kafka => "kafka",
         }
     }
 }
@@ -211,6 +215,9 @@ fn emitted(e: &Event) -> u64 {
 pub fn real_sink(kind: SinkKind, dir: &std::path::Path, i: usize) -> Option<Box<dyn Sink<Event>>> {
     Some(match kind {
         SinkKind::Count => return None,
+        // bench_cmd::run sends every run with a Kafka sink to kafka_bench,
+        // which builds its own job; the generator jobs never get here with it.
+        SinkKind::Kafka => unreachable!("a Kafka sink runs in the Kafka benchmark (kafka_bench)"),
         SinkKind::Direct => Box::new(weir_io::DirectFileSink::new(dir.join("out"), i, encode_line, emitted)),
         SinkKind::Wal => {
             let config = weir_io::WalSinkConfig::new(dir.join("wal"), dir.join("out"));

@@ -68,8 +68,22 @@ fn script(dir: &std::path::Path, ports: (u16, u16), command: &str) -> std::io::R
 }
 
 fn start() -> Broker {
-    let t0 = Instant::now();
     let dir = std::env::temp_dir().join(format!("weir-kafka-test-{}", std::process::id()));
+    let (broker, ports) = start_in(dir);
+    STOP.get_or_init(|| (broker.dir.clone(), ports));
+    // SAFETY: registers a plain function with no captured state.
+    unsafe { libc::atexit(stop_at_exit) };
+    eprintln!(
+        "kafka test broker at {} (started in {:.1} s)",
+        broker.addr,
+        broker.started_in.as_secs_f64()
+    );
+    broker
+}
+
+/// Starts a broker with its state in `dir` on free ports (three attempts).
+fn start_in(dir: PathBuf) -> (Broker, (u16, u16)) {
+    let t0 = Instant::now();
     let mut last = String::new();
     for attempt in 1..=3 {
         let _ = std::fs::remove_dir_all(&dir);
@@ -81,15 +95,7 @@ fn start() -> Broker {
                     dir: dir.clone(),
                     started_in: t0.elapsed(),
                 };
-                STOP.get_or_init(|| (dir, ports));
-                // SAFETY: registers a plain function with no captured state.
-                unsafe { libc::atexit(stop_at_exit) };
-                eprintln!(
-                    "kafka test broker at {} (started in {:.1} s)",
-                    broker.addr,
-                    broker.started_in.as_secs_f64()
-                );
-                return broker;
+                return (broker, ports);
             }
             Ok(s) => last = format!("attempt {attempt}: {SCRIPT} start exited with {s}"),
             Err(e) => last = format!("attempt {attempt}: cannot run {SCRIPT}: {e}"),
@@ -100,6 +106,44 @@ fn start() -> Broker {
         "the Kafka test broker did not start ({last}); it needs a JDK 17+ and either the jars \
          (bench/peers/kafka/kafka.sh install) or Maven with Maven Central reachable"
     );
+}
+
+/// A broker of one test's own, which the test may stop and start again
+/// (same ports, same data) without disturbing the binary's other tests;
+/// stopped and removed when dropped (or by the script's watcher when the
+/// process dies).
+pub struct OwnBroker {
+    /// The broker.
+    pub broker: Broker,
+    ports: (u16, u16),
+}
+
+impl OwnBroker {
+    /// Starts one in a fresh state folder.
+    pub fn start(name: &str) -> OwnBroker {
+        let dir = std::env::temp_dir().join(format!("weir-kafka-{name}-{}", std::process::id()));
+        let (broker, ports) = start_in(dir);
+        OwnBroker { broker, ports }
+    }
+
+    /// Stops the broker (a clean shutdown, as `kafka.sh stop`).
+    pub fn stop(&self) {
+        let s = script(&self.broker.dir, self.ports, "stop").expect("run kafka.sh stop");
+        assert!(s.success(), "kafka.sh stop exited with {s}");
+    }
+
+    /// Starts it again on the same ports over the same data.
+    pub fn start_again(&self) {
+        let s = script(&self.broker.dir, self.ports, "start").expect("run kafka.sh start");
+        assert!(s.success(), "kafka.sh start (again) exited with {s}");
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = script(&self.broker.dir, self.ports, "stop");
+        let _ = std::fs::remove_dir_all(&self.broker.dir);
+    }
 }
 
 static STOP: OnceLock<(PathBuf, (u16, u16))> = OnceLock::new();
@@ -222,11 +266,16 @@ pub fn send_all<'a>(
 /// Every record of `topic` (all `partitions`) a `read_committed` reader
 /// sees, as `(key, value)` strings, partition by partition.
 pub fn read_committed(topic: &str, partitions: i32) -> Vec<(String, String)> {
+    read_committed_from(broker(), topic, partitions)
+}
+
+/// [`read_committed`] from the broker `b`.
+pub fn read_committed_from(b: &Broker, topic: &str, partitions: i32) -> Vec<(String, String)> {
     use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
     use weir_io::rdkafka::error::KafkaError;
     use weir_io::rdkafka::message::Message;
     use weir_io::rdkafka::{Offset, TopicPartitionList};
-    let consumer: BaseConsumer = broker()
+    let consumer: BaseConsumer = b
         .client()
         .set("group.id", "weir-test-reader")
         .set("enable.auto.commit", "false")

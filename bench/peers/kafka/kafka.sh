@@ -3,7 +3,10 @@
 # 127.0.0.1, for weir's Kafka tests and for trying the Kafka source by hand.
 # See README.md beside this script.
 #
-#   bench/peers/kafka/kafka.sh install | start | stop | status | clean
+#   bench/peers/kafka/kafka.sh install | start | stop | status | clean | tools
+#
+# tools: also fetch Kafka's command-line tools (ProducerPerformance,
+# ConsumerPerformance: compare.sh's broker ceiling) into $KAFKA_TOOLS_JARS.
 #
 # Environment (all optional):
 #   KAFKA_DIR              state folder: config, data, broker.log, pid  [<repo>/target/kafka]
@@ -12,8 +15,11 @@
 #   KAFKA_VERSION          org.apache.kafka:kafka_2.13 version           [4.1.0]
 #   KAFKA_JARS             where install puts the jars (a cache kept across clones)
 #                          [${XDG_CACHE_HOME:-~/.cache}/weir/kafka-$KAFKA_VERSION]
+#   KAFKA_TOOLS_JARS       where tools puts the tools' jars  [${XDG_CACHE_HOME:-~/.cache}/weir/kafka-tools-$KAFKA_VERSION]
 #   KAFKA_HEAP             the broker's -Xmx                              [512m]
 #   KAFKA_START_TIMEOUT    seconds start waits for the broker             [120]
+#   KAFKA_JVM_OPTS         the broker's JIT and GC flags  [-XX:+UseSerialGC -XX:TieredStopAtLevel=1]
+#                          (a test broker; benchmarks give "-XX:+UseG1GC": the full JIT)
 #   KAFKA_WATCH_PID        stop the broker when this process exits (a test run)
 set -euo pipefail
 
@@ -24,6 +30,7 @@ KAFKA_DIR=${KAFKA_DIR:-$ROOT/target/kafka}
 KAFKA_PORT=${KAFKA_PORT:-9092}
 KAFKA_CONTROLLER_PORT=${KAFKA_CONTROLLER_PORT:-$((KAFKA_PORT + 1))}
 KAFKA_JARS=${KAFKA_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/weir/kafka-$KAFKA_VERSION}
+KAFKA_TOOLS_JARS=${KAFKA_TOOLS_JARS:-${XDG_CACHE_HOME:-$HOME/.cache}/weir/kafka-tools-$KAFKA_VERSION}
 KAFKA_HEAP=${KAFKA_HEAP:-512m}
 KAFKA_START_TIMEOUT=${KAFKA_START_TIMEOUT:-120}
 
@@ -34,7 +41,7 @@ CONFIG=$KAFKA_DIR/server.properties
 say() { echo "kafka.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-usage() { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 # The jars of kafka_2.13 and a logging backend, copied from Maven Central (through
 # the local Maven repository, ~/.m2) into $KAFKA_JARS once; later calls find the
@@ -62,6 +69,28 @@ install() {
     say "installed $(ls "$KAFKA_JARS" | wc -l) jars ($(du -sh "$KAFKA_JARS" | cut -f1))"
 }
 
+# The tools' jars (a folder of their own: the broker's folder is in use by running
+# brokers and never rewritten), once.
+tools() {
+    if [ -f "$KAFKA_TOOLS_JARS/.installed" ]; then
+        return 0
+    fi
+    command -v mvn >/dev/null || die "mvn not found: install Maven (apt-get install maven)"
+    say "installing Kafka $KAFKA_VERSION tools jars into $KAFKA_TOOLS_JARS"
+    local tmp="$KAFKA_TOOLS_JARS.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    if ! mvn -q -B -f "$HERE/tools-pom.xml" -Dkafka.version="$KAFKA_VERSION" \
+        dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory="$tmp" >&2; then
+        rm -rf "$tmp"
+        die "mvn could not fetch org.apache.kafka:kafka-tools:$KAFKA_VERSION"
+    fi
+    touch "$tmp/.installed"
+    rm -rf "$KAFKA_TOOLS_JARS"
+    mkdir -p "$(dirname "$KAFKA_TOOLS_JARS")"
+    mv "$tmp" "$KAFKA_TOOLS_JARS"
+}
+
 # The broker's pid, if it runs.
 running_pid() {
     [ -f "$PID_FILE" ] || return 1
@@ -73,7 +102,8 @@ running_pid() {
 
 # A small heap, the serial collector and the client compiler only: a test broker
 # that starts fast and leaves the cores to the jobs under test.
-JAVA_CMD=(java -Xms128m -Xmx"$KAFKA_HEAP" -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Djava.awt.headless=true
+read -r -a JVM_OPTS <<<"${KAFKA_JVM_OPTS:--XX:+UseSerialGC -XX:TieredStopAtLevel=1}"
+JAVA_CMD=(java -Xms128m -Xmx"$KAFKA_HEAP" "${JVM_OPTS[@]}" -Djava.awt.headless=true
     -Dlog4j2.configurationFile="$HERE/log4j2.properties" -cp "$KAFKA_JARS/*")
 
 write_config() {
@@ -119,10 +149,12 @@ format() {
         [ "$had" = "$ports" ] || die "$KAFKA_DIR was formatted for ports $had, not $ports: run 'kafka.sh clean' first, or use another KAFKA_DIR"
         return 0
     fi
-    # A Kafka Uuid: 16 random bytes in URL-safe base64 without padding.
+    # A Kafka Uuid: 16 random bytes in URL-safe base64 without padding. It may
+    # start with '-', so it is passed as --cluster-id=ID (as "-t ID" the
+    # argument parser takes it for an option: one start in 64 failed so).
     local cluster_id
     cluster_id=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=\n')
-    "${JAVA_CMD[@]}" kafka.tools.StorageTool format --standalone -t "$cluster_id" -c "$CONFIG" >>"$LOG" 2>&1 \
+    "${JAVA_CMD[@]}" kafka.tools.StorageTool format --standalone --cluster-id="$cluster_id" -c "$CONFIG" >>"$LOG" 2>&1 \
         || { tail -n 30 "$LOG" >&2; die "formatting $KAFKA_DIR/data failed (log: $LOG)"; }
     echo "$ports" >"$KAFKA_DIR/ports"
 }
@@ -217,6 +249,7 @@ case "${1:-}" in
     stop) stop ;;
     status) status ;;
     clean) clean ;;
+    tools) tools ;;
     -h | --help | help) usage 0 ;;
     *) usage 2 ;;
 esac

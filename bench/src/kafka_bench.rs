@@ -1,0 +1,854 @@
+//! `weir bench --source kafka --sink kafka` (issue 16): the keyed count
+//! read from a Kafka topic and written to a Kafka topic, measured from
+//! outside the job as a user would see it.
+//!
+//! Why it exists: the file and generator benchmarks say nothing about the
+//! pipeline the checkpointing design exists for (Kafka → weir → Kafka,
+//! exactly once). This one runs it against a real broker:
+//!
+//! - **closed loop** (no `--rate`): a producer step fills an input topic of
+//!   `--partitions` partitions with `--events` records `key,value,stamp`,
+//!   then the job reads it bounded (KafkaSource) → `key_by` → running count
+//!   and sum → Kafka sink. Throughput is `events` over the time from the
+//!   job's start until a `read_committed` reader of the output topic has
+//!   seen the last output record.
+//! - **open loop** (`--rate R`): a producer thread sends `R` records a
+//!   second into a fresh input topic while the job runs unbounded; each
+//!   record carries its *scheduled* send time (coordinated omission
+//!   corrected), the job carries it to the output record, and a
+//!   `read_committed` reader records `now − scheduled` when it sees it:
+//!   end-to-end visibility latency. The first second is warm-up, not
+//!   recorded.
+//!
+//! Mode `at-least-once` writes through the idempotent at-least-once sink;
+//! `aligned` and `unaligned` through the exactly-once sink (write-ahead
+//! log, one transaction per completed checkpoint). The reader checks the
+//! output from the key's running counts: exactly-once runs must show every
+//! `(key, count)` once and nothing else, at-least-once runs no loss.
+//!
+//! Without `--brokers` the benchmark starts a broker of its own through
+//! `bench/peers/kafka/kafka.sh` (on free ports, in a temporary folder) and
+//! stops it at the end.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use weir_core::{clock, Output, Pipeline};
+use weir_io::kafka::{framing, KafkaRecordInfo, KafkaSinkConfig, KafkaSource, KafkaSourceConfig};
+use weir_io::rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use weir_io::rdkafka::client::DefaultClientContext;
+use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
+use weir_io::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use weir_io::rdkafka::message::Message;
+use weir_io::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use weir_io::{ParseError, WalSinkConfig};
+
+use crate::bench_cmd::{runtime_config, temp_checkpoint_dir, BenchArgs, CliError, Mode};
+use crate::event::Event;
+use crate::report::{CheckpointSummary, Machine, Percentiles};
+
+/// The broker script, beside this crate.
+const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh");
+
+/// Longest wait of one client call of the benchmark's own (create a topic,
+/// flush the producer).
+const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Open loop: records of the first this-many nanoseconds are warm-up
+/// (connections, the source's setup) and not recorded.
+const WARMUP_NS: u64 = 1_000_000_000;
+
+/// How long the reader waits for the output after the job or the producer
+/// is done before the run is declared wrong.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One run of the Kafka benchmark, as printed and written to JSON.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KafkaBenchResult {
+    /// Always `kafka-keyed`.
+    pub pipeline: &'static str,
+    /// Checkpoint mode.
+    pub mode: &'static str,
+    /// `kafka-exactly-once` or `kafka-at-least-once`.
+    pub sink: &'static str,
+    /// Checkpoint interval, milliseconds.
+    pub checkpoint_interval_ms: u64,
+    /// Partitions of the input and output topics.
+    pub partitions: i32,
+    /// Parallelism of source, keyed operator and sink.
+    pub parallelism: usize,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Records per second offered (open loop), or `None` (closed loop).
+    pub rate: Option<f64>,
+    /// Input records.
+    pub events: u64,
+    /// Closed loop: the producer step's rate, records per second.
+    pub fill_per_sec: Option<f64>,
+    /// Closed loop: job start until the reader saw the last output record;
+    /// open loop: producer start until then.
+    pub seconds: f64,
+    /// `events / seconds`.
+    pub events_per_sec: f64,
+    /// The engine's own elapsed time (build to finish or cancel).
+    pub job_seconds: f64,
+    /// Output records the reader saw.
+    pub output_records: u64,
+    /// Output records beyond one per input record (at-least-once).
+    pub duplicates: u64,
+    /// Scheduled send (open loop) or job start to reader (closed loop),
+    /// microseconds; open loop after the warm-up only.
+    pub visible_latency_us: Percentiles,
+    /// Inside the job: from the record's stamp (open loop: scheduled send;
+    /// closed loop: the source's poll) to the sink's write, microseconds.
+    /// Visible minus this is the sink's publishing and the reader's fetch.
+    pub latency_us: Percentiles,
+    /// Checkpoints of the run.
+    pub checkpoints: CheckpointSummary,
+    /// Where and when.
+    pub machine: Machine,
+}
+
+/// Runs the Kafka benchmark for each `--parallelism`.
+pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
+    let exactly_once = match args.mode {
+        Mode::AtLeastOnce => false,
+        Mode::Aligned | Mode::Unaligned => true,
+        Mode::None => {
+            return Err(CliError::Usage(
+                "--source kafka needs checkpoints: --mode at-least-once (the at-least-once sink), aligned or \
+                 unaligned (the exactly-once sink)"
+                    .into(),
+            ))
+        }
+    };
+    if args.partitions < 1 {
+        return Err(CliError::Usage("--partitions must be at least 1".into()));
+    }
+    if args.checkpoint_interval_ms == 0 {
+        return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
+    }
+    let events = args.events.unwrap_or(match args.rate {
+        None => 2_000_000,
+        Some(r) => ((r * 6.0) as u64).max(1000),
+    });
+    if events == 0 || args.keys == 0 {
+        return Err(CliError::Usage("--events and --keys must be at least 1".into()));
+    }
+    let own_broker;
+    let brokers = match &args.brokers {
+        Some(b) => b.clone(),
+        None => {
+            own_broker = OwnBroker::start()?;
+            own_broker.addr.clone()
+        }
+    };
+    let sweep = if args.parallelism.is_empty() {
+        vec![weir_core::available_cores()]
+    } else {
+        args.parallelism.clone()
+    };
+    let mut results = Vec::new();
+    for &parallelism in &sweep {
+        let run = Run {
+            brokers: &brokers,
+            args,
+            parallelism,
+            events,
+            exactly_once,
+        };
+        let r = run.go()?;
+        print_result(&r);
+        if let Some(path) = &args.json {
+            append_json(path, &r)?;
+        }
+        results.push(r);
+    }
+    Ok(results)
+}
+
+fn print_result(r: &KafkaBenchResult) {
+    let v = &r.visible_latency_us;
+    let c = &r.checkpoints;
+    println!(
+        "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
+         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms (in the job to the sink: p50 {:.1} ms p99 {:.1} ms)  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
+        r.mode,
+        r.sink,
+        r.checkpoint_interval_ms,
+        r.partitions,
+        r.parallelism,
+        r.rate.map_or("closed loop".to_string(), |x| format!("open loop {x:.0}/s")),
+        r.events_per_sec,
+        r.events,
+        r.seconds,
+        r.job_seconds,
+        r.fill_per_sec.map_or(String::new(), |f| format!("; fill {f:.0} ev/s")),
+        v.p50 / 1e3,
+        v.p99 / 1e3,
+        v.p999 / 1e3,
+        v.max / 1e3,
+        r.latency_us.p50 / 1e3,
+        r.latency_us.p99 / 1e3,
+        c.completed,
+        c.duration_ms.p50,
+        c.duration_ms.max,
+        r.output_records,
+        r.duplicates,
+    );
+}
+
+fn append_json(path: &std::path::Path, r: &KafkaBenchResult) -> Result<(), CliError> {
+    use std::io::Write;
+    let io = |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(io)?;
+    let line = serde_json::to_string(r).expect("a result always serialises");
+    writeln!(f, "{line}").map_err(io)
+}
+
+/// A broker started by this benchmark, stopped when dropped.
+struct OwnBroker {
+    addr: String,
+    dir: std::path::PathBuf,
+    ports: (u16, u16),
+}
+
+impl OwnBroker {
+    fn start() -> Result<Self, CliError> {
+        let dir = std::env::temp_dir().join(format!("weir-bench-kafka-{}", std::process::id()));
+        let a = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| io_err("a free port", e))?;
+        let b = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| io_err("a free port", e))?;
+        let ports = (
+            a.local_addr().map_err(|e| io_err("a free port", e))?.port(),
+            b.local_addr().map_err(|e| io_err("a free port", e))?.port(),
+        );
+        drop((a, b));
+        eprintln!("weir bench: starting a Kafka broker with {SCRIPT} (give --brokers to use a running one)");
+        let broker = OwnBroker {
+            addr: format!("127.0.0.1:{}", ports.0),
+            dir,
+            ports,
+        };
+        let status = broker.script("start")?;
+        if !status.success() {
+            return Err(CliError::Usage(format!(
+                "{SCRIPT} start exited with {status}; it needs a JDK 17+ and Maven (or installed jars); \
+                 or give --brokers HOST:PORT of a running broker"
+            )));
+        }
+        Ok(broker)
+    }
+
+    fn script(&self, command: &str) -> Result<std::process::ExitStatus, CliError> {
+        Command::new("bash")
+            .arg(SCRIPT)
+            .arg(command)
+            .env("KAFKA_DIR", &self.dir)
+            .env("KAFKA_PORT", self.ports.0.to_string())
+            .env("KAFKA_CONTROLLER_PORT", self.ports.1.to_string())
+            .env("KAFKA_WATCH_PID", std::process::id().to_string())
+            .status()
+            .map_err(|e| io_err(SCRIPT, e))
+    }
+}
+
+impl Drop for OwnBroker {
+    fn drop(&mut self) {
+        let _ = self.script("stop");
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn io_err(what: &str, source: std::io::Error) -> CliError {
+    CliError::Io {
+        path: what.to_string(),
+        source,
+    }
+}
+
+fn kafka_err(what: impl std::fmt::Display, e: KafkaError) -> CliError {
+    CliError::Usage(format!("Kafka: {what}: {e}"))
+}
+
+/// SplitMix64: the generator benchmarks' key scrambling.
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// The key of input record `seq`, in `0..keys` (multiply-shift).
+fn key_of(seq: u64, keys: u64) -> u64 {
+    ((splitmix(seq) as u128 * keys as u128) >> 64) as u64
+}
+
+/// Writes `a,b,c` in decimal into `buf`; returns the length.
+fn three(buf: &mut [u8; 64], a: u64, b: u64, c: u64) -> usize {
+    let mut cursor = std::io::Cursor::new(&mut buf[..]);
+    std::io::Write::write_fmt(&mut cursor, format_args!("{a},{b},{c}")).expect("three u64 fit in 64 bytes");
+    cursor.position() as usize
+}
+
+/// Parses an unsigned decimal field.
+fn field(s: &[u8]) -> Option<u64> {
+    if s.is_empty() || s.len() > 20 {
+        return None;
+    }
+    let mut v: u64 = 0;
+    for &c in s {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v.checked_mul(10)?.checked_add((c - b'0') as u64)?;
+    }
+    Some(v)
+}
+
+/// Splits `a,b,c` into three numbers.
+fn split3(v: &[u8]) -> Option<(u64, u64, u64)> {
+    let mut it = v.split(|&c| c == b',');
+    let a = field(it.next()?)?;
+    let b = field(it.next()?)?;
+    let c = field(it.next()?)?;
+    it.next().is_none().then_some((a, b, c))
+}
+
+/// An input record: `key,value,stamp` with `stamp` the scheduled send time
+/// on [`clock`] (open loop) or 0 (closed loop: the poll's time is used).
+fn parse_input(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Event, ParseError> {
+    let (key, v, stamp) = split3(value).ok_or_else(|| ParseError::new("expected `key,value,stamp`"))?;
+    Ok(Event {
+        key,
+        value: v,
+        emitted_ns: if stamp == 0 { info.emitted_ns } else { stamp },
+        seq: stamp,
+    })
+}
+
+/// An output record: key = the key; value = `key,count,stamp` (`stamp`:
+/// the input's scheduled send time, 0 in the closed loop).
+fn encode_output(e: &Event, out: &mut Vec<u8>) {
+    let mut k = [0u8; 64];
+    let mut cursor = std::io::Cursor::new(&mut k[..]);
+    std::io::Write::write_fmt(&mut cursor, format_args!("{}", e.key)).expect("a u64 fits");
+    let klen = cursor.position() as usize;
+    let mut v = [0u8; 64];
+    let vlen = three(&mut v, e.key, e.value, e.seq);
+    framing::encode(&k[..klen], &v[..vlen], out);
+}
+
+fn client(brokers: &str) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", brokers);
+    c
+}
+
+/// Creates `topic` with `partitions` partitions; false if it existed.
+fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<bool, CliError> {
+    let admin: AdminClient<DefaultClientContext> =
+        client(brokers).create().map_err(|e| kafka_err("an admin client", e))?;
+    let t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let opts = AdminOptions::new().operation_timeout(Some(CLIENT_TIMEOUT));
+    let results =
+        futures_executor::block_on(admin.create_topics([&t], &opts)).map_err(|e| kafka_err("create topics", e))?;
+    for r in results {
+        match r {
+            Ok(_) => {}
+            Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => return Ok(false),
+            Err((t, code)) => return Err(kafka_err(format!("create topic {t}"), KafkaError::AdminOp(code))),
+        }
+    }
+    Ok(true)
+}
+
+fn delete_topics(brokers: &str, topics: &[&str]) {
+    if let Ok(admin) = client(brokers).create::<AdminClient<DefaultClientContext>>() {
+        let opts = AdminOptions::new().operation_timeout(Some(CLIENT_TIMEOUT));
+        let _ = futures_executor::block_on(admin.delete_topics(topics, &opts));
+    }
+}
+
+/// Records in `topic` (high minus low watermarks over its partitions).
+fn records_in(brokers: &str, topic: &str, partitions: i32) -> Result<u64, CliError> {
+    let c: BaseConsumer = client(brokers).create().map_err(|e| kafka_err("a consumer", e))?;
+    let mut n = 0;
+    for p in 0..partitions {
+        let (lo, hi) = c
+            .fetch_watermarks(topic, p, CLIENT_TIMEOUT)
+            .map_err(|e| kafka_err(format!("watermarks of {topic}/{p}"), e))?;
+        n += (hi - lo).max(0) as u64;
+    }
+    Ok(n)
+}
+
+/// The benchmark's producer: idempotent, acks from all replicas, batches of
+/// up to 1 MB after 1 ms (the client's defaults, librdkafka 2.x).
+fn producer(brokers: &str, linger_ms: &str) -> Result<BaseProducer, CliError> {
+    client(brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", linger_ms)
+        .set("queue.buffering.max.messages", "1000000")
+        .create()
+        .map_err(|e| kafka_err("a producer", e))
+}
+
+/// Sends one record of `seq` to partition `seq mod partitions`, serving the
+/// delivery queue while it is full.
+fn send(p: &BaseProducer, topic: &str, partitions: i32, seq: u64, keys: u64, stamp: u64) -> Result<(), CliError> {
+    let mut v = [0u8; 64];
+    let len = three(&mut v, key_of(seq, keys), seq, stamp);
+    let mut rec = BaseRecord::<(), [u8]>::to(topic)
+        .partition((seq % partitions as u64) as i32)
+        .payload(&v[..len]);
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    loop {
+        match p.send(rec) {
+            Ok(()) => return Ok(()),
+            Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) if Instant::now() < deadline => {
+                rec = back;
+                p.poll(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(kafka_err(format!("produce to {topic}"), e)),
+        }
+    }
+}
+
+/// Fills `topic` with records `0..events` as fast as the broker takes them;
+/// returns records per second.
+fn fill(brokers: &str, topic: &str, partitions: i32, events: u64, keys: u64) -> Result<f64, CliError> {
+    let p = producer(brokers, "5")?;
+    let t0 = Instant::now();
+    for seq in 0..events {
+        send(&p, topic, partitions, seq, keys, 0)?;
+        if seq % 1024 == 0 {
+            p.poll(Duration::ZERO);
+        }
+    }
+    p.flush(CLIENT_TIMEOUT)
+        .map_err(|e| kafka_err(format!("flush the producer of {topic}"), e))?;
+    Ok(events as f64 / t0.elapsed().as_secs_f64())
+}
+
+/// What the output reader saw.
+struct Seen {
+    records: u64,
+    /// Per key: records, largest count, sum of counts.
+    per_key: Vec<(u64, u64, u128)>,
+    latency_ns: Histogram<u64>,
+    /// [`clock`] time the last awaited record was seen.
+    last_ns: u64,
+    bad: u64,
+}
+
+/// Reads `topic` read_committed from the start until it has seen, per key,
+/// the final count (`expected[key]`) or `stop` is set and `DRAIN_TIMEOUT`
+/// passed; records visibility latency of stamped records scheduled at or
+/// after `record_from_ns` (`stamp == 0`: from `zero_ns`).
+fn read_output(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    expected: &[u64],
+    record_from_ns: u64,
+    zero_ns: &AtomicU64,
+    stop: &AtomicBool,
+) -> Result<Seen, CliError> {
+    let consumer: BaseConsumer = client(brokers)
+        .set("group.id", "weir-bench-reader")
+        .set("enable.auto.commit", "false")
+        .set("isolation.level", "read_committed")
+        .set("fetch.wait.max.ms", "5")
+        .create()
+        .map_err(|e| kafka_err("the output reader", e))?;
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .map_err(|e| kafka_err("assign", e))?;
+    }
+    consumer.assign(&tpl).map_err(|e| kafka_err("assign", e))?;
+    let mut seen = Seen {
+        records: 0,
+        per_key: vec![(0, 0, 0); expected.len()],
+        latency_ns: Histogram::new_with_bounds(1_000, 600_000_000_000, 3).expect("valid bounds"),
+        last_ns: 0,
+        bad: 0,
+    };
+    let mut incomplete = expected.iter().filter(|&&c| c > 0).count();
+    let mut stop_seen: Option<Instant> = None;
+    let mut errors = 0u64;
+    while incomplete > 0 {
+        if stop.load(Ordering::Acquire) {
+            let at = *stop_seen.get_or_insert_with(Instant::now);
+            if at.elapsed() > DRAIN_TIMEOUT {
+                break;
+            }
+        }
+        let m = match consumer.poll(Duration::from_millis(100)) {
+            None => continue,
+            Some(Ok(m)) => m,
+            // Transient (a connection lost, all brokers down for a while: a
+            // stalled broker): the client reconnects on its own; the wait is
+            // bounded by the drain timeout once the job or producer is done.
+            Some(Err(e)) if !is_fatal(&e) => {
+                errors += 1;
+                continue;
+            }
+            Some(Err(e)) => return Err(kafka_err(format!("read {topic}"), e)),
+        };
+        let now = clock::now_ns();
+        let Some((key, count, stamp)) = m.payload().and_then(split3) else {
+            seen.bad += 1;
+            continue;
+        };
+        let Some(k) = seen.per_key.get_mut(key as usize) else {
+            seen.bad += 1;
+            continue;
+        };
+        seen.records += 1;
+        k.0 += 1;
+        k.2 += count as u128;
+        if count > k.1 {
+            k.1 = count;
+            if count == expected[key as usize] {
+                incomplete -= 1;
+                seen.last_ns = now;
+            }
+        }
+        let from = if stamp == 0 {
+            zero_ns.load(Ordering::Acquire)
+        } else {
+            stamp
+        };
+        if stamp >= record_from_ns && from > 0 {
+            let _ = seen.latency_ns.record(now.saturating_sub(from).max(1_000));
+        }
+    }
+    if errors > 0 {
+        eprintln!("weir bench: the output reader saw {errors} transient client errors (reconnected)");
+    }
+    Ok(seen)
+}
+
+/// A consumer error that reconnecting does not cure.
+fn is_fatal(e: &KafkaError) -> bool {
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::AllBrokersDown
+            | RDKafkaErrorCode::BrokerTransportFailure
+            | RDKafkaErrorCode::OperationTimedOut
+            | RDKafkaErrorCode::RequestTimedOut
+            | RDKafkaErrorCode::NetworkException
+            | RDKafkaErrorCode::NotCoordinator
+            | RDKafkaErrorCode::LeaderNotAvailable
+            | RDKafkaErrorCode::NotLeaderForPartition,
+        ) => false,
+        _ => true,
+    }
+}
+
+/// Final count per key of records `0..events`.
+fn expected_counts(events: u64, keys: u64) -> Vec<u64> {
+    let mut c = vec![0u64; keys as usize];
+    for seq in 0..events {
+        c[key_of(seq, keys) as usize] += 1;
+    }
+    c
+}
+
+struct Run<'a> {
+    brokers: &'a str,
+    args: &'a BenchArgs,
+    parallelism: usize,
+    events: u64,
+    exactly_once: bool,
+}
+
+impl Run<'_> {
+    fn go(&self) -> Result<KafkaBenchResult, CliError> {
+        let args = self.args;
+        let (brokers, partitions, events, keys) = (self.brokers, args.partitions, self.events, args.keys);
+        let tag = format!("{}-{}", std::process::id(), clock::now_ns() % 1_000_000_000);
+        let open = args.rate.is_some();
+        // The input: the given topic (filled once, reused while it holds
+        // exactly `events` records), else a fresh one.
+        let (input, own_input) =
+            match (&args.topic, open) {
+                (Some(t), false) => (t.clone(), false),
+                (Some(_), true) => return Err(CliError::Usage(
+                    "--topic names a pre-filled input for the closed loop; the open loop (--rate) writes a fresh topic"
+                        .into(),
+                )),
+                (None, _) => (format!("weir-bench-in-{tag}"), true),
+            };
+        let output = format!("weir-bench-out-{tag}");
+        create_topic(brokers, &input, partitions)?;
+        let mut fill_per_sec = None;
+        if !open {
+            let have = records_in(brokers, &input, partitions)?;
+            if have == 0 {
+                let r = fill(brokers, &input, partitions, events, keys)?;
+                eprintln!("weir bench: filled {input} with {events} records at {r:.0} records/s");
+                fill_per_sec = Some(r);
+            } else if have != events {
+                return Err(CliError::Usage(format!(
+                    "--topic {input} holds {have} records, not --events {events}: give a fresh topic name"
+                )));
+            }
+        }
+        create_topic(brokers, &output, partitions)?;
+        let expected = expected_counts(events, keys);
+        let dir = temp_checkpoint_dir();
+        let result = self.measure(&input, &output, &expected, fill_per_sec, &dir);
+        let _ = std::fs::remove_dir_all(&dir);
+        let markers = format!("{output}.weir-markers");
+        let mut topics = vec![output.as_str(), markers.as_str()];
+        if own_input {
+            topics.push(&input);
+        }
+        delete_topics(brokers, &topics);
+        result
+    }
+
+    fn measure(
+        &self,
+        input: &str,
+        output: &str,
+        expected: &[u64],
+        fill_per_sec: Option<f64>,
+        dir: &std::path::Path,
+    ) -> Result<KafkaBenchResult, CliError> {
+        let args = self.args;
+        let (brokers, partitions, events, keys, p) =
+            (self.brokers, args.partitions, self.events, args.keys, self.parallelism);
+        let open = args.rate.is_some();
+
+        let mut source = KafkaSourceConfig::new(brokers, input);
+        if !open {
+            source = source.bounded();
+        }
+        let pipeline = Pipeline::new("kafka-keyed");
+        let counted = pipeline
+            .source("kafka", p, move |i, n| {
+                KafkaSource::new(source.clone(), i, n, parse_input)
+            })
+            .key_by(|e: &Event| e.key)
+            .parallelism(p)
+            .process(|_key: &u64, st: &mut u64, e: Event, out: &mut Output<Event>| {
+                *st += 1;
+                out.emit(Event { value: *st, ..e });
+            })
+            .name("count");
+        let mut sink = KafkaSinkConfig::new(brokers, output);
+        sink.partitions = partitions;
+        let sink = Arc::new(sink);
+        let emitted = |e: &Event| e.emitted_ns;
+        if self.exactly_once {
+            let wal = WalSinkConfig::new(dir.join("kafka-wal"), dir.join("unused"));
+            counted.sink("kafka", move |i| {
+                weir_io::kafka::exactly_once(sink.clone(), wal.clone(), i, encode_output, emitted)
+            });
+        } else {
+            counted.sink("kafka", move |i| {
+                weir_io::kafka::at_least_once(sink.clone(), i, encode_output, emitted)
+            });
+        }
+        let cores = weir_core::available_cores();
+        let config = runtime_config(
+            args.workers.unwrap_or(cores),
+            args.ring_capacity,
+            args.batch_size,
+            args.mode,
+            args.checkpoint_interval_ms,
+            dir,
+        );
+
+        let stop = Arc::new(AtomicBool::new(false));
+        let zero = Arc::new(AtomicU64::new(0));
+        // Open loop: records scheduled from `start` on, one every 1/rate s.
+        let start_ns = clock::now_ns() + 2_000_000_000;
+        let record_from = if open { start_ns + WARMUP_NS } else { 0 };
+        let reader = {
+            let (brokers, output, expected) = (brokers.to_string(), output.to_string(), expected.to_vec());
+            let (stop, zero) = (stop.clone(), zero.clone());
+            std::thread::Builder::new()
+                .name("bench-reader".into())
+                .spawn(move || read_output(&brokers, &output, partitions, &expected, record_from, &zero, &stop))
+                .map_err(|e| io_err("the reader thread", e))?
+        };
+        zero.store(clock::now_ns(), Ordering::Release);
+        let job_started = clock::now_ns();
+        let job = pipeline.run(config);
+        let producer = match (&job, args.rate) {
+            (Ok(_), Some(rate)) => {
+                let (brokers, input) = (brokers.to_string(), input.to_string());
+                let stop = stop.clone();
+                Some(
+                    std::thread::Builder::new()
+                        .name("bench-producer".into())
+                        .spawn(move || open_loop(&brokers, &input, partitions, events, keys, rate, start_ns, &stop))
+                        .map_err(|e| io_err("the producer thread", e))?,
+                )
+            }
+            _ => None,
+        };
+        let joined = job.and_then(|job| {
+            if open {
+                // Runs until the reader has everything (or gave up).
+                while !reader.is_finished() && !job.is_finished() {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                job.cancel();
+            }
+            job.join()
+        });
+        stop.store(true, Ordering::Release);
+        let produced = producer.map(|t| {
+            t.join()
+                .unwrap_or_else(|_| Err(CliError::Wrong("producer panicked".into())))
+        });
+        let seen = reader
+            .join()
+            .unwrap_or_else(|_| Err(CliError::Wrong("the reader panicked".into())))?;
+        let result = joined?;
+        if let Some(produced) = produced {
+            produced?;
+        }
+        // The output, judged from the running counts.
+        let mut final_sum = 0u64;
+        let mut exact = true;
+        for (k, &(n, max, sum)) in seen.per_key.iter().enumerate() {
+            final_sum += max;
+            let want = expected[k];
+            if max != want {
+                return Err(CliError::Wrong(format!(
+                    "key {k}: the reader saw counts up to {max}, expected {want} (records lost)"
+                )));
+            }
+            exact &= n == max && sum == max as u128 * (max as u128 + 1) / 2;
+        }
+        if seen.bad > 0 {
+            return Err(CliError::Wrong(format!(
+                "{} output records were not `key,count,stamp`",
+                seen.bad
+            )));
+        }
+        if self.exactly_once && !(exact && seen.records == events) {
+            return Err(CliError::Wrong(format!(
+                "exactly-once: the reader saw {} records for {events} inputs (counts summing to {final_sum})",
+                seen.records
+            )));
+        }
+        let begin = if open { start_ns } else { job_started };
+        let seconds = seen.last_ns.saturating_sub(begin) as f64 / 1e9;
+        Ok(KafkaBenchResult {
+            pipeline: "kafka-keyed",
+            mode: args.mode.name(),
+            sink: if self.exactly_once {
+                "kafka-exactly-once"
+            } else {
+                "kafka-at-least-once"
+            },
+            checkpoint_interval_ms: args.checkpoint_interval_ms,
+            partitions,
+            parallelism: p,
+            keys,
+            rate: args.rate,
+            events,
+            fill_per_sec,
+            seconds,
+            events_per_sec: events as f64 / seconds,
+            job_seconds: result.elapsed.as_secs_f64(),
+            output_records: seen.records,
+            duplicates: seen.records - events.min(seen.records),
+            visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
+            latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+            checkpoints: CheckpointSummary::from_stats(&result.metrics.checkpoints),
+            machine: Machine::here(),
+        })
+    }
+}
+
+/// Sends records `0..events` at `rate` per second from `start_ns` on, each
+/// stamped with its scheduled time.
+#[allow(clippy::too_many_arguments)]
+fn open_loop(
+    brokers: &str,
+    topic: &str,
+    partitions: i32,
+    events: u64,
+    keys: u64,
+    rate: f64,
+    start_ns: u64,
+    stop: &AtomicBool,
+) -> Result<(), CliError> {
+    let p = producer(brokers, "0")?;
+    let gap = 1e9 / rate;
+    let mut seq = 0u64;
+    while seq < events && !stop.load(Ordering::Relaxed) {
+        let now = clock::now_ns();
+        // Every record due by now, then a short sleep.
+        while seq < events {
+            let due = start_ns + (seq as f64 * gap) as u64;
+            if due > now {
+                break;
+            }
+            send(&p, topic, partitions, seq, keys, due)?;
+            seq += 1;
+        }
+        p.poll(Duration::ZERO);
+        let next = start_ns + (seq as f64 * gap) as u64;
+        let wait = next.saturating_sub(clock::now_ns());
+        if wait > 0 {
+            std::thread::sleep(Duration::from_nanos(wait.min(1_000_000)));
+        }
+    }
+    p.flush(CLIENT_TIMEOUT)
+        .map_err(|e| kafka_err(format!("flush the producer of {topic}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn input_and_output_values_round_trip() {
+        let mut v = [0u8; 64];
+        let len = three(&mut v, 7, u64::MAX, 0);
+        assert_eq!(split3(&v[..len]), Some((7, u64::MAX, 0)));
+        for bad in [&b"1,2"[..], b"1,2,3,4", b"a,2,3", b"1,,3", b"1,2,99999999999999999999"] {
+            assert_eq!(split3(bad), None, "{:?}", std::str::from_utf8(bad));
+        }
+        let mut out = Vec::new();
+        encode_output(
+            &Event {
+                key: 12,
+                value: 3,
+                emitted_ns: 5,
+                seq: 99,
+            },
+            &mut out,
+        );
+        let (k, v) = framing::Records::new(&out).next().unwrap().unwrap();
+        assert_eq!((k, v), (&b"12"[..], &b"12,3,99"[..]));
+    }
+
+    #[test]
+    fn keys_cover_the_range() {
+        let c = expected_counts(10_000, 10);
+        assert_eq!(c.iter().sum::<u64>(), 10_000);
+        assert!(c.iter().all(|&n| n > 800), "{c:?}");
+    }
+}
