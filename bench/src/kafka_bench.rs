@@ -544,19 +544,19 @@ fn read_output(
 
 /// A consumer error that reconnecting does not cure.
 fn is_fatal(e: &KafkaError) -> bool {
-    match e.rdkafka_error_code() {
+    !matches!(
+        e.rdkafka_error_code(),
         Some(
             RDKafkaErrorCode::AllBrokersDown
-            | RDKafkaErrorCode::BrokerTransportFailure
-            | RDKafkaErrorCode::OperationTimedOut
-            | RDKafkaErrorCode::RequestTimedOut
-            | RDKafkaErrorCode::NetworkException
-            | RDKafkaErrorCode::NotCoordinator
-            | RDKafkaErrorCode::LeaderNotAvailable
-            | RDKafkaErrorCode::NotLeaderForPartition,
-        ) => false,
-        _ => true,
-    }
+                | RDKafkaErrorCode::BrokerTransportFailure
+                | RDKafkaErrorCode::OperationTimedOut
+                | RDKafkaErrorCode::RequestTimedOut
+                | RDKafkaErrorCode::NetworkException
+                | RDKafkaErrorCode::NotCoordinator
+                | RDKafkaErrorCode::LeaderNotAvailable
+                | RDKafkaErrorCode::NotLeaderForPartition,
+        )
+    )
 }
 
 /// Final count per key of records `0..events`.
