@@ -79,6 +79,11 @@ pub struct BenchArgs {
     /// ms here) and latency is queueing anyway. `off` to measure its cost.
     #[arg(long, value_enum, default_value = "auto")]
     pub platform_probe: Switch,
+    /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
+    /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
+    /// network). Paths: / (live page), /metrics, /api/job.
+    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// On, off, or decided by the run.
@@ -219,6 +224,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(d) = &args.state_dir {
             config.state_dir = Some(d.clone());
         }
+        config.metrics_addr = args.metrics_addr;
         let result = run_one(
             &spec,
             config,
@@ -328,6 +334,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
     let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
+        crate::metrics_arg::announce(&job);
         watch(&job, spec.events);
         job.join()
     });

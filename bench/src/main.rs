@@ -5,6 +5,7 @@ mod checkpoints_cmd;
 mod compare_cmd;
 mod disk_probe;
 mod event;
+mod metrics_arg;
 mod nexmark;
 mod pipelines;
 mod platform;

@@ -97,6 +97,11 @@ pub struct RunArgs {
     /// watch a job, or give a crash test time to kill it); 0: no limit.
     #[arg(long, default_value_t = 0)]
     pub throttle: u64,
+    /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
+    /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
+    /// network). Paths: / (live page), /metrics, /api/job.
+    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Longest accepted key.
