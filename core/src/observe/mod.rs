@@ -104,31 +104,38 @@ fn lock(r: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
 
 fn route(path: &str, registry: &Mutex<Registry>, read: &ReadJob) -> Response {
     match path {
-        "/metrics" => {
-            let (m, finished) = read();
-            let mut r = lock(registry);
-            r.absorb_checkpoints(&m.checkpoints);
-            Response {
-                status: 200,
-                content_type: "text/plain; version=0.0.4; charset=utf-8",
-                body: r.prometheus(&m, finished, clock::now_ns()).into_bytes(),
-            }
-        }
-        "/api/job" => {
-            let (m, finished) = read();
-            let mut r = lock(registry);
-            r.absorb_checkpoints(&m.checkpoints);
-            Response {
-                status: 200,
-                content_type: "application/json",
-                body: r.json(&m, finished, clock::now_ns()).to_string().into_bytes(),
-            }
-        }
+        "/metrics" => render(
+            registry,
+            read,
+            "text/plain; version=0.0.4; charset=utf-8",
+            |r, m, ended, now| r.prometheus(m, ended, now).into_bytes(),
+        ),
+        "/api/job" => render(registry, read, "application/json", |r, m, ended, now| {
+            r.json(m, ended, now).to_string().into_bytes()
+        }),
         "/" | "/index.html" => Response {
             status: 200,
             content_type: "text/html; charset=utf-8",
             body: PAGE.as_bytes().to_vec(),
         },
         _ => Response::text(404, "not found: the paths are /, /metrics and /api/job\n"),
+    }
+}
+
+/// Reads the job's metrics afresh (a scrape at the end of a job sees its
+/// final figures) and renders them with the registry's rates.
+fn render(
+    registry: &Mutex<Registry>,
+    read: &ReadJob,
+    content_type: &'static str,
+    write: impl FnOnce(&Registry, &JobMetrics, bool, u64) -> Vec<u8>,
+) -> Response {
+    let (m, ended) = read();
+    let mut r = lock(registry);
+    r.absorb_checkpoints(&m.checkpoints);
+    Response {
+        status: 200,
+        content_type,
+        body: write(&r, &m, ended, clock::now_ns()),
     }
 }
