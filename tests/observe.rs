@@ -141,7 +141,7 @@ fn sample<'a>(
         .iter()
         .find(|s| {
             s.metric == metric
-                && task.map_or(true, |(t, i)| {
+                && task.is_none_or(|(t, i)| {
                     s.labels.get("task") == Some(t) && s.labels.get("subtask") == Some(i.to_string().as_str())
                 })
         })
@@ -232,7 +232,7 @@ fn metrics_parse_and_match_job_metrics_at_the_end() {
         histogram_count("weir_processing_latency_seconds"),
         m.latency_ns.len() as f64
     );
-    assert!(m.latency_ns.len() > 0);
+    assert!(!m.latency_ns.is_empty());
     let result = job.join().unwrap();
     assert_eq!(result.outcome, Outcome::Finished);
 }
@@ -415,7 +415,11 @@ fn live_page_shows_checkpoints_and_every_task_in_chromium() {
         "the page never showed 2 completed checkpoints and 5 tasks; last DOM:\n{dom}"
     );
     for t in job.metrics().tasks {
-        let attrs = format!("data-task=\"{}\" data-subtask=\"{}\"", t.name.replace('>', "&gt;"), t.subtask);
+        let attrs = format!(
+            "data-task=\"{}\" data-subtask=\"{}\"",
+            t.name.replace('>', "&gt;"),
+            t.subtask
+        );
         assert!(dom.contains(&attrs), "the graph shows task {} #{}", t.name, t.subtask);
     }
     let shot = out_dir.join("live-page.png");

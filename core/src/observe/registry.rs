@@ -75,7 +75,7 @@ impl GraphInfo {
         self.chains
             .iter()
             .enumerate()
-            .flat_map(|(c, ch)| std::iter::repeat(c).take(ch.parallelism))
+            .flat_map(|(c, ch)| std::iter::repeat_n(c, ch.parallelism))
             .collect()
     }
 
