@@ -97,6 +97,11 @@ pub struct BenchArgs {
     /// fresh topic per run].
     #[arg(long)]
     pub topic: Option<String>,
+    /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
+    /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
+    /// network). Paths: / (live page), /metrics, /api/job.
+    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Where `weir bench` reads its records.
@@ -262,6 +267,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         // many threads as it has workers).
         let copy = (args.pipeline == Kind::Stateless && args.rate.is_none())
             .then(|| crate::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
+        config.metrics_addr = args.metrics_addr;
         let result = run_one(
             &spec,
             config,
@@ -384,6 +390,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
     let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
+        crate::metrics_arg::announce(&job);
         watch(&job, spec.events);
         job.join()
     });

@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// the newest copy in them (stop every old process first).
     #[arg(long)]
     pub rescale_from: Vec<PathBuf>,
+    /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
+    /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
+    /// network). Paths: / (live page), /metrics, /api/job.
+    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Longest accepted key.
@@ -316,7 +321,7 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
         std::fs::create_dir_all(dir).map_err(io(dir))?;
     }
     let workers = weir_core::available_cores().min(2 * args.parallelism);
-    let started = start_job(args, &inputs, &output_to, &args.checkpoint_dir, None, workers)?;
+    let started = start_job(args, &inputs, &output_to, &args.checkpoint_dir, None, workers, true)?;
     let result = started.job.join()?;
     report(args, &output_to, "", &result, &started.kafka_stats, started.started)
 }
@@ -333,7 +338,7 @@ type Shard = (usize, usize);
 
 /// Builds the keyed count over `inputs` into `output_to` with its
 /// checkpoints in `checkpoint_dir` (a shard's: only its partitions, its
-/// sink slots) and starts it.
+/// sink slots) and starts it; `serve_metrics`: it serves `--metrics-addr` (one job per process does).
 fn start_job(
     args: &RunArgs,
     inputs: &[Input],
@@ -341,6 +346,7 @@ fn start_job(
     checkpoint_dir: &std::path::Path,
     shard: Option<Shard>,
     workers: usize,
+    serve_metrics: bool,
 ) -> Result<Started, CliError> {
     let io = |path: &std::path::Path| {
         let p = path.display().to_string();
@@ -489,10 +495,12 @@ fn start_job(
             attempts: 3,
             delay: Duration::from_millis(100),
         },
+        metrics_addr: args.metrics_addr.filter(|_| serve_metrics),
         ..RuntimeConfig::default()
     };
     let started = clock::now_ns();
     let job = pipeline.run(config)?;
+    crate::metrics_arg::announce(&job);
     Ok(Started {
         job,
         kafka_stats,
@@ -601,8 +609,10 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
     );
     let workers = (weir_core::available_cores() / plan.owned.len()).clamp(1, 2 * args.parallelism);
     let mut running = Vec::new();
-    for (s, dir) in &plan.owned {
-        match start_job(args, inputs, output_to, dir, Some((plan.shards, *s)), workers) {
+    for (k, (s, dir)) in plan.owned.iter().enumerate() {
+        // One endpoint per process, the first shard's (the others would ask
+        // for the same address).
+        match start_job(args, inputs, output_to, dir, Some((plan.shards, *s)), workers, k == 0) {
             Ok(job) => running.push(Some((*s, job))),
             Err(e) => {
                 stop_all(&mut running);

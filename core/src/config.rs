@@ -70,6 +70,16 @@ pub struct RuntimeConfig {
     /// mind that a store outgrowing its file system fails the process
     /// (SIGBUS), on a disk as in memory.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Serve the job's metrics while it runs: Prometheus text at
+    /// `/metrics`, JSON with the job graph at `/api/job` and a live page at
+    /// `/` (see `docs/observability.md`). Default `None`: no endpoint.
+    ///
+    /// Use a loopback address (`127.0.0.1:9464`; port 0 picks a free port,
+    /// see [`crate::JobHandle::metrics_addr`]). The endpoint has no
+    /// authentication: binding another interface (`0.0.0.0:9464`) shows the
+    /// job's metrics, names and checkpoint history to the network, so do it
+    /// only where that network is trusted.
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 impl Default for RuntimeConfig {
@@ -84,6 +94,7 @@ impl Default for RuntimeConfig {
             checkpointing: None,
             restart: RestartStrategy::None,
             state_dir: None,
+            metrics_addr: None,
         }
     }
 }

@@ -39,6 +39,14 @@ pub(crate) struct TaskContext {
     pub(crate) last_barrier: u64,
     /// The parker of the worker that runs this task (none outside a job).
     pub(crate) parker: Option<Arc<Parker>>,
+    /// Set by the task when its turn ended on full output (backpressure);
+    /// cleared by the worker before each turn.
+    pub(crate) output_blocked: bool,
+    /// Where the task's time went, ns: accounted by the worker per turn
+    /// (see `job::TurnClock`), published with the counters.
+    pub(crate) busy_ns: u64,
+    pub(crate) backpressured_ns: u64,
+    pub(crate) idle_ns: u64,
 }
 
 impl TaskContext {
@@ -67,6 +75,10 @@ impl TaskContext {
             abort_id_seen: 0,
             last_barrier: 0,
             parker: None,
+            output_blocked: false,
+            busy_ns: 0,
+            backpressured_ns: 0,
+            idle_ns: 0,
         }
     }
 
@@ -81,6 +93,11 @@ impl TaskContext {
     pub(crate) fn end_turn(&mut self) {
         self.counters.records_in.store(self.records_in, Ordering::Relaxed);
         self.counters.records_out.store(self.records_out, Ordering::Relaxed);
+        self.counters.busy_ns.store(self.busy_ns, Ordering::Relaxed);
+        self.counters
+            .backpressured_ns
+            .store(self.backpressured_ns, Ordering::Relaxed);
+        self.counters.idle_ns.store(self.idle_ns, Ordering::Relaxed);
         if let Some(now) = self.turn_now_ns.take() {
             self.latency.maybe_publish(now, &self.registry.latency);
             self.visible.maybe_publish(now, &self.registry.visible);

@@ -70,6 +70,19 @@ pub enum Error {
         source: std::io::Error,
     },
 
+    /// The metrics endpoint ([`crate::RuntimeConfig::metrics_addr`]) could
+    /// not listen on its address.
+    #[error(
+        "could not serve metrics on {addr}: {source}; choose a free port (or port 0 for any) in \
+         RuntimeConfig::metrics_addr / --metrics-addr"
+    )]
+    Metrics {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// The operating system's error.
+        source: std::io::Error,
+    },
+
     /// The state backend failed to read or write its files, or was used
     /// inconsistently (for example restored from handles of another layout).
     #[error("state: {context}: {message}")]

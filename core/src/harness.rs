@@ -31,7 +31,7 @@ pub struct Harness {
 impl Harness {
     /// A context for subtask `subtask` of `parallelism`.
     pub fn new(subtask: usize, parallelism: usize) -> Self {
-        let counters = Arc::new(TaskCounters::new("harness".into(), subtask, parallelism, 0));
+        let counters = Arc::new(TaskCounters::new("harness".into(), subtask, parallelism, 0, 0));
         let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
         Harness {
             task: TaskContext::new(

@@ -29,6 +29,7 @@ use crate::checkpoint::recovery::{self, Restored};
 use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
 use crate::checkpoint::storage::ManifestGroup;
 use crate::checkpoint::{CheckpointStats, RestartRecord, RestoreFrom};
+use crate::clock;
 use crate::collector::RestoreCtx;
 use crate::config::RuntimeConfig;
 use crate::context::TaskContext;
@@ -115,6 +116,8 @@ pub struct JobHandle {
     name: String,
     shared: Arc<JobShared>,
     thread: Option<JoinHandle<Result<JobResult>>>,
+    /// The metrics endpoint, when configured: lives as long as the handle.
+    observer: Option<crate::observe::Observer>,
 }
 
 impl JobHandle {
@@ -146,6 +149,14 @@ impl JobHandle {
         self.shared.metrics()
     }
 
+    /// The address of the metrics endpoint
+    /// ([`RuntimeConfig::metrics_addr`], with the port the system chose for
+    /// port 0), if it is on. It keeps answering after the job ends, until
+    /// the handle is joined or dropped.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.observer.as_ref().and_then(|o| o.addr())
+    }
+
     /// Waits for the job to end; returns its error if it failed (after
     /// exhausting its restart strategy).
     pub fn join(mut self) -> Result<JobResult> {
@@ -168,6 +179,35 @@ impl Drop for JobHandle {
 struct Placed {
     task: Box<dyn Task>,
     ctx: TaskContext,
+    /// Where the task's time is accounted up to (clock ns).
+    mark_ns: u64,
+}
+
+impl Placed {
+    /// Accounts the time since the task's last turn ended, up to `now`:
+    /// waiting behind full output is backpressure, any other wait is idle.
+    #[inline]
+    fn account_wait(&mut self, now: u64) {
+        let gap = now.saturating_sub(self.mark_ns);
+        if self.ctx.output_blocked {
+            self.ctx.backpressured_ns += gap;
+        } else {
+            self.ctx.idle_ns += gap;
+        }
+        self.mark_ns = now;
+    }
+
+    /// Accounts a turn that ran from the mark to `end`: busy if it did
+    /// work, else backpressured or idle as it ended.
+    #[inline]
+    fn account_turn(&mut self, end: u64, progressed: bool) {
+        if progressed {
+            self.ctx.busy_ns += end.saturating_sub(self.mark_ns);
+            self.mark_ns = end;
+        } else {
+            self.account_wait(end);
+        }
+    }
 }
 
 /// Everything one attempt needs to run.
@@ -256,9 +296,14 @@ fn prepare(
         let group = &plan.groups[g];
         let ops: Arc<[String]> = group.ops.clone().into();
         let name = group.ops.join(" -> ");
-        let input_capacity = (group.input_rings * config.ring_capacity) as u64;
         for (i, task) in tasks.into_iter().enumerate() {
-            let c = Arc::new(TaskCounters::new(name.clone(), i, group.parallelism, input_capacity));
+            let c = Arc::new(TaskCounters::new(
+                name.clone(),
+                i,
+                group.parallelism,
+                group.input_rings,
+                config.ring_capacity as u64,
+            ));
             counters.push(c.clone());
             infos.push(TaskInfo {
                 group: g,
@@ -334,7 +379,7 @@ fn prepare(
             parallelism: group.parallelism,
             message: format!("could not open: {e}"),
         })?;
-        out.push(Placed { task, ctx });
+        out.push(Placed { task, ctx, mark_ns: 0 });
     }
     Ok(Prepared {
         state_root,
@@ -361,6 +406,22 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     }
     config.restart.validate()?;
     let (groups, fingerprint) = graph_description(&plan);
+    let metrics_addr = config.metrics_addr;
+    let graph_info = crate::observe::GraphInfo {
+        job: plan.name.clone(),
+        chains: plan
+            .groups
+            .iter()
+            .map(|g| crate::observe::ChainInfo {
+                operators: g.ops.clone(),
+                parallelism: g.parallelism,
+                input_rings: g.input_rings,
+            })
+            .collect(),
+        edges: plan.edge_groups.clone(),
+        ring_capacity: config.ring_capacity,
+        checkpoint_mode: config.checkpointing.as_ref().map(|c| c.mode.name()),
+    };
     let root = config.checkpointing.as_ref().map(|c| c.dir.clone());
     let restored = match &config.checkpointing {
         Some(c) => {
@@ -415,6 +476,16 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         stats,
         job_thread: Mutex::new(None),
     });
+    // Before the job thread starts: an address in use fails the job
+    // before it has read or written anything.
+    let observer = match metrics_addr {
+        Some(addr) => {
+            let sh = shared.clone();
+            let read: crate::observe::ReadJob = Arc::new(move || (sh.metrics(), sh.finished.load(Ordering::Acquire)));
+            Some(crate::observe::Observer::start(addr, graph_info, read)?)
+        }
+        None => None,
+    };
     let name = plan.name.clone();
     let sh = shared.clone();
     let retained: VecDeque<u64> = match &config.checkpointing {
@@ -448,6 +519,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         name,
         shared,
         thread: Some(thread),
+        observer,
     })
 }
 
@@ -799,12 +871,23 @@ fn worker_main(
     let mut idler = Idler::new(idle);
     // Set after `prepare_park`: the next round is the last look before parking.
     let mut parking = false;
+    let start = clock::now_ns();
+    for t in &mut tasks {
+        t.mark_ns = start;
+    }
     while !tasks.is_empty() && !attempt.stop.load(Ordering::Relaxed) {
         let mut progressed = false;
         let mut i = 0;
+        // One clock reading per turn (a batch): each turn's end is the next
+        // one's start; the reading here covers the worker's back-off.
+        let mut now = clock::now_ns();
         while i < tasks.len() {
             let placed = &mut tasks[i];
+            placed.account_wait(now);
+            placed.ctx.output_blocked = false;
             let result = catch_unwind(AssertUnwindSafe(|| placed.task.poll(&mut placed.ctx)));
+            now = clock::now_ns();
+            placed.account_turn(now, matches!(result, Ok(Ok(TaskPoll::Progress | TaskPoll::Done))));
             placed.ctx.end_turn();
             let failure = match result {
                 Ok(Ok(TaskPoll::Progress)) => {

@@ -15,7 +15,8 @@
 //! - [`Source`] and [`Sink`] are the two traits to implement to connect
 //!   weir to the outside world; `weir-io` has ready ones.
 //! - [`RuntimeConfig`] sets workers, pinning, ring capacity, batch size and
-//!   the [`IdleStrategy`].
+//!   the [`IdleStrategy`]; [`RuntimeConfig::metrics_addr`] serves Prometheus
+//!   metrics and a live page while the job runs.
 //!
 //! ## Guarantees of the runtime
 //!
@@ -48,6 +49,7 @@ pub mod join;
 pub mod keyed;
 mod message;
 mod metrics;
+mod observe;
 mod operators;
 mod output;
 mod pipeline;
@@ -65,7 +67,9 @@ pub mod window;
 #[cfg(test)]
 mod ring_tests;
 
-pub use checkpoint::{CheckpointConfig, CheckpointMode, CheckpointStats, RestartStrategy, RestoreFrom, RetainOnCancel};
+pub use checkpoint::{
+    CheckpointConfig, CheckpointMode, CheckpointStats, FailedCheckpoint, RestartStrategy, RestoreFrom, RetainOnCancel,
+};
 pub use config::{
     available_cores, default_state_dir, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS,
     MIN_RING_CAPACITY,

@@ -1,5 +1,6 @@
 //! Live and final metrics of a job: records per task, ring occupancy
-//! (backpressure) and end-to-end latency.
+//! (backpressure), where each task spends its time (busy, idle,
+//! backpressured), source backlog and end-to-end latency.
 //!
 //! Tasks count in plain local integers and publish them with one relaxed
 //! store per scheduling turn; sinks record latency into a task-local
@@ -38,10 +39,24 @@ pub(crate) struct TaskCounters {
     pub(crate) input_queued: AtomicU64,
     /// Total slots of this task's input rings (0 for a source).
     pub(crate) input_capacity: u64,
+    /// Messages waiting in each input ring when the task last looked, in
+    /// input order (empty for a source).
+    pub(crate) channel_queued: Box<[AtomicU64]>,
+    /// Time the task's turns did work, ns.
+    pub(crate) busy_ns: AtomicU64,
+    /// Time the task could not go on because its output was full, ns.
+    pub(crate) backpressured_ns: AtomicU64,
+    /// The rest of the task's time (no input, or waiting its turn), ns.
+    pub(crate) idle_ns: AtomicU64,
+    /// What a source has left to read ([`NO_BACKLOG`]: it does not know).
+    pub(crate) backlog: AtomicU64,
 }
 
+/// The value of [`TaskCounters::backlog`] when the source does not know it.
+pub(crate) const NO_BACKLOG: u64 = u64::MAX;
+
 impl TaskCounters {
-    pub(crate) fn new(name: String, subtask: usize, parallelism: usize, input_capacity: u64) -> Self {
+    pub(crate) fn new(name: String, subtask: usize, parallelism: usize, inputs: usize, ring_capacity: u64) -> Self {
         TaskCounters {
             name,
             subtask,
@@ -49,7 +64,12 @@ impl TaskCounters {
             records_in: CachePadded::new(AtomicU64::new(0)),
             records_out: CachePadded::new(AtomicU64::new(0)),
             input_queued: AtomicU64::new(0),
-            input_capacity,
+            input_capacity: inputs as u64 * ring_capacity,
+            channel_queued: (0..inputs).map(|_| AtomicU64::new(0)).collect(),
+            busy_ns: AtomicU64::new(0),
+            backpressured_ns: AtomicU64::new(0),
+            idle_ns: AtomicU64::new(0),
+            backlog: AtomicU64::new(NO_BACKLOG),
         }
     }
 
@@ -62,6 +82,11 @@ impl TaskCounters {
             records_out: self.records_out.load(Ordering::Relaxed),
             input_queued: self.input_queued.load(Ordering::Relaxed),
             input_capacity: self.input_capacity,
+            channel_queued: self.channel_queued.iter().map(|q| q.load(Ordering::Relaxed)).collect(),
+            busy_ns: self.busy_ns.load(Ordering::Relaxed),
+            backpressured_ns: self.backpressured_ns.load(Ordering::Relaxed),
+            idle_ns: self.idle_ns.load(Ordering::Relaxed),
+            backlog: Some(self.backlog.load(Ordering::Relaxed)).filter(|&b| b != NO_BACKLOG),
         }
     }
 }
@@ -83,6 +108,22 @@ pub struct TaskMetrics {
     pub input_queued: u64,
     /// Total capacity of the task's input rings (0 for a source).
     pub input_capacity: u64,
+    /// Messages queued in each input ring (one ring per upstream subtask,
+    /// in input order) when last observed; each ring holds
+    /// `input_capacity / channel_queued.len()` messages.
+    pub channel_queued: Vec<u64>,
+    /// Time the task spent doing work, ns (Flink's busy time).
+    pub busy_ns: u64,
+    /// Time the task could not go on because its output rings (or its
+    /// sink's target) were full, ns (Flink's backpressured time).
+    pub backpressured_ns: u64,
+    /// Time the task had nothing to do or waited for its worker, ns.
+    /// `busy_ns + backpressured_ns + idle_ns` is the task's running time.
+    pub idle_ns: u64,
+    /// For a source that knows it ([`crate::Source::backlog`]): what it has
+    /// left to read, in the unit the source documents (bytes of a file,
+    /// records behind a partition's end).
+    pub backlog: Option<u64>,
 }
 
 impl TaskMetrics {
@@ -231,7 +272,7 @@ mod tests {
 
     #[test]
     fn occupancy_of_source_is_zero() {
-        let c = TaskCounters::new("src".into(), 0, 1, 0);
+        let c = TaskCounters::new("src".into(), 0, 1, 0, 2048);
         assert_eq!(c.snapshot().input_occupancy(), 0.0);
     }
 }

@@ -578,7 +578,7 @@ mod tests {
     fn output_channel_state_keeps_staged_watermarks() {
         use crate::checkpoint::snapshot::TaskSnapshot;
         use crate::metrics::{MetricsRegistry, TaskCounters};
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0));
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0, 0));
         let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
         let mut ctx = TaskContext::new(0, 1, vec!["x".to_string()].into(), counters, registry);
         let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 2);

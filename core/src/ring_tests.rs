@@ -64,7 +64,7 @@ fn wait(start: Instant, what: &str) {
 }
 
 fn test_ctx(input_capacity: u64) -> (TaskContext, Arc<TaskCounters>) {
-    let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, input_capacity));
+    let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 1, input_capacity));
     let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
     let ops: Arc<[String]> = vec!["test".to_string()].into();
     (TaskContext::new(0, 1, ops, counters.clone(), registry), counters)

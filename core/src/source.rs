@@ -88,6 +88,15 @@ pub trait Source<T>: Send + 'static {
         let _ = checkpoint;
         Ok(())
     }
+
+    /// What is left to read, if the source knows it cheaply: bytes to the
+    /// end of a file, records behind the end of a partition. Shown as
+    /// source lag in [`crate::TaskMetrics::backlog`] and on the metrics
+    /// endpoint. Called once after every poll (a batch), never per record,
+    /// so it must not block nor allocate. Default: unknown.
+    fn backlog(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// A bounded, replayable source over a shared vector: each subtask emits
@@ -142,5 +151,10 @@ impl<T: Clone + Send + Sync + 'static> Source<T> for VecSource<T> {
 
     fn is_replayable(&self) -> bool {
         true
+    }
+
+    /// Records this subtask has left to emit.
+    fn backlog(&self) -> Option<u64> {
+        Some(self.items.len().saturating_sub(self.next).div_ceil(self.stride) as u64)
     }
 }

@@ -132,11 +132,13 @@ fn common_phase<T>(
                 *phase = Phase::Done;
                 Ok(Some(TaskPoll::Done))
             } else {
+                ctx.output_blocked = true;
                 Ok(Some(TaskPoll::Idle))
             }
         }
         Phase::AwaitFinal(id) => {
             if !chain.flush(ctx)? {
+                ctx.output_blocked = true;
                 return Ok(Some(TaskPoll::Idle));
             }
             if ctx.notified >= id {
@@ -151,6 +153,7 @@ fn common_phase<T>(
             if chain.flush(ctx)? {
                 Ok(None)
             } else {
+                ctx.output_blocked = true;
                 Ok(Some(TaskPoll::Idle))
             }
         }
@@ -300,6 +303,12 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
         let status = self.source.poll(&mut self.batch, self.batch_size, &mut sctx)?;
         let watermark = sctx.watermark;
         let emitted = self.batch.len();
+        if let Some(left) = self.source.backlog() {
+            ctx.counters.backlog.store(
+                left.min(crate::metrics::NO_BACKLOG - 1),
+                std::sync::atomic::Ordering::Relaxed,
+            );
+        }
         ctx.records_in += emitted as u64;
         if emitted > 0 {
             self.chain.collect(&mut self.batch, ctx)?;
@@ -991,6 +1000,9 @@ impl<T: Data> Task for InputTask<T> {
             let inbox = &mut self.inputs[i];
             let available = inbox.ring.slots();
             queued += available as u64;
+            if let Some(q) = ctx.counters.channel_queued.get(i) {
+                q.store(available as u64, std::sync::atomic::Ordering::Relaxed);
+            }
             if inbox.ended || inbox.blocked {
                 continue;
             }
@@ -1059,7 +1071,11 @@ impl<T: Data> Task for InputTask<T> {
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();
             }
-            if out_of_time || !self.chain.flush(ctx)? {
+            let flushed = out_of_time || self.chain.flush(ctx)?;
+            if !flushed {
+                ctx.output_blocked = true;
+            }
+            if out_of_time || !flushed {
                 // Out of time, or output backpressured: read no more this
                 // turn (the collector contract).
                 budget = 0;

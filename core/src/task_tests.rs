@@ -51,7 +51,7 @@ impl Harness {
             next: 0,
         };
         let task = InputTask::new(inboxes, Box::new(chain), 64);
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 64 * n as u64));
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, n, 64));
         let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
         let ops: Arc<[String]> = vec!["test".to_string()].into();
         let mut ctx = TaskContext::new(0, 1, ops, counters, registry);

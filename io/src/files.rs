@@ -42,6 +42,9 @@ struct InputFile {
     path: PathBuf,
     /// `path` as shown in [`LineInfo::file`] and in errors.
     display: String,
+    /// Bytes of this file and of every later one of the subtask, when
+    /// listed: the backlog (source lag) is this minus the position read.
+    bytes_from_here: u64,
 }
 
 /// One subtask of a newline-delimited file source; see the module docs.
@@ -332,16 +335,25 @@ fn list_inputs(root: &Path, subtask: usize, parallelism: usize) -> Result<Vec<In
             .map_or_else(|| root.display().to_string(), |n| n.to_string_lossy().into_owned());
         all.push((name, root.to_path_buf()));
     }
-    Ok(all
+    let mut mine: Vec<InputFile> = all
         .into_iter()
         .enumerate()
         .filter(|(i, _)| i % parallelism == subtask)
         .map(|(_, (name, path))| InputFile {
             display: path.display().to_string(),
+            // Only for the backlog metric: a file that cannot be read fails
+            // the job at its first read, with the reason.
+            bytes_from_here: std::fs::metadata(&path).map_or(0, |m| m.len()),
             name,
             path,
         })
-        .collect())
+        .collect();
+    let mut later = 0;
+    for f in mine.iter_mut().rev() {
+        later += f.bytes_from_here;
+        f.bytes_from_here = later;
+    }
+    Ok(mine)
 }
 
 impl<T, P> Source<T> for FileSource<T, P>
@@ -364,6 +376,18 @@ where
 
     fn is_replayable(&self) -> bool {
         true
+    }
+
+    /// Bytes not yet parsed, in the current file and the later ones, by
+    /// the sizes the files had when listed (the first poll or seek).
+    fn backlog(&self) -> Option<u64> {
+        let files = self.files.as_deref()?;
+        let read = self.buf_pos + self.start as u64;
+        Some(
+            files
+                .get(self.cur)
+                .map_or(0, |f| f.bytes_from_here.saturating_sub(read)),
+        )
     }
 }
 
@@ -431,6 +455,28 @@ mod tests {
         // A single file works too.
         let one = drain(&mut source(&dir.path().join("b.csv"), 0, 1), 10).unwrap();
         assert_eq!(one.iter().map(|r| r.2).collect::<Vec<_>>(), vec![3, 4]);
+    }
+
+    /// The backlog counts the bytes not yet parsed, across files, down to 0.
+    #[test]
+    fn backlog_is_the_bytes_left() {
+        let dir = folder();
+        let mut src = source(dir.path(), 0, 1);
+        assert_eq!(src.backlog(), None, "not listed before the first poll");
+        let mut h = Harness::new(0, 1);
+        let mut seen = Vec::new();
+        loop {
+            let mut out = Vec::new();
+            let status = h.poll_source(&mut src, &mut out, 1).unwrap();
+            seen.push(src.backlog().unwrap());
+            if status == SourcePoll::Done {
+                break;
+            }
+        }
+        // a.csv (7 bytes) + b.csv (8) + c.csv (0) + d.csv (4) = 19 bytes.
+        assert!(seen[0] < 19 && seen[0] >= 15, "{seen:?}");
+        assert!(seen.windows(2).all(|w| w[1] <= w[0]), "never grows: {seen:?}");
+        assert_eq!(*seen.last().unwrap(), 0);
     }
 
     #[test]

@@ -72,6 +72,11 @@ pub struct NexmarkArgs {
     /// How far out of time order the input may be, milliseconds.
     #[arg(long, default_value_t = 0)]
     pub out_of_orderness_ms: i64,
+    /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
+    /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
+    /// network). Paths: / (live page), /metrics, /api/job.
+    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 /// Runs `weir nexmark`.
@@ -167,10 +172,13 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
             attempts: 5,
             delay: Duration::from_millis(50),
         },
+        metrics_addr: args.metrics_addr,
         ..RuntimeConfig::default()
     };
     let started = clock::now_ns();
-    let result = pipeline.run(config)?.join()?;
+    let job = pipeline.run(config)?;
+    crate::metrics_arg::announce(&job);
+    let result = job.join()?;
     let n = assemble(q, &staging, out_dir)?;
     rows.store(n, Ordering::Relaxed);
     std::fs::remove_dir_all(&staging).map_err(io_err(&staging))?;

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::config::{CheckpointConfig, RetainOnCancel};
 use super::signals::{Event, Signals};
 use super::snapshot::{AckedState, TaskAck};
-use super::stats::{CheckpointRecord, CheckpointStats, TaskCheckpointStats};
+use super::stats::{CheckpointRecord, CheckpointStats, FailedCheckpoint, TaskCheckpointStats};
 use super::storage::{self, FileRef, Manifest, ManifestGroup, ManifestTask, Removal};
 use crate::clock;
 
@@ -232,6 +232,7 @@ impl Coordinator {
                 folder_synced,
             },
         );
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = self.pending.len() as u64;
         Ok(())
     }
 
@@ -293,6 +294,7 @@ impl Coordinator {
         let p = self.pending.remove(&id).expect("completing a pending checkpoint");
         let acks: Vec<TaskAck> = p.acks.into_iter().map(|a| a.expect("every task acked")).collect();
         let duration = p.trigger.elapsed();
+        let acked_us = duration.as_micros() as u64;
         // Inline states go one after another into the manifest's inline
         // part; the others are files of their own.
         let manifest_path = storage::checkpoint_dir(Path::new(""), id)
@@ -343,7 +345,7 @@ impl Coordinator {
             mode: self.cfg.mode,
             is_final: p.is_final,
             trigger_unix_ms: p.trigger_unix_ms,
-            duration_us: duration.as_micros() as u64,
+            duration_us: acked_us,
             groups: self.groups.clone(),
             tasks,
             files: {
@@ -380,6 +382,8 @@ impl Coordinator {
             id,
             is_final: p.is_final,
             trigger_ms: (clock::now_ns().saturating_sub(self.job_start_ns) as f64 / 1e6) - duration.as_secs_f64() * 1e3,
+            trigger_unix_ms: p.trigger_unix_ms,
+            acked_us,
             duration_us: duration.as_micros() as u64,
             state_bytes: acks.iter().map(|a| a.state_bytes).sum(),
             channel_state_bytes: acks.iter().map(|a| a.channel_state_bytes).sum(),
@@ -396,10 +400,11 @@ impl Coordinator {
                 })
                 .collect(),
         };
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .record_completed(record);
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.record_completed(record);
+            stats.in_progress = self.pending.len() as u64;
+        }
         // Older checkpoints still pending can only complete after this
         // one: they are subsumed now, so that none of them ever becomes
         // the latest (sinks commit through `id` already; a restore must
@@ -428,7 +433,11 @@ impl Coordinator {
         if self.discard(id).is_none() {
             return;
         }
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).subsumed += 1;
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.subsumed += 1;
+            stats.in_progress = self.pending.len() as u64;
+        }
         tracing::debug!(checkpoint = id, by, "checkpoint subsumed by a newer completed one");
     }
 
@@ -548,7 +557,16 @@ impl Coordinator {
         };
         self.collect_garbage();
         self.consecutive_failures += 1;
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).failed += 1;
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.record_failed(FailedCheckpoint {
+                id,
+                trigger_unix_ms: p.trigger_unix_ms,
+                duration_us: p.trigger.elapsed().as_micros() as u64,
+                reason: reason.clone(),
+            });
+            stats.in_progress = self.pending.len() as u64;
+        }
         tracing::warn!(checkpoint = id, %reason, "checkpoint aborted");
         if p.is_final {
             return Err(CoordinatorError::Failed(format!(
@@ -572,6 +590,7 @@ impl Coordinator {
             self.signals.abort(id);
             let _ = self.remove_folder(id);
         }
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = 0;
         if cancelled && self.cfg.retain_on_cancel == RetainOnCancel::Delete {
             for id in std::mem::take(&mut self.retained) {
                 let _ = self.remove_folder(id);

@@ -26,4 +26,4 @@ pub use config::{
     CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, DEFAULT_INLINE_STATE_MAX,
     MAX_CONCURRENT, MAX_INLINE_STATE, MAX_RETAINED, MIN_INTERVAL,
 };
-pub use stats::{CheckpointRecord, CheckpointStats, RestartRecord, TaskCheckpointStats, MAX_HISTORY};
+pub use stats::{CheckpointRecord, CheckpointStats, FailedCheckpoint, RestartRecord, TaskCheckpointStats, MAX_HISTORY};

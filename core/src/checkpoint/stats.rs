@@ -33,6 +33,11 @@ pub struct CheckpointRecord {
     pub is_final: bool,
     /// Trigger time, ms since the job started.
     pub trigger_ms: f64,
+    /// Trigger time, ms since the Unix epoch (as in the manifest).
+    pub trigger_unix_ms: u64,
+    /// Trigger to the last task's acknowledgement, µs: the duration the
+    /// manifest records (and `weir checkpoints` shows).
+    pub acked_us: u64,
     /// Trigger to durable manifest, µs.
     pub duration_us: u64,
     /// Operator state bytes, all tasks.
@@ -41,6 +46,19 @@ pub struct CheckpointRecord {
     pub channel_state_bytes: u64,
     /// Per task.
     pub tasks: Vec<TaskCheckpointStats>,
+}
+
+/// A checkpoint that was aborted (failed, declined or timed out).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedCheckpoint {
+    /// Checkpoint id.
+    pub id: u64,
+    /// Trigger time, ms since the Unix epoch.
+    pub trigger_unix_ms: u64,
+    /// Trigger to abort, µs.
+    pub duration_us: u64,
+    /// Why it was aborted.
+    pub reason: String,
 }
 
 /// A restart of the job after a failure.
@@ -65,8 +83,12 @@ pub struct CheckpointStats {
     /// `max_concurrent` above 1): discarded like aborted ones, but not a
     /// failure (they count neither here nor towards `tolerable_failures`).
     pub subsumed: u64,
+    /// Checkpoints triggered and neither completed nor aborted yet.
+    pub in_progress: u64,
     /// The latest completed checkpoints, oldest first (at most [`MAX_HISTORY`]).
     pub history: VecDeque<CheckpointRecord>,
+    /// The latest aborted checkpoints, oldest first (at most [`MAX_HISTORY`]).
+    pub failures: VecDeque<FailedCheckpoint>,
     /// Restarts after failures.
     pub restarts: Vec<RestartRecord>,
     /// The checkpoint the job (first) started from, if any.
@@ -80,5 +102,18 @@ impl CheckpointStats {
             self.history.pop_front();
         }
         self.history.push_back(r);
+    }
+
+    pub(crate) fn record_failed(&mut self, f: FailedCheckpoint) {
+        self.failed += 1;
+        if self.failures.len() == MAX_HISTORY {
+            self.failures.pop_front();
+        }
+        self.failures.push_back(f);
+    }
+
+    /// The id of the latest completed checkpoint, if any.
+    pub fn latest_completed(&self) -> Option<u64> {
+        self.history.iter().map(|r| r.id).max()
     }
 }

@@ -1,0 +1,141 @@
+//! The job's observability endpoint: Prometheus metrics, a JSON view of
+//! the job and a live page, served while a job runs when
+//! [`crate::RuntimeConfig::metrics_addr`] is set.
+//!
+//! Three threads of its own, none of them a worker: a sampler that reads
+//! the job's counters once a second ([`SAMPLE_PERIOD`]) and keeps rates and
+//! a short history ([`registry`]), and the bounded HTTP server ([`http`]).
+//! Tasks pay nothing for it beyond the counters they publish anyway, once
+//! per batch. Paths:
+//!
+//! - `/metrics`: Prometheus text exposition;
+//! - `/api/job`: the same and more as JSON, with the job graph;
+//! - `/`: the live page (`page.html`, no external assets).
+//!
+//! The endpoint lives as long as the [`crate::JobHandle`]: after the job
+//! ends it still answers (with the final figures) until the handle is
+//! joined or dropped.
+
+pub(crate) mod http;
+pub(crate) mod registry;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use crate::clock;
+use crate::error::{Error, Result};
+use crate::metrics::JobMetrics;
+use http::{Handler, Response, Server};
+use registry::Registry;
+pub(crate) use registry::{ChainInfo, GraphInfo};
+
+/// How often the sampler reads the job's counters.
+pub(crate) const SAMPLE_PERIOD: Duration = Duration::from_secs(1);
+
+/// The live page.
+const PAGE: &str = include_str!("page.html");
+
+/// Reads the job's metrics and whether it has ended.
+pub(crate) type ReadJob = Arc<dyn Fn() -> (JobMetrics, bool) + Send + Sync>;
+
+/// A running endpoint; dropping it stops its threads.
+pub(crate) struct Observer {
+    server: Option<Server>,
+    stop: Arc<AtomicBool>,
+    sampler: Option<JoinHandle<()>>,
+}
+
+impl Observer {
+    /// Starts the sampler and the server on `addr`.
+    pub(crate) fn start(addr: SocketAddr, graph: GraphInfo, read: ReadJob) -> Result<Observer> {
+        let registry = Arc::new(Mutex::new(Registry::new(graph, clock::now_ns())));
+        let handler: Handler = {
+            let registry = Arc::clone(&registry);
+            let read = Arc::clone(&read);
+            Arc::new(move |path: &str| route(path, &registry, &read))
+        };
+        let server = Server::start(addr, handler).map_err(|source| Error::Metrics { addr, source })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&stop);
+        let sampler = thread::Builder::new()
+            .name("weir-metrics-sampler".into())
+            .spawn(move || {
+                while !s.load(Ordering::Acquire) {
+                    let (m, _) = read();
+                    lock(&registry).sample(&m, clock::now_ns());
+                    thread::park_timeout(SAMPLE_PERIOD);
+                }
+            })
+            .map_err(|source| Error::SpawnHelper {
+                what: "metrics sampler",
+                source,
+            })?;
+        tracing::info!(addr = %server.addr(), "serving metrics");
+        Ok(Observer {
+            server: Some(server),
+            stop,
+            sampler: Some(sampler),
+        })
+    }
+
+    /// The address the endpoint listens on.
+    pub(crate) fn addr(&self) -> Option<SocketAddr> {
+        self.server.as_ref().map(Server::addr)
+    }
+}
+
+impl Drop for Observer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.sampler.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+        drop(self.server.take());
+    }
+}
+
+fn lock(r: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
+    r.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn route(path: &str, registry: &Mutex<Registry>, read: &ReadJob) -> Response {
+    match path {
+        "/metrics" => render(
+            registry,
+            read,
+            "text/plain; version=0.0.4; charset=utf-8",
+            |r, m, ended, now| r.prometheus(m, ended, now).into_bytes(),
+        ),
+        "/api/job" => render(registry, read, "application/json", |r, m, ended, now| {
+            r.json(m, ended, now).to_string().into_bytes()
+        }),
+        "/" | "/index.html" => Response {
+            status: 200,
+            content_type: "text/html; charset=utf-8",
+            body: PAGE.as_bytes().to_vec(),
+        },
+        _ => Response::text(404, "not found: the paths are /, /metrics and /api/job\n"),
+    }
+}
+
+/// Reads the job's metrics afresh (a scrape at the end of a job sees its
+/// final figures) and renders them with the registry's rates.
+fn render(
+    registry: &Mutex<Registry>,
+    read: &ReadJob,
+    content_type: &'static str,
+    write: impl FnOnce(&Registry, &JobMetrics, bool, u64) -> Vec<u8>,
+) -> Response {
+    let (m, ended) = read();
+    let mut r = lock(registry);
+    r.absorb_checkpoints(&m.checkpoints);
+    Response {
+        status: 200,
+        content_type,
+        body: write(&r, &m, ended, clock::now_ns()),
+    }
+}
