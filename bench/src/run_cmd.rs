@@ -338,7 +338,8 @@ type Shard = (usize, usize);
 
 /// Builds the keyed count over `inputs` into `output_to` with its
 /// checkpoints in `checkpoint_dir` (a shard's: only its partitions, its
-/// sink slots) and starts it; `serve_metrics`: it serves `--metrics-addr` (one job per process does).
+/// sink slots) and starts it; with `serve_metrics` it serves
+/// `--metrics-addr` (one job per process does).
 fn start_job(
     args: &RunArgs,
     inputs: &[Input],
