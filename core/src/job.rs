@@ -397,7 +397,9 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     config.validate()?;
     if let Some(c) = &config.checkpointing {
         c.validate()?;
-        std::fs::create_dir_all(&c.dir).map_err(|e| {
+        // Durably: a crash must not take back the folder, with every
+        // checkpoint in it, once sinks have committed what they hold.
+        crate::disk::create_dir_all_durable(&c.dir).map_err(|e| {
             Error::Checkpoint(format!(
                 "cannot create the checkpoint directory {}: {e}",
                 c.dir.display()

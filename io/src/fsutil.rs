@@ -31,17 +31,10 @@ pub(crate) fn sync_dir(dir: &Path, fault_point: &str) -> Result<()> {
     weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)
 }
 
-/// Creates `dir` (and missing parents) and makes its entry durable.
+/// Creates `dir` and its missing parents durably (each created folder's
+/// entry fsynced in its parent, see `weir_core::disk::create_dir_all_durable`).
 pub(crate) fn create_dir_durable(dir: &Path) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
-    }
-    fs::create_dir_all(dir).ctx("create folder", dir)?;
-    // The new entry lives in the parent: fsync it too.
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        weir_core::disk::sync_dir(parent).ctx("fsync folder", parent)?;
-    }
-    weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)
+    weir_core::disk::create_dir_all_durable(dir).ctx("create folder", dir)
 }
 
 /// Removes a file; a file already gone is not an error. Returns whether it
