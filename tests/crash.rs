@@ -435,6 +435,9 @@ fn soak() {
 /// same arguments, as a supervisor would), and a `read_committed` reader
 /// then sees every count exactly once.
 #[test]
+#[ignore = "open defect (issue 16): on main at 23:18 UTC 2026-12-01 weir run hung for 240 s after the \
+            broker came back (after one restart its log shows only connection errors, then nothing); \
+            passed 2 of 3 runs on its branch. Run: cargo test --release --test crash broker_restart -- --ignored"]
 fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let own = common::kafka::OwnBroker::start("restart");

@@ -94,6 +94,10 @@ const MAX_RETIRED: usize = 16;
 /// saves little.
 const LOG_FRACTION: usize = 8;
 
+/// The largest epoch a restored state file may carry: the arena goes on
+/// counting above it, and must not wrap.
+pub(crate) const MAX_FILE_EPOCH: u32 = u32::MAX - 3;
+
 /// What changed in one closed epoch.
 pub(crate) struct EpochChanges {
     pub(crate) epoch: u32,
@@ -724,7 +728,8 @@ impl Arena {
     /// this arena start above it and restored slots never look changed.
     pub(crate) fn continue_epochs(&mut self, max_file_epoch: u32) {
         debug_assert!(self.in_flight.is_empty() && self.history.is_empty());
-        assert!(max_file_epoch < u32::MAX - 2, "state store epoch overflow");
+        // Restore refuses files past it (`MAX_FILE_EPOCH`).
+        assert!(max_file_epoch <= MAX_FILE_EPOCH, "state store epoch overflow");
         self.epoch = self.epoch.max(max_file_epoch + 1);
     }
 

@@ -15,7 +15,7 @@ use std::path::Path;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::arena::{Arena, PAGE_MAGIC, PAGE_TRAILER};
+use super::arena::{Arena, MAX_FILE_EPOCH, PAGE_MAGIC, PAGE_TRAILER};
 use super::format::{self, RecordKind};
 use super::handle::{SlotLayout, StateHandle};
 use super::options::StoreOptions;
@@ -46,6 +46,19 @@ fn refuse(message: String) -> Error {
         context: "restoring keyed state".into(),
         message,
     }
+}
+
+/// A verified state file's epoch, refused past the largest a store
+/// reaches (the restored arena counts on above it). Files are checksummed,
+/// so only a damaged or forged one gets here.
+fn file_epoch(epoch: u32, file: &str) -> Result<u32> {
+    if epoch > MAX_FILE_EPOCH {
+        return Err(refuse(format!(
+            "{file}: written at epoch {epoch}, past the largest a store reaches ({MAX_FILE_EPOCH}): \
+             the file is damaged; restore an older checkpoint"
+        )));
+    }
+    Ok(epoch)
 }
 
 impl Arena {
@@ -103,13 +116,13 @@ impl Arena {
                     )));
                 }
                 let verified = format::verify_inline(image.clone(), h.checkpoint_id, &layout)?;
-                max_epoch = max_epoch.max(verified.epoch);
                 let name = format::inline_name(h.checkpoint_id);
+                max_epoch = max_epoch.max(file_epoch(verified.epoch, &name)?);
                 arena.apply_file(h, &name, &verified, &mut page_map)?;
             }
             for file in &h.files {
                 let verified = format::read_verified(root, h.checkpoint_id, file, &layout)?;
-                max_epoch = max_epoch.max(verified.epoch);
+                max_epoch = max_epoch.max(file_epoch(verified.epoch, &file.path)?);
                 arena.apply_file(h, &file.path, &verified, &mut page_map)?;
             }
         }
