@@ -233,8 +233,20 @@ fn metrics_parse_and_match_job_metrics_at_the_end() {
         m.latency_ns.len() as f64
     );
     assert!(!m.latency_ns.is_empty());
+    // The endpoint reports its own cost: at least the sampler's work of
+    // the seconds the job ran, as of the start of this scrape, and the
+    // join's figure counts everything up to it.
+    let served_cpu = job_value("weir_metrics_endpoint_cpu_seconds_total");
+    assert!(served_cpu > 0.0, "endpoint CPU {served_cpu}");
     let result = job.join().unwrap();
     assert_eq!(result.outcome, Outcome::Finished);
+    let cpu = result.metrics_endpoint_cpu.expect("the endpoint was on").as_secs_f64();
+    assert!(cpu >= served_cpu, "{cpu} < {served_cpu}");
+    assert!(
+        cpu < result.elapsed.as_secs_f64(),
+        "{cpu} s of CPU in {:?}",
+        result.elapsed
+    );
 }
 
 #[test]

@@ -10,8 +10,8 @@ use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, Run
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
-    copy_line, excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine, Percentiles,
-    ProbeInfo,
+    copy_line, endpoint_line, excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine,
+    Percentiles, ProbeInfo,
 };
 
 /// Arguments of `weir bench`.
@@ -292,6 +292,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(e) = excess_line(&result) {
             println!("    {e}");
         }
+        if let Some(e) = endpoint_line(&result) {
+            println!("    {e}");
+        }
         if let Some(v) = &result.visible_latency_us {
             println!(
                 "    visible in the {} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
@@ -435,6 +438,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         platform_us,
         platform_probe: platform.as_ref().map(ProbeInfo::of),
         excess_us: platform_us.map(|p| Excess::of(&latency_us, &p)),
+        metrics_endpoint_cpu_s: result.metrics_endpoint_cpu.map(|d| d.as_secs_f64()),
         machine: Machine::here(),
     };
     Ok(RunOutput {

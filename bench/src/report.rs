@@ -245,6 +245,10 @@ pub struct BenchResult {
     /// `latency_us` minus `platform_us` (p99 and p99.9).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub excess_us: Option<Excess>,
+    /// CPU seconds the metrics endpoint's threads spent, with
+    /// `--metrics-addr` (what serving metrics cost the machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub metrics_endpoint_cpu_s: Option<f64>,
     /// Where and when.
     pub machine: Machine,
 }
@@ -315,6 +319,20 @@ pub fn excess_line(r: &BenchResult) -> Option<String> {
         e.p99,
         e.p999,
         probe.describe()
+    ))
+}
+
+/// `metrics endpoint: X ms of CPU over Y s on N cores = Z% of the machine`;
+/// `None` when the endpoint was off.
+pub fn endpoint_line(r: &BenchResult) -> Option<String> {
+    let cpu = r.metrics_endpoint_cpu_s?;
+    let cores = r.machine.cores.max(1) as f64;
+    Some(format!(
+        "metrics endpoint: {:.1} ms of CPU over {:.3} s on {} cores = {:.3}% of the machine",
+        cpu * 1e3,
+        r.seconds,
+        r.machine.cores,
+        100.0 * cpu / (r.seconds * cores)
     ))
 }
 

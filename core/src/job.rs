@@ -58,6 +58,10 @@ pub struct JobResult {
     pub elapsed: Duration,
     /// Final metrics.
     pub metrics: JobMetrics,
+    /// CPU time the metrics endpoint's own threads spent, if it was on
+    /// ([`RuntimeConfig::metrics_addr`]): what serving metrics cost the
+    /// machine, set by [`JobHandle::join`].
+    pub metrics_endpoint_cpu: Option<Duration>,
 }
 
 /// State of the whole job, shared with the handle.
@@ -161,8 +165,11 @@ impl JobHandle {
     /// exhausting its restart strategy).
     pub fn join(mut self) -> Result<JobResult> {
         let t = self.thread.take().expect("joined once");
-        t.join()
-            .unwrap_or_else(|_| Err(Error::InvalidPipeline("the job thread panicked".into())))
+        let mut result = t
+            .join()
+            .unwrap_or_else(|_| Err(Error::InvalidPipeline("the job thread panicked".into())))?;
+        result.metrics_endpoint_cpu = self.observer.as_ref().map(|o| o.cpu());
+        Ok(result)
     }
 }
 
@@ -618,6 +625,7 @@ impl JobRun {
             outcome,
             elapsed,
             metrics: self.shared.metrics(),
+            metrics_endpoint_cpu: None,
         }
     }
 

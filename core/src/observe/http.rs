@@ -29,6 +29,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
+use super::cpu::{self, CpuMeter};
+
 /// Threads answering requests: two, so that one slow client never keeps a
 /// scrape waiting longer than [`HEAD_DEADLINE`].
 pub(crate) const HANDLERS: usize = 2;
@@ -70,7 +72,7 @@ pub(crate) struct Server {
 
 impl Server {
     /// Listens on `addr` and serves `handler` until dropped.
-    pub(crate) fn start(addr: SocketAddr, handler: Handler) -> std::io::Result<Server> {
+    pub(crate) fn start(addr: SocketAddr, handler: Handler, cpu: CpuMeter) -> std::io::Result<Server> {
         let listener = TcpListener::bind(addr)?;
         let addr = listener.local_addr()?;
         let stop = Arc::new(AtomicBool::new(false));
@@ -80,9 +82,10 @@ impl Server {
         for i in 0..HANDLERS {
             let rx = Arc::clone(&rx);
             let h = Arc::clone(&handler);
+            let meter = cpu.clone();
             let t = thread::Builder::new()
                 .name(format!("weir-metrics-{i}"))
-                .spawn(move || handle_loop(&rx, &h));
+                .spawn(move || handle_loop(&rx, &h, &meter));
             match t {
                 Ok(t) => threads.push(t),
                 Err(e) => {
@@ -97,7 +100,7 @@ impl Server {
         let s = Arc::clone(&stop);
         let accept = thread::Builder::new()
             .name("weir-metrics-accept".into())
-            .spawn(move || accept_loop(&listener, &tx, &s));
+            .spawn(move || accept_loop(&listener, &tx, &s, &cpu));
         match accept {
             Ok(t) => threads.push(t),
             Err(e) => {
@@ -143,8 +146,14 @@ fn wake_addr(addr: SocketAddr) -> SocketAddr {
     a
 }
 
-fn accept_loop(listener: &TcpListener, tx: &SyncSender<TcpStream>, stop: &AtomicBool) {
+fn accept_loop(listener: &TcpListener, tx: &SyncSender<TcpStream>, stop: &AtomicBool, cpu: &CpuMeter) {
+    let mut last = cpu::thread_cpu_ns();
     for conn in listener.incoming() {
+        // What accepting the last connection cost (waiting in `accept` is
+        // not CPU time).
+        let now = cpu::thread_cpu_ns();
+        cpu.add(now.saturating_sub(last));
+        last = now;
         if stop.load(Ordering::Acquire) {
             return;
         }
@@ -162,12 +171,12 @@ fn accept_loop(listener: &TcpListener, tx: &SyncSender<TcpStream>, stop: &Atomic
     }
 }
 
-fn handle_loop(rx: &Mutex<Receiver<TcpStream>>, handler: &Handler) {
+fn handle_loop(rx: &Mutex<Receiver<TcpStream>>, handler: &Handler, cpu: &CpuMeter) {
     loop {
         let next = rx.lock().unwrap_or_else(|p| p.into_inner()).recv();
         let Ok(stream) = next else { return };
         // Errors are the client's (timeouts, resets): nothing to do.
-        let _ = serve(stream, handler);
+        let _ = cpu.track(|| serve(stream, handler));
     }
 }
 
@@ -266,7 +275,7 @@ mod tests {
             "/ok" => Response::text(200, "fine\n"),
             _ => Response::text(404, "not found\n"),
         });
-        Server::start("127.0.0.1:0".parse().unwrap(), handler).unwrap()
+        Server::start("127.0.0.1:0".parse().unwrap(), handler, CpuMeter::default()).unwrap()
     }
 
     fn get(addr: SocketAddr, request: &[u8]) -> String {

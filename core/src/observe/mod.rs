@@ -16,6 +16,7 @@
 //! ends it still answers (with the final figures) until the handle is
 //! joined or dropped.
 
+pub(crate) mod cpu;
 pub(crate) mod http;
 pub(crate) mod registry;
 
@@ -28,6 +29,7 @@ use std::time::Duration;
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::metrics::JobMetrics;
+use cpu::CpuMeter;
 use http::{Handler, Response, Server};
 use registry::Registry;
 pub(crate) use registry::{ChainInfo, GraphInfo};
@@ -46,26 +48,32 @@ pub(crate) struct Observer {
     server: Option<Server>,
     stop: Arc<AtomicBool>,
     sampler: Option<JoinHandle<()>>,
+    cpu: CpuMeter,
 }
 
 impl Observer {
     /// Starts the sampler and the server on `addr`.
     pub(crate) fn start(addr: SocketAddr, graph: GraphInfo, read: ReadJob) -> Result<Observer> {
         let registry = Arc::new(Mutex::new(Registry::new(graph, clock::now_ns())));
+        let cpu = CpuMeter::default();
         let handler: Handler = {
             let registry = Arc::clone(&registry);
             let read = Arc::clone(&read);
-            Arc::new(move |path: &str| route(path, &registry, &read))
+            let cpu = cpu.clone();
+            Arc::new(move |path: &str| route(path, &registry, &read, &cpu))
         };
-        let server = Server::start(addr, handler).map_err(|source| Error::Metrics { addr, source })?;
+        let server = Server::start(addr, handler, cpu.clone()).map_err(|source| Error::Metrics { addr, source })?;
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&stop);
+        let meter = cpu.clone();
         let sampler = thread::Builder::new()
             .name("weir-metrics-sampler".into())
             .spawn(move || {
                 while !s.load(Ordering::Acquire) {
-                    let (m, _) = read();
-                    lock(&registry).sample(&m, clock::now_ns());
+                    meter.track(|| {
+                        let (m, _) = read();
+                        lock(&registry).sample(&m, clock::now_ns());
+                    });
                     thread::park_timeout(SAMPLE_PERIOD);
                 }
             })
@@ -78,7 +86,14 @@ impl Observer {
             server: Some(server),
             stop,
             sampler: Some(sampler),
+            cpu,
         })
+    }
+
+    /// CPU time the endpoint's threads (sampler, accept, handlers) spent
+    /// so far.
+    pub(crate) fn cpu(&self) -> Duration {
+        Duration::from_nanos(self.cpu.total_ns())
     }
 
     /// The address the endpoint listens on.
@@ -102,16 +117,24 @@ fn lock(r: &Mutex<Registry>) -> std::sync::MutexGuard<'_, Registry> {
     r.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn route(path: &str, registry: &Mutex<Registry>, read: &ReadJob) -> Response {
+fn route(path: &str, registry: &Mutex<Registry>, read: &ReadJob, cpu: &CpuMeter) -> Response {
+    // As of the start of this request: its own cost is counted in the next.
+    let endpoint_cpu = cpu.total_ns() as f64 / 1e9;
     match path {
         "/metrics" => render(
             registry,
             read,
             "text/plain; version=0.0.4; charset=utf-8",
-            |r, m, ended, now| r.prometheus(m, ended, now).into_bytes(),
+            |r, m, ended, now| {
+                let mut text = r.prometheus(m, ended, now);
+                registry::endpoint_cpu(&mut text, &r.graph.job, endpoint_cpu);
+                text.into_bytes()
+            },
         ),
         "/api/job" => render(registry, read, "application/json", |r, m, ended, now| {
-            r.json(m, ended, now).to_string().into_bytes()
+            let mut v = r.json(m, ended, now);
+            v["endpoint_cpu_seconds"] = endpoint_cpu.into();
+            v.to_string().into_bytes()
         }),
         "/" | "/index.html" => Response {
             status: 200,

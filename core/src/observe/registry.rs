@@ -139,7 +139,7 @@ struct Point {
 /// The sampler's state; locked by the sampler and the request handlers
 /// only (never by a worker).
 pub(crate) struct Registry {
-    graph: GraphInfo,
+    pub(crate) graph: GraphInfo,
     task_chain: Vec<usize>,
     /// The previous sample: clock ns and per-task counters.
     prev: Option<(u64, Vec<[u64; 5]>)>,
@@ -597,6 +597,21 @@ fn delta_quantile(now: &Histogram<u64>, before: &Histogram<u64>, q: f64) -> f64 
         return 0.0;
     }
     d.value_at_quantile(q) as f64 / 1e3
+}
+
+/// Appends the endpoint's own CPU time (see [`super::cpu`]) for `job`.
+pub(crate) fn endpoint_cpu(o: &mut String, job: &str, seconds: f64) {
+    head(
+        o,
+        "weir_metrics_endpoint_cpu_seconds_total",
+        "counter",
+        "CPU time the metrics endpoint's own threads spent (sampling and serving).",
+    );
+    let _ = writeln!(
+        o,
+        "weir_metrics_endpoint_cpu_seconds_total{{job=\"{}\"}} {seconds}",
+        escape(job)
+    );
 }
 
 fn head(o: &mut String, name: &str, kind: &str, help: &str) {
