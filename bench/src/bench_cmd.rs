@@ -11,7 +11,7 @@ use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
     copy_line, endpoint_line, excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine,
-    Percentiles, ProbeInfo,
+    Percentiles, ProbeInfo, Syncs,
 };
 
 /// Arguments of `weir bench`.
@@ -295,6 +295,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(e) = endpoint_line(&result) {
             println!("    {e}");
         }
+        if let Some(f) = &result.fsyncs {
+            println!(
+                "    fsyncs: {:.1} per checkpoint (p50 {:.1} µs / p99 {:.1} µs each)",
+                f.per_checkpoint, f.p50_us, f.p99_us
+            );
+        }
         if let Some(v) = &result.visible_latency_us {
             println!(
                 "    visible in the {} sink's target: p50 {:.1} µs, p99 {:.1} µs, p99.9 {:.1} µs, max {:.1} µs",
@@ -392,6 +398,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     // Every generator subtask shares one schedule origin, slightly in the
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
+    let syncs_before = weir_core::disk::sync_stats();
     let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
         crate::metrics_arg::announce(&job);
         watch(&job, spec.events);
@@ -439,6 +446,12 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         platform_probe: platform.as_ref().map(ProbeInfo::of),
         excess_us: platform_us.map(|p| Excess::of(&latency_us, &p)),
         metrics_endpoint_cpu_s: result.metrics_endpoint_cpu.map(|d| d.as_secs_f64()),
+        fsyncs: (result.metrics.checkpoints.completed > 0).then(|| {
+            Syncs::of(
+                &weir_core::disk::sync_stats().since(&syncs_before),
+                result.metrics.checkpoints.completed,
+            )
+        }),
         machine: Machine::here(),
     };
     Ok(RunOutput {

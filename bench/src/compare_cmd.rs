@@ -21,7 +21,7 @@ use crate::disk_probe::DiskProbe;
 use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::platform::PlatformResult;
 use crate::plot::{write_svg, Curve, Figure, Sweep};
-use crate::report::{si, BenchResult, Machine, Percentiles, ProbeInfo};
+use crate::report::{si, BenchResult, Machine, Percentiles, ProbeInfo, Syncs};
 
 /// The workload variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -156,19 +156,6 @@ fn rows(plain: SinkKind) -> Vec<Row> {
         }
     }
     rows
-}
-
-/// Syncs weir issued during one open-loop exactly-once run.
-#[derive(Debug, Clone, Copy, Serialize)]
-struct Syncs {
-    /// fsyncs and fdatasyncs issued by weir (SQLite's own not counted).
-    count: u64,
-    /// `count` divided by the checkpoints completed.
-    per_checkpoint: f64,
-    /// Median duration of one, microseconds.
-    p50_us: f64,
-    /// 99th percentile, microseconds.
-    p99_us: f64,
 }
 
 /// An open-loop run of a row at an interval.
@@ -466,18 +453,8 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                 let before = weir_core::disk::sync_stats();
                 let out = plan.run(mode, row.sink, Some(plan.rate), interval_ms)?;
                 let syncs = row.exactly_once().then(|| {
-                    let d = weir_core::disk::sync_stats().since(&before);
                     let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
-                    Syncs {
-                        count: d.count,
-                        per_checkpoint: if completed > 0 {
-                            d.count as f64 / completed as f64
-                        } else {
-                            0.0
-                        },
-                        p50_us: d.latency_ns.value_at_quantile(0.5) as f64 / 1e3,
-                        p99_us: d.latency_ns.value_at_quantile(0.99) as f64 / 1e3,
-                    }
+                    Syncs::of(&weir_core::disk::sync_stats().since(&before), completed)
                 });
                 open.push(OpenRun {
                     row: r,

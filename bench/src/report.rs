@@ -245,12 +245,45 @@ pub struct BenchResult {
     /// `latency_us` minus `platform_us` (p99 and p99.9).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub excess_us: Option<Excess>,
+    /// weir's fsyncs in the run, with checkpoints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsyncs: Option<Syncs>,
     /// CPU seconds the metrics endpoint's threads spent, with
     /// `--metrics-addr` (what serving metrics cost the machine).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_endpoint_cpu_s: Option<f64>,
     /// Where and when.
     pub machine: Machine,
+}
+
+/// Syncs weir issued during one run (`fsync`, `fdatasync`, folder syncs).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Syncs {
+    /// fsyncs and fdatasyncs issued by weir (SQLite's own not counted).
+    pub count: u64,
+    /// `count` divided by the checkpoints completed.
+    pub per_checkpoint: f64,
+    /// Median duration of one, microseconds.
+    pub p50_us: f64,
+    /// 99th percentile, microseconds.
+    pub p99_us: f64,
+}
+
+impl Syncs {
+    /// From the syncs of a run (`sync_stats().since(before)`) that
+    /// completed `checkpoints`.
+    pub fn of(d: &weir_core::disk::SyncStats, checkpoints: u64) -> Self {
+        Syncs {
+            count: d.count,
+            per_checkpoint: if checkpoints > 0 {
+                d.count as f64 / checkpoints as f64
+            } else {
+                0.0
+            },
+            p50_us: d.latency_ns.value_at_quantile(0.5) as f64 / 1e3,
+            p99_us: d.latency_ns.value_at_quantile(0.99) as f64 / 1e3,
+        }
+    }
 }
 
 /// Formats a rate like `54.3 M`.
