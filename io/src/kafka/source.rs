@@ -47,10 +47,10 @@
 //! thread of the source's own ([`weir_core::io_thread::IoThread`], on the
 //! job's helper cores) at the first poll; until it is done the source
 //! returns [`SourcePoll::Idle`]. Offset commits to the group are
-//! asynchronous client calls. Dropping the source on a worker (a failed
-//! attempt, the end of the job) closes the consumer (or waits out a setup
-//! in progress) on a short-lived thread of its own, since closing waits
-//! for the client's threads.
+//! asynchronous client calls. Dropping the source (a failed attempt, the
+//! end of the job) closes the consumer (or waits out a setup in progress)
+//! on a short-lived thread of its own (`kafka::drop_detached`), since
+//! closing waits for librdkafka without a bound.
 //!
 //! **Allocation**: none per record on weir's side; `rdkafka` allocates a
 //! reference count per message it hands out. The parse function may.
@@ -813,16 +813,15 @@ where
 impl<T, P> Drop for KafkaSource<T, P> {
     fn drop(&mut self) {
         let state = std::mem::replace(&mut self.state, State::NotStarted);
-        if matches!(state, State::NotStarted) || !weir_core::on_worker_thread() {
+        if matches!(state, State::NotStarted) {
             return;
         }
-        // Closing the consumer waits for its threads, and dropping the
-        // setup thread waits for a setup in progress (each of its calls at
-        // most setup_timeout): neither on a worker. (Should no thread be
-        // had, the closure and the state with it are dropped here.)
-        let _ = std::thread::Builder::new()
-            .name("weir-kafka-close".into())
-            .spawn(move || drop(state));
+        // Closing the consumer polls until librdkafka reports it closed,
+        // with no bound, then waits for its threads; dropping the setup
+        // thread waits for a setup in progress (each of its calls at most
+        // setup_timeout). Nobody waits for either: not a worker, nor a
+        // program dropping a source.
+        super::drop_detached(state, "consumer");
     }
 }
 
