@@ -197,7 +197,9 @@ impl Drained {
 
     /// What it wrote to stderr (the tail), once it has exited.
     fn log(&mut self) -> String {
-        self.log.take().map_or_else(String::new, |t| t.join().unwrap_or_default())
+        self.log
+            .take()
+            .map_or_else(String::new, |t| t.join().unwrap_or_default())
     }
 
     /// Kills it (SIGKILL) and returns its log.
@@ -583,7 +585,10 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
         }
         // Its restarts ran out while the broker was away: run it again.
         eprintln!("weir run exited with {status} after the restart: {log}");
-        assert!(runs < 3, "weir run failed {runs} times after the broker's restart: {log}");
+        assert!(
+            runs < 3,
+            "weir run failed {runs} times after the broker's restart: {log}"
+        );
         runs += 1;
         child = Drained::spawn(&args);
     }

@@ -714,7 +714,11 @@ fn the_lag_counts_the_records_behind_the_end_and_reaches_zero() {
     assert_eq!(src.backlog(), None, "not known before the setup");
     let first = poll_until(&mut h, &mut src, 1, "bounded, set up", |l| l.is_some());
     let lag = src.backlog().unwrap();
-    assert_eq!(lag, N - first.len() as u64, "bounded: everything not read yet is behind");
+    assert_eq!(
+        lag,
+        N - first.len() as u64,
+        "bounded: everything not read yet is behind"
+    );
     let (rest, status) = drain_now(&mut h, &mut src, Duration::from_secs(30));
     assert_eq!(status, SourcePoll::Done);
     assert_eq!(first.len() + rest.len(), N as usize);
@@ -724,10 +728,14 @@ fn the_lag_counts_the_records_behind_the_end_and_reaches_zero() {
     let unbounded = KafkaSourceConfig::new(&b.addr, &topic);
     let mut h = Harness::new(0, 1);
     let mut src = source(&unbounded, 0, 1);
-    let mut read = poll_until(&mut h, &mut src, 1, "unbounded, backlogged", |l| l.is_some_and(|l| l > 0));
+    let mut read = poll_until(&mut h, &mut src, 1, "unbounded, backlogged", |l| {
+        l.is_some_and(|l| l > 0)
+    });
     let lag = src.backlog().unwrap();
     assert!(lag <= N - read.len() as u64 + 1, "lag {lag} with {} read", read.len());
-    read.extend(poll_until(&mut h, &mut src, 500, "unbounded, read to the end", |l| l == Some(0)));
+    read.extend(poll_until(&mut h, &mut src, 500, "unbounded, read to the end", |l| {
+        l == Some(0)
+    }));
     // Nothing is left: every record was read (and none twice).
     while read.len() < N as usize {
         let (more, _) = drain_now(&mut h, &mut src, Duration::from_millis(500));

@@ -509,6 +509,8 @@ fn append_json(path: &std::path::Path, result: &BenchResult) -> Result<(), CliEr
 fn parse_kafka_setting(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
-        _ => Err(format!("{s:?}: expected KEY=VALUE, a librdkafka setting such as socket.nagle.disable=true")),
+        _ => Err(format!(
+            "{s:?}: expected KEY=VALUE, a librdkafka setting such as socket.nagle.disable=true"
+        )),
     }
 }

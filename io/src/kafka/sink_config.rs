@@ -200,8 +200,8 @@ impl KafkaSinkConfig {
             }
             let grow = NewPartitions::new(topic, partitions as usize);
             let opts = AdminOptions::new()
-            .operation_timeout(Some(self.timeout))
-            .request_timeout(Some(self.timeout));
+                .operation_timeout(Some(self.timeout))
+                .request_timeout(Some(self.timeout));
             let results = futures_executor::block_on(admin.create_partitions([&grow], &opts))
                 .map_err(|e| self.error(topic, "add partitions", e))?;
             for r in results {
