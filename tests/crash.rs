@@ -143,6 +143,73 @@ fn stderr_of(child: &mut std::process::Child) -> String {
     s
 }
 
+/// The last `n` bytes (or a little more, at a character boundary) of `s`.
+fn tail(s: &str, n: usize) -> &str {
+    let mut from = s.len().saturating_sub(n);
+    while !s.is_char_boundary(from) {
+        from -= 1;
+    }
+    &s[from..]
+}
+
+/// The most of a child's stderr a [`Drained`] keeps: its last bytes.
+const KEPT_LOG_BYTES: usize = 256 * 1024;
+
+/// A child whose stderr is read while it runs, on a thread of its own,
+/// keeping the last [`KEPT_LOG_BYTES`]. A child that logs more than a pipe
+/// holds (64 KiB: a job's clients log every failed reconnection while its
+/// broker is down) would otherwise block in its next write to stderr and
+/// look hung.
+struct Drained {
+    child: std::process::Child,
+    log: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Drained {
+    fn spawn(args: &[String]) -> Self {
+        use std::io::Read;
+        let mut child = weir(args).spawn().unwrap();
+        let mut err = child.stderr.take().expect("stderr is piped");
+        let log = std::thread::spawn(move || {
+            let (mut kept, mut dropped) = (Vec::new(), 0usize);
+            let mut buf = [0u8; 8192];
+            while let Ok(n @ 1..) = err.read(&mut buf) {
+                kept.extend_from_slice(&buf[..n]);
+                if kept.len() > KEPT_LOG_BYTES {
+                    let cut = kept.len() - KEPT_LOG_BYTES;
+                    kept.drain(..cut);
+                    dropped += cut;
+                }
+            }
+            let text = String::from_utf8_lossy(&kept).into_owned();
+            match dropped {
+                0 => text,
+                n => format!("[{n} earlier bytes of the log left out]\n{text}"),
+            }
+        });
+        Drained { child, log: Some(log) }
+    }
+
+    /// Its exit status, if it has exited.
+    fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().unwrap()
+    }
+
+    /// What it wrote to stderr (the tail), once it has exited.
+    fn log(&mut self) -> String {
+        self.log
+            .take()
+            .map_or_else(String::new, |t| t.join().unwrap_or_default())
+    }
+
+    /// Kills it (SIGKILL) and returns its log.
+    fn kill(&mut self) -> String {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.log()
+    }
+}
+
 fn check(values: &HashMap<String, Vec<i64>>, rows: &[(String, u64, i64)], exactly_once: bool) {
     let mut by_key: HashMap<&str, Vec<(u64, i64)>> = HashMap::new();
     for (k, c, s) in rows {
@@ -435,9 +502,6 @@ fn soak() {
 /// same arguments, as a supervisor would), and a `read_committed` reader
 /// then sees every count exactly once.
 #[test]
-#[ignore = "open defect (issue 16): on main at 23:18 UTC 2026-12-01 weir run hung for 240 s after the \
-            broker came back (after one restart its log shows only connection errors, then nothing); \
-            passed 2 of 3 runs on its branch. Run: cargo test --release --test crash broker_restart -- --ignored"]
 fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let root = tempfile::tempdir().unwrap();
     let own = common::kafka::OwnBroker::start("restart");
@@ -485,13 +549,11 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     .iter()
     .map(|s| s.to_string())
     .collect();
-    let mut child = weir(&args).spawn().unwrap();
+    let mut child = Drained::spawn(&args);
     std::thread::sleep(Duration::from_millis(2500));
-    assert!(
-        child.try_wait().unwrap().is_none(),
-        "weir run ended before the broker was stopped: {}",
-        stderr_of(&mut child)
-    );
+    if child.try_wait().is_some() {
+        panic!("weir run ended before the broker was stopped: {}", child.log());
+    }
     own.stop();
     let down = Instant::now();
     std::thread::sleep(Duration::from_secs(2));
@@ -500,32 +562,35 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let mut runs = 1;
     let deadline = Instant::now() + Duration::from_secs(240);
     loop {
-        let out = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break (status, stderr_of(&mut child));
+        let status = loop {
+            if let Some(status) = child.try_wait() {
+                break status;
             }
             if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
                 panic!(
                     "weir run did not finish within 240 s of the broker's restart; its log: {}",
-                    stderr_of(&mut child)
+                    child.kill()
                 );
             }
             std::thread::sleep(Duration::from_millis(50));
         };
-        if out.0.success() {
+        let log = child.log();
+        if status.success() {
+            eprintln!(
+                "weir run finished after the broker's restart (run {runs}); its log ({} bytes kept) ends: {}",
+                log.len(),
+                tail(&log, 2000)
+            );
             break;
         }
         // Its restarts ran out while the broker was away: run it again.
-        eprintln!("weir run exited with {} after the restart: {}", out.0, out.1);
+        eprintln!("weir run exited with {status} after the restart: {log}");
         assert!(
             runs < 3,
-            "weir run failed {runs} times after the broker's restart: {}",
-            out.1
+            "weir run failed {runs} times after the broker's restart: {log}"
         );
         runs += 1;
-        child = weir(&args).spawn().unwrap();
+        child = Drained::spawn(&args);
     }
     let rows: Vec<(String, u64, i64)> = common::kafka::read_committed_from(b, &output, 2)
         .into_iter()

@@ -676,3 +676,72 @@ fn weir_run_reads_a_kafka_topic_and_a_file_together() {
     }
     assert_exact(&rows, &expected(0, 4_000, keys), "weir run");
 }
+
+/// Polls `src` `max` records at a time until `until(backlog)` holds;
+/// returns the records read meanwhile.
+fn poll_until(h: &mut Harness, src: &mut Src, max: usize, what: &str, until: impl Fn(Option<u64>) -> bool) -> Vec<Rec> {
+    use weir_core::Source;
+    let mut all = Vec::new();
+    let deadline = Instant::now() + CLIENT_TIMEOUT;
+    while !until(src.backlog()) {
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the lag is {:?} after {CLIENT_TIMEOUT:?}",
+            src.backlog()
+        );
+        let mut out = Vec::new();
+        h.poll_source(src, &mut out, max).unwrap();
+        all.extend(out);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    all
+}
+
+/// The source's lag (`Source::backlog`, the `weir_source_backlog` metric):
+/// records behind the partitions' end, above 0 while records wait and 0
+/// once all are read; bounded to the end offsets, unbounded to the high
+/// watermarks the client saw in its fetches.
+#[test]
+fn the_lag_counts_the_records_behind_the_end_and_reaches_zero() {
+    use weir_core::Source;
+    const N: u64 = 2000;
+    let topic = new_topic("lag", 2, N, 7);
+    let b = broker();
+    // Bounded: the lag is exact from the start (the end offsets).
+    let bounded = KafkaSourceConfig::new(&b.addr, &topic).bounded();
+    let mut h = Harness::new(0, 1);
+    let mut src = source(&bounded, 0, 1);
+    assert_eq!(src.backlog(), None, "not known before the setup");
+    let first = poll_until(&mut h, &mut src, 1, "bounded, set up", |l| l.is_some());
+    let lag = src.backlog().unwrap();
+    assert_eq!(
+        lag,
+        N - first.len() as u64,
+        "bounded: everything not read yet is behind"
+    );
+    let (rest, status) = drain_now(&mut h, &mut src, Duration::from_secs(30));
+    assert_eq!(status, SourcePoll::Done);
+    assert_eq!(first.len() + rest.len(), N as usize);
+    assert_eq!(src.backlog(), Some(0), "a bounded source read to its end has no lag");
+    // Unbounded: behind the high watermarks once the client has seen them,
+    // while a few records a poll are read.
+    let unbounded = KafkaSourceConfig::new(&b.addr, &topic);
+    let mut h = Harness::new(0, 1);
+    let mut src = source(&unbounded, 0, 1);
+    let mut read = poll_until(&mut h, &mut src, 1, "unbounded, backlogged", |l| {
+        l.is_some_and(|l| l > 0)
+    });
+    let lag = src.backlog().unwrap();
+    assert!(lag <= N - read.len() as u64 + 1, "lag {lag} with {} read", read.len());
+    read.extend(poll_until(&mut h, &mut src, 500, "unbounded, read to the end", |l| {
+        l == Some(0)
+    }));
+    // Nothing is left: every record was read (and none twice).
+    while read.len() < N as usize {
+        let (more, _) = drain_now(&mut h, &mut src, Duration::from_millis(500));
+        assert!(!more.is_empty(), "the lag is 0 with {} of {N} records read", read.len());
+        read.extend(more);
+    }
+    assert_eq!(values(&read), (0..N).collect::<Vec<_>>());
+    assert_eq!(src.backlog(), Some(0));
+}

@@ -92,6 +92,11 @@ pub struct BenchArgs {
     /// Kafka: partitions of the input and output topics.
     #[arg(long, default_value_t = 2)]
     pub partitions: i32,
+    /// Kafka: a librdkafka setting `KEY=VALUE` for the job's clients (the
+    /// source's consumers and the sink's producers), after weir's own;
+    /// repeatable. For comparing client settings within one build.
+    #[arg(long = "kafka-set", value_name = "KEY=VALUE", value_parser = parse_kafka_setting)]
+    pub kafka_set: Vec<(String, String)>,
     /// Kafka, closed loop: the input topic, filled with --events records if
     /// empty and reused as long as it holds exactly that many [default: a
     /// fresh topic per run].
@@ -515,4 +520,14 @@ fn append_json(path: &std::path::Path, result: &BenchResult) -> Result<(), CliEr
         .map_err(io)?;
     let line = serde_json::to_string(result).expect("a result always serialises");
     writeln!(f, "{line}").map_err(io)
+}
+
+/// `KEY=VALUE` of `--kafka-set`.
+fn parse_kafka_setting(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+        _ => Err(format!(
+            "{s:?}: expected KEY=VALUE, a librdkafka setting such as socket.nagle.disable=true"
+        )),
+    }
 }

@@ -639,6 +639,9 @@ impl Run<'_> {
         if !open {
             source = source.bounded();
         }
+        for (k, v) in &args.kafka_set {
+            source = source.set(k, v);
+        }
         let pipeline = Pipeline::new("kafka-keyed");
         let counted = pipeline
             .source("kafka", p, move |i, n| {
@@ -653,6 +656,7 @@ impl Run<'_> {
             .name("count");
         let mut sink = KafkaSinkConfig::new(brokers, output);
         sink.partitions = partitions;
+        sink.properties.extend(args.kafka_set.iter().cloned());
         let sink = Arc::new(sink);
         let emitted = |e: &Event| e.emitted_ns;
         if self.exactly_once {

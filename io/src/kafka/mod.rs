@@ -135,6 +135,22 @@ impl KafkaSourceStats {
     }
 }
 
+/// Drops a Kafka client (consumer, producer) on a short-lived thread of
+/// its own, so that nothing waits for it: closing a consumer that has a
+/// `group.id` polls until librdkafka reports it closed, with no bound
+/// (rust-rdkafka's `Drop`), and destroying a client joins its threads,
+/// which may wait for a broker that is gone. A client dropped this way
+/// is done with: a producer's records were flushed or its transaction
+/// settled (a zombie transactional producer is fenced by the next
+/// `init_transactions` of its id), a consumer's offsets live in
+/// checkpoints. Should no thread be had, it is dropped here.
+pub(crate) fn drop_detached<T: Send + 'static>(client: T, what: &str) {
+    let name = format!("weir-kafka-close-{what}");
+    if let Err(e) = std::thread::Builder::new().name(name).spawn(move || drop(client)) {
+        tracing::warn!(target: "weir_io::kafka", "no thread to close a Kafka client ({what}): {e}; closing it here");
+    }
+}
+
 /// Longest wait of one blocking client call in the source's setup
 /// (metadata, offsets), by default.
 pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(30);

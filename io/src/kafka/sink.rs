@@ -109,6 +109,18 @@ impl KafkaAppender {
     }
 }
 
+impl Drop for KafkaAppender {
+    fn drop(&mut self) {
+        // Destroying the producer joins librdkafka's threads, which may
+        // wait for a broker that is gone: not on the sink's thread, which
+        // the sink's owner joins. Every hand-over it acknowledged was
+        // flushed; what it did not is replayed from the checkpoint.
+        if let Some(producer) = self.producer.take() {
+            super::drop_detached(producer, "producer");
+        }
+    }
+}
+
 impl Appender for KafkaAppender {
     fn describe(&self) -> String {
         format!("kafka-{}-{}", self.config.topic, self.slot)

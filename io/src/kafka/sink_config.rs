@@ -166,7 +166,9 @@ impl KafkaSinkConfig {
         if compact {
             new = new.set("cleanup.policy", "compact");
         }
-        let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(self.timeout))
+            .request_timeout(Some(self.timeout));
         let results = futures_executor::block_on(admin.create_topics([&new], &opts))
             .map_err(|e| self.error(topic, "create the topic", e))?;
         for r in results {
@@ -197,7 +199,9 @@ impl KafkaSinkConfig {
                 return Ok(());
             }
             let grow = NewPartitions::new(topic, partitions as usize);
-            let opts = AdminOptions::new().operation_timeout(Some(self.timeout));
+            let opts = AdminOptions::new()
+                .operation_timeout(Some(self.timeout))
+                .request_timeout(Some(self.timeout));
             let results = futures_executor::block_on(admin.create_partitions([&grow], &opts))
                 .map_err(|e| self.error(topic, "add partitions", e))?;
             for r in results {

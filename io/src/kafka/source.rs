@@ -32,6 +32,11 @@
 //!   the minimum over partitions that are neither done nor idle
 //!   ([`weir_core::SourceContext::emit_watermark`]), and marks itself idle
 //!   when all are idle.
+//! - **Lag** ([`Source::backlog`], the `weir_source_backlog` metric):
+//!   records behind the end, summed over the subtask's partitions: to the
+//!   end offsets when bounded, else to the high watermarks librdkafka
+//!   keeps from its fetch responses (read once a second on the worker, a
+//!   lock per partition, no request to the broker).
 //! - **Records**: the value goes to the user's parse function with a
 //!   [`KafkaRecordInfo`] (topic, partition, offset, timestamp, key); a
 //!   rejected value fails the job with an error naming topic, partition and
@@ -47,15 +52,16 @@
 //! thread of the source's own ([`weir_core::io_thread::IoThread`], on the
 //! job's helper cores) at the first poll; until it is done the source
 //! returns [`SourcePoll::Idle`]. Offset commits to the group are
-//! asynchronous client calls. Dropping the source on a worker (a failed
-//! attempt, the end of the job) closes the consumer (or waits out a setup
-//! in progress) on a short-lived thread of its own, since closing waits
-//! for the client's threads.
+//! asynchronous client calls. Dropping the source (a failed attempt, the
+//! end of the job) closes the consumer (or waits out a setup in progress)
+//! on a short-lived thread of its own (`kafka::drop_detached`), since
+//! closing waits for librdkafka without a bound.
 //!
 //! **Allocation**: none per record on weir's side; `rdkafka` allocates a
 //! reference count per message it hands out. The parse function may.
 
 use std::collections::VecDeque;
+use std::ffi::CString;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
@@ -76,6 +82,10 @@ use crate::{Error, Result};
 
 /// Version byte of the offset encoding.
 const OFFSET_VERSION: u8 = 1;
+
+/// How often an unbounded subtask refreshes the partitions' high
+/// watermarks for its lag ([`Source::backlog`]), in clock nanoseconds.
+const LAG_REFRESH_NS: u64 = 1_000_000_000;
 
 /// Checkpoints whose offsets wait for their completion to be committed to
 /// the group; older ones are dropped (a later completion covers them).
@@ -149,6 +159,9 @@ struct Part {
     max_ts: i64,
     /// Clock reading of the last record (idleness).
     last_record_ns: u64,
+    /// The partition's high watermark as the client last saw it in a
+    /// fetch response (unbounded lag); -1 until known.
+    high: i64,
 }
 
 impl Part {
@@ -160,6 +173,7 @@ impl Part {
             done: end.is_some_and(|e| next >= e),
             max_ts: i64::MIN,
             last_record_ns: 0,
+            high: -1,
         }
     }
 }
@@ -377,6 +391,10 @@ pub struct KafkaSource<T, P> {
     idle: bool,
     /// Offsets of checkpoints not yet known complete, for group commits.
     pending_commits: VecDeque<(u64, Vec<(i32, i64)>)>,
+    /// The topic for librdkafka's C calls (made once set up), and when the
+    /// high watermarks were last looked at.
+    topic_c: Option<CString>,
+    lag_checked_ns: u64,
     _records: PhantomData<fn() -> T>,
 }
 
@@ -400,6 +418,8 @@ impl<T, P> KafkaSource<T, P> {
             emitted_wm: MIN_WATERMARK,
             idle: false,
             pending_commits: VecDeque::new(),
+            topic_c: None,
+            lag_checked_ns: 0,
             _records: PhantomData,
         }
     }
@@ -444,9 +464,59 @@ impl<T, P> KafkaSource<T, P> {
             return Ok(false);
         };
         self.parts = setup.parts;
+        // A topic name has no NUL (the cluster listed it by this name).
+        self.topic_c = CString::new(self.config.topic.as_str()).ok();
         // The setup thread is idle now: dropping it joins at once.
         self.state = State::Running(setup.consumer);
         Ok(true)
+    }
+
+    /// Looks up each partition's high watermark as the client last saw it
+    /// (in its latest fetch response: no request to the broker), for the
+    /// lag of an unbounded subtask.
+    fn refresh_high_watermarks(&mut self) {
+        let (State::Running(consumer), Some(topic)) = (&self.state, &self.topic_c) else {
+            return;
+        };
+        let rk = consumer.client().native_ptr();
+        for part in self.parts.iter_mut().filter(|q| !q.done) {
+            let (mut low, mut high) = (-1i64, -1i64);
+            // SAFETY: `rk` is the live client of `consumer`, borrowed for
+            // the call; `topic` is a NUL-terminated string that outlives
+            // it; `low` and `high` are valid for writes. The function only
+            // reads the partition's cached offsets under its lock.
+            let err = unsafe {
+                rdkafka::bindings::rd_kafka_get_watermark_offsets(
+                    rk,
+                    topic.as_ptr(),
+                    part.partition,
+                    &mut low,
+                    &mut high,
+                )
+            };
+            // Before the first fetch response the offsets are invalid (< 0).
+            if err == rdkafka::bindings::rd_kafka_resp_err_t::RD_KAFKA_RESP_ERR_NO_ERROR && high >= 0 {
+                part.high = high;
+            }
+        }
+    }
+
+    /// Records behind the end, summed over this subtask's partitions; see
+    /// [`Source::backlog`] on [`KafkaSource`].
+    fn lag(&self) -> Option<u64> {
+        if !self.is_started() {
+            return None;
+        }
+        let mut sum = 0u64;
+        for q in self.parts.iter().filter(|q| !q.done) {
+            let end = match q.end {
+                Some(end) => end,
+                None if q.high >= 0 => q.high,
+                None => return None,
+            };
+            sum += end.saturating_sub(q.next).max(0) as u64;
+        }
+        Some(sum)
     }
 
     /// Stops fetching a partition that is read to its end.
@@ -756,6 +826,10 @@ where
         if status != SourcePoll::Done {
             self.watermark(now, ctx);
         }
+        if !self.config.bounded && now.saturating_sub(self.lag_checked_ns) >= LAG_REFRESH_NS {
+            self.lag_checked_ns = now;
+            self.refresh_high_watermarks();
+        }
         Ok(status)
     }
 
@@ -808,21 +882,34 @@ where
     fn is_replayable(&self) -> bool {
         true
     }
+
+    /// The subtask's lag: records behind the end of its partitions, summed.
+    /// Bounded, the end is each partition's end offset (so the lag reaches
+    /// 0 when the source is done); unbounded, the high watermark the client
+    /// saw in its latest fetch response, looked at once a second, never
+    /// asked of the broker. Under
+    /// `read_committed` the high watermark counts transaction markers and
+    /// records of open transactions too, so a topic written
+    /// transactionally shows a lag of at least 1 per partition read to its
+    /// end (its last commit marker). `None` until set up and, unbounded,
+    /// until every partition's high watermark is known.
+    fn backlog(&self) -> Option<u64> {
+        self.lag()
+    }
 }
 
 impl<T, P> Drop for KafkaSource<T, P> {
     fn drop(&mut self) {
         let state = std::mem::replace(&mut self.state, State::NotStarted);
-        if matches!(state, State::NotStarted) || !weir_core::on_worker_thread() {
+        if matches!(state, State::NotStarted) {
             return;
         }
-        // Closing the consumer waits for its threads, and dropping the
-        // setup thread waits for a setup in progress (each of its calls at
-        // most setup_timeout): neither on a worker. (Should no thread be
-        // had, the closure and the state with it are dropped here.)
-        let _ = std::thread::Builder::new()
-            .name("weir-kafka-close".into())
-            .spawn(move || drop(state));
+        // Closing the consumer polls until librdkafka reports it closed,
+        // with no bound, then waits for its threads; dropping the setup
+        // thread waits for a setup in progress (each of its calls at most
+        // setup_timeout). Nobody waits for either: not a worker, nor a
+        // program dropping a source.
+        super::drop_detached(state, "consumer");
     }
 }
 

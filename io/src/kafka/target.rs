@@ -99,6 +99,17 @@ pub fn read_marker(config: &KafkaSinkConfig, slot: usize) -> Result<Option<Commi
     consumer
         .assign(&tpl)
         .map_err(|e| config.error(topic, format!("assign partition {slot}"), e))?;
+    let last = read_to_end(config, slot, &consumer);
+    // Its close (it has a group) would wait for librdkafka without a bound.
+    super::drop_detached(consumer, "marker-reader");
+    last
+}
+
+/// The last marker of `slot` that `consumer` (assigned to the slot's
+/// partition, from its start) reads before the end of the partition, within
+/// the sink's call timeout.
+fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -> Result<Option<Committed>> {
+    let topic = &config.marker_topic;
     let key = marker_key(slot);
     let deadline = Instant::now() + config.timeout;
     let mut last = None;
@@ -206,6 +217,18 @@ impl KafkaTarget {
                 }
                 Err((e, _)) => return Err(self.config.error(topic, "produce a record", e)),
             }
+        }
+    }
+}
+
+impl Drop for KafkaTarget {
+    fn drop(&mut self) {
+        // Destroying the producer joins librdkafka's threads, which may
+        // wait for a broker that is gone: not on the committer thread,
+        // which the sink's owner joins. A transaction left open is
+        // aborted by the next `init_transactions` of this slot's id.
+        if let Some(producer) = self.producer.take() {
+            super::drop_detached(producer, "txn-producer");
         }
     }
 }
