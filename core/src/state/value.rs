@@ -387,38 +387,140 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// As [`ValueStore::get_or_default`].
     #[inline]
     pub fn update_many(&mut self, keys: &[K], mut f: impl FnMut(&K, &mut V)) {
-        // Per group of UPDATE_AHEAD keys: first hash and locate each key's
-        // home slot (prefetching it), then update them in order from the
-        // located slots, so the key-group and table arithmetic runs once
-        // per key and the misses of a group overlap. A table that grows
-        // (an insert) moves its pages: the rest of the group is then
-        // looked up afresh. The located slots live on the stack: no
-        // allocation.
-        let mut located = [Located::NONE; UPDATE_AHEAD];
-        for group in keys.chunks(UPDATE_AHEAD) {
-            let grows = self.grows;
-            for (at, key) in located.iter_mut().zip(group) {
-                let h = stable_hash(key);
-                *at = self.locate(h, self.table_of(h));
-                prefetch_slot::<K, V>(at);
+        self.update_batched(keys.len(), |j| &keys[j], &mut f);
+    }
+
+    /// Calls `f` with each record of `records` (drained, in order), its
+    /// key `key_of(&record)` and the key's value (inserted as
+    /// `V::default()` if absent): [`ValueStore::update_many`] for a batch
+    /// of records, with no vector of keys. Each key is computed once and
+    /// kept on the stack between its prefetch and its update.
+    ///
+    /// ```
+    /// use weir_core::state::{StoreOptions, ValueStore};
+    /// let dir = std::env::temp_dir().join(format!("weir-doc-records-{}", std::process::id()));
+    /// let mut sums: ValueStore<u64, u64> = ValueStore::create(StoreOptions::new(&dir))?;
+    /// let mut batch = vec![(1, 10), (2, 5), (1, 1)];
+    /// sums.update_records(&mut batch, |r: &(u64, u64)| r.0, |_key, sum, r| *sum += r.1);
+    /// assert_eq!((sums.get(&1), sums.get(&2), batch.len()), (Some(&11), Some(&5), 0));
+    /// # drop(sums); std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), weir_core::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// As [`ValueStore::get_or_default`].
+    #[inline]
+    pub fn update_records<T>(
+        &mut self,
+        records: &mut Vec<T>,
+        key_of: impl Fn(&T) -> K,
+        mut f: impl FnMut(&K, &mut V, T),
+    ) {
+        let mut drain = records.drain(..);
+        // The keys of the group being applied, taken (not cloned) at the
+        // update: `None` outside the group.
+        let mut keys: [Option<K>; UPDATE_AHEAD] = [const { None }; UPDATE_AHEAD];
+        loop {
+            let ahead = drain.as_slice();
+            let n = ahead.len().min(UPDATE_AHEAD);
+            if n == 0 {
+                break;
             }
-            for (at, key) in located.iter().zip(group) {
-                let found = if self.grows == grows {
-                    self.find_located(at, key)
-                } else {
-                    None
-                };
-                let p = match found {
-                    Some((page, off, p)) => {
-                        self.arena.touch(page, off, p);
-                        p
-                    }
-                    None if self.grows == grows => self.get_or_insert_slow(at.h, at.ti as usize, key),
-                    None => self.get_or_insert_hashed(at.h, key),
-                };
+            let mut located = [Located::NONE; UPDATE_AHEAD];
+            for ((at, key), record) in located.iter_mut().zip(keys.iter_mut()).zip(&ahead[..n]) {
+                let k = key_of(record);
+                *at = self.locate_key(&k);
+                *key = Some(k);
+            }
+            let mut grows = self.grows;
+            for i in 0..n {
+                let record = drain.next().expect("n records are left");
+                let key = keys[i].take().expect("located above");
+                let p = self.slot_located(&mut located, i, n, &mut grows, &key);
                 // SAFETY: as in `get_or_default_hashed`.
-                f(key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() });
+                f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
             }
+        }
+    }
+
+    /// The loop of [`ValueStore::update_many`] over `n` keys given by
+    /// index: per group of [`UPDATE_AHEAD`] keys, first hash and locate
+    /// each key's home slot (prefetching it), then update them in order
+    /// from the located slots, so the key-group and table arithmetic runs
+    /// once per key and the misses of a group overlap. The located slots
+    /// live on the stack: no allocation.
+    #[inline(always)]
+    fn update_batched<'k>(&mut self, n: usize, key: impl Fn(usize) -> &'k K, mut f: impl FnMut(&K, &mut V))
+    where
+        K: 'k,
+    {
+        let mut located = [Located::NONE; UPDATE_AHEAD];
+        let mut start = 0;
+        while start < n {
+            let len = (n - start).min(UPDATE_AHEAD);
+            for (j, at) in located[..len].iter_mut().enumerate() {
+                *at = self.locate_key(key(start + j));
+            }
+            let mut grows = self.grows;
+            for j in 0..len {
+                let k = key(start + j);
+                let p = self.slot_located(&mut located, j, len, &mut grows, k);
+                // SAFETY: as in `get_or_default_hashed`.
+                f(k, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() });
+            }
+            start += len;
+        }
+    }
+
+    /// Hashes `key`, locates its home slot and prefetches it.
+    #[inline(always)]
+    fn locate_key(&self, key: &K) -> Located {
+        let h = stable_hash(key);
+        let at = self.locate(h, self.table_of(h));
+        prefetch_slot::<K, V>(&at);
+        at
+    }
+
+    /// The prepared slot of `key`, located as `located[j]` of a group of
+    /// `len`, inserted if absent. `grows` is the growth count when the
+    /// group was located: a growth (an insert past 3/4) moves the table's
+    /// pages, so then the rest of the group is located afresh, off the
+    /// fast path (which never grows a table).
+    #[inline(always)]
+    fn slot_located(
+        &mut self,
+        located: &mut [Located; UPDATE_AHEAD],
+        j: usize,
+        len: usize,
+        grows: &mut u64,
+        key: &K,
+    ) -> *mut u8 {
+        debug_assert_eq!(*grows, self.grows);
+        let at = located[j];
+        match self.find_located(&at, key) {
+            Some((page, off, p)) => {
+                self.arena.touch(page, off, p);
+                p
+            }
+            None => {
+                let p = self.get_or_insert_slow(at.h, at.ti as usize, key);
+                if self.grows != *grows {
+                    *grows = self.grows;
+                    self.relocate(&mut located[j + 1..len]);
+                }
+                p
+            }
+        }
+    }
+
+    /// Locates again, after a table grew, the home slots of keys located
+    /// before (their hashes and tables stay, their pages moved).
+    #[cold]
+    #[inline(never)]
+    fn relocate(&self, located: &mut [Located]) {
+        for at in located {
+            *at = self.locate(at.h, at.ti as usize);
         }
     }
 
