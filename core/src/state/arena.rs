@@ -482,21 +482,30 @@ impl Arena {
     #[inline(always)]
     pub(crate) fn touch(&mut self, page: usize, off: u64, p: *mut u8) {
         debug_assert_eq!(self.ptr(off), p);
-        // SAFETY: `off` names a slot of an allocated page, so `p` is
-        // 8-aligned (pages are page-aligned, slot sizes multiples of 8) and
-        // in a live mapping. Reading the stamp races with no write (only
-        // this task writes, and snapshot jobs only read).
-        if unsafe { p.cast::<u32>().read() } != self.epoch {
+        if !self.stamped(p) {
             self.first_touch(page, off, p);
         }
         debug_assert_eq!(self.page_epoch[page], self.epoch, "a stamped slot in an unwritten page");
     }
 
-    /// The first write to a slot in this epoch: the page's first write
-    /// too, perhaps, then the slot's stamp and log entry.
+    /// Whether the slot at address `p` was written in this epoch: then it
+    /// is ready for writing ([`Self::touch`]).
+    #[inline(always)]
+    pub(crate) fn stamped(&self, p: *mut u8) -> bool {
+        // SAFETY: the callers pass the address of a slot of an allocated
+        // page, 8-aligned (pages are page-aligned, slot sizes multiples of
+        // 8) and in a live mapping. Reading the stamp races with no write
+        // (only this task writes, and snapshot jobs only read).
+        unsafe { p.cast::<u32>().read() == self.epoch }
+    }
+
+    /// The first write to a slot in this epoch (the slot at `off`, address
+    /// `p`, in `page`): the page's first write too, perhaps, then the
+    /// slot's stamp and log entry.
     #[cold]
     #[inline(never)]
-    fn first_touch(&mut self, page: usize, off: u64, p: *mut u8) {
+    pub(crate) fn first_touch(&mut self, page: usize, off: u64, p: *mut u8) {
+        debug_assert_eq!(self.ptr(off), p);
         if self.page_epoch[page] != self.epoch {
             self.first_write(page);
         }
