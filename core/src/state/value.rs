@@ -445,9 +445,9 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                 *key = Some(k);
             }
             let mut grows = self.grows;
-            for i in 0..n {
+            for (i, key) in keys[..n].iter_mut().enumerate() {
                 let record = drain.next().expect("n records are left");
-                let key = keys[i].take().expect("located above");
+                let key = key.take().expect("located above");
                 let p = self.slot_located(&mut located, i, n, &mut grows, &key);
                 // SAFETY: as in `get_or_default_hashed`.
                 f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
