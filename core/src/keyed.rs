@@ -252,8 +252,6 @@ pub(crate) struct MappedKeyedProcess<T, K, S, O, KF, F> {
     pub(crate) op: usize,
     /// Snapshots taken whose outcome the store has not been told yet.
     pub(crate) lifecycle: crate::stores::StoreLifecycle,
-    /// The keys of the batch being applied; keeps its capacity.
-    pub(crate) keys: Vec<K>,
     pub(crate) _in: std::marker::PhantomData<fn(T)>,
 }
 
@@ -269,19 +267,11 @@ where
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let store = self.store.as_mut().expect("the store exists from construction to drop");
-        // Keys are computed once for the whole batch, then applied by
-        // `update_many`, which prefetches each key's slot several records
-        // ahead so that the cache misses of several updates overlap.
-        // `keys` keeps its capacity: no allocation.
-        self.keys.clear();
-        self.keys.extend(batch.iter().map(&self.key_fn));
+        // `update_records` computes each record's key once and prefetches
+        // its slot several records ahead, so that the cache misses of
+        // several updates overlap.
         let (f, out) = (&mut self.f, &mut self.out);
-        let mut records = batch.drain(..);
-        store.update_many(&self.keys, |key, state| {
-            let record = records.next().expect("one record per key");
-            f(key, state, record, out)
-        });
-        drop(records);
+        store.update_records(batch, &self.key_fn, |key, state, record| f(key, state, record, out));
         self.next.collect(&mut self.out.buf, ctx)
     }
     crate::collector::forward_flow!();

@@ -77,6 +77,12 @@ impl<T> Outbox<T> {
         self.staged.push(m);
     }
 
+    /// Stages a record: [`Self::stage`] without the control check.
+    #[inline(always)]
+    pub(crate) fn stage_data(&mut self, record: T) {
+        self.staged.push(Message::Data(record));
+    }
+
     /// Stages a watermark; one right behind another replaces it, so
     /// watermarks never pile up behind a backpressured ring.
     pub(crate) fn stage_watermark(&mut self, wm: i64) {
@@ -385,9 +391,10 @@ impl<T, K, KF> HashOutput<T, K, KF> {
             q >= 1 && q <= max_parallelism,
             "{q} targets for {max_parallelism} key groups"
         );
-        let routes = (0..max_parallelism)
+        let routes: Vec<u32> = (0..max_parallelism)
             .map(|kg| subtask_for_key_group(kg, max_parallelism, q) as u32)
             .collect();
+        assert!(routes.iter().all(|&t| (t as usize) < q), "a route past the last target");
         HashOutput {
             outboxes,
             key_fn,
@@ -405,9 +412,17 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         ctx.records_out += batch.len() as u64;
         ctx.current_op = self.op;
         let maxp = self.max_parallelism;
+        let (routes, outboxes) = (&self.routes[..], &mut self.outboxes[..]);
+        debug_assert_eq!(routes.len(), maxp);
         for record in batch.drain(..) {
             let kg = key_group(stable_hash(&(self.key_fn)(&record)), maxp);
-            self.outboxes[self.routes[kg] as usize].stage(Message::Data(record));
+            // SAFETY: `key_group` is below `maxp`, the length of `routes`
+            // (made in `new`; `keyed::tests::key_group_in_range`), and every
+            // route is a subtask below the number of outboxes (`new`
+            // asserts `subtask_for_key_group` keeps below it;
+            // `routes_stay_in_range` below).
+            let outbox = unsafe { outboxes.get_unchecked_mut(*routes.get_unchecked(kg) as usize) };
+            outbox.stage_data(record);
         }
         flush_all(&mut self.outboxes);
         Ok(())
@@ -444,6 +459,22 @@ impl<T: Data> Collector<T> for RebalanceOutput<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every key group routes to an existing target, whatever the
+    /// parallelisms (the unchecked indexing of `HashOutput::collect`).
+    #[test]
+    fn routes_stay_in_range() {
+        for maxp in [1usize, 2, 7, 128, 1000] {
+            for q in 1..=maxp.min(64) {
+                let outboxes = (0..q)
+                    .map(|_| Outbox::new(rtrb::RingBuffer::<Message<u64>>::new(RESERVED_SLOTS + 1).0, 1))
+                    .collect();
+                let out = HashOutput::<u64, u64, _>::new(outboxes, |r: &u64| *r, maxp, 0);
+                assert_eq!(out.routes.len(), maxp);
+                assert!(out.routes.iter().all(|&t| (t as usize) < q), "maxp {maxp}, q {q}");
+            }
+        }
+    }
 
     #[test]
     fn outbox_keeps_what_does_not_fit_in_order() {

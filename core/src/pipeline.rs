@@ -839,7 +839,6 @@ where
                 next: down,
                 op: 0,
                 lifecycle: crate::stores::StoreLifecycle::default(),
-                keys: Vec::new(),
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)

@@ -473,19 +473,45 @@ impl Arena {
 
     /// [`Self::write_slot`] for a caller that has the slot's page, offset
     /// and address at hand (the value store's hot path).
+    ///
+    /// A slot stamped with the current epoch lies in a page already
+    /// written in this epoch (a stamp is only ever set to the current
+    /// epoch below, after the page's check; restored stamps are older than
+    /// any epoch the store continues with), so the common case, a slot
+    /// written again in the same epoch, reads the stamp alone.
     #[inline(always)]
     pub(crate) fn touch(&mut self, page: usize, off: u64, p: *mut u8) {
+        debug_assert_eq!(self.ptr(off), p);
+        if !self.stamped(p) {
+            self.first_touch(page, off, p);
+        }
+        debug_assert_eq!(self.page_epoch[page], self.epoch, "a stamped slot in an unwritten page");
+    }
+
+    /// Whether the slot at address `p` was written in this epoch: then it
+    /// is ready for writing ([`Self::touch`]).
+    #[inline(always)]
+    pub(crate) fn stamped(&self, p: *mut u8) -> bool {
+        // SAFETY: the callers pass the address of a slot of an allocated
+        // page, 8-aligned (pages are page-aligned, slot sizes multiples of
+        // 8) and in a live mapping. Reading the stamp races with no write
+        // (only this task writes, and snapshot jobs only read).
+        unsafe { p.cast::<u32>().read() == self.epoch }
+    }
+
+    /// The first write to a slot in this epoch (the slot at `off`, address
+    /// `p`, in `page`): the page's first write too, perhaps, then the
+    /// slot's stamp and log entry.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn first_touch(&mut self, page: usize, off: u64, p: *mut u8) {
         debug_assert_eq!(self.ptr(off), p);
         if self.page_epoch[page] != self.epoch {
             self.first_write(page);
         }
-        // SAFETY: `off` names a slot of an allocated page, so `p` is
-        // 8-aligned (pages are page-aligned, slot sizes multiples of 8) and
-        // in a live mapping; no job reads this page now, because
-        // `first_write` resolved every job's claim on it in this epoch.
-        if unsafe { p.cast::<u32>().read() } != self.epoch {
-            self.first_slot_write(off, p);
-        }
+        // `first_write` resolved every job's claim on the page in this
+        // epoch: no job reads it any more, the slot may be written.
+        self.first_slot_write(off, p);
     }
 
     /// The address of `page`'s first byte (its slot 0).

@@ -405,7 +405,7 @@ proptest! {
         run_model(ops, chain);
     }
 
-    /// `update_many` applies its keys in order, exactly like one
+    /// `update_many` (and `update_records`) applies its keys in order, exactly like one
     /// `get_or_default` per key: same values, same visits, across table
     /// growth, removals and probe runs that cross pages (two key groups of
     /// up to 1,500 keys each fill tables up to their 3/4 bound).
@@ -418,6 +418,7 @@ proptest! {
         let o = |name: &str| opts(dir.path(), name).with_max_parallelism(2).with_key_groups(0..2);
         let mut many = Store::create(o("many")).unwrap();
         let mut single = Store::create(o("single")).unwrap();
+        let mut records = Store::create(o("records")).unwrap();
         for (n, keys) in batches.iter().enumerate() {
             let mut visited = Vec::new();
             many.update_many(keys, |k, v| {
@@ -426,16 +427,29 @@ proptest! {
                 v[1] = v[1] * 31 + n as u64;
             });
             prop_assert_eq!(&visited, keys);
+            // The same through `update_records`: records carry their keys.
+            let mut batch: Vec<(u64, u64)> = keys.iter().map(|&k| (k, n as u64)).collect();
+            let mut seen = Vec::new();
+            records.update_records(&mut batch, |r| r.0, |k, v, r| {
+                seen.push((*k, r));
+                v[0] += 1;
+                v[1] = v[1] * 31 + r.1;
+            });
+            prop_assert!(batch.is_empty());
+            prop_assert_eq!(seen, keys.iter().map(|&k| (k, (k, n as u64))).collect::<Vec<_>>());
             for k in keys {
                 let v = single.get_or_default(k);
                 v[0] += 1;
                 v[1] = v[1] * 31 + n as u64;
             }
             for k in removes.iter().skip(n * 25).take(25) {
-                prop_assert_eq!(many.remove(k), single.remove(k));
+                let expected = single.remove(k);
+                prop_assert_eq!(many.remove(k), expected);
+                prop_assert_eq!(records.remove(k), expected);
             }
         }
         prop_assert_eq!(contents(&many), contents(&single));
+        prop_assert_eq!(contents(&records), contents(&single));
     }
 }
 

@@ -63,35 +63,31 @@ enum Probe {
     Vacant(u64),
 }
 
-/// A key's home slot, found ahead of its update ([`ValueStore::update_many`]).
+/// A key's home slot, found ahead of its update ([`ValueStore::update_many`]):
+/// what the fast path needs and no more (the page number and offset, needed
+/// only by a slot's first write in an epoch, are found again from `h`).
 #[derive(Clone, Copy)]
 struct Located {
     /// The key's stable hash.
     h: u64,
-    /// The home page's first byte; null when the table has no page yet.
-    base: *mut u8,
-    /// The home page's number.
-    page: u32,
-    /// The home slot in the page.
-    slot: u32,
-    /// The key group's table.
-    ti: u32,
+    /// The home slot's first byte; null when the table has no page yet.
+    slot: *mut u8,
+    /// Slots of the home page after the home slot.
+    left: u32,
 }
 
 impl Located {
     const NONE: Located = Located {
         h: 0,
-        base: std::ptr::null_mut(),
-        page: 0,
-        slot: 0,
-        ti: 0,
+        slot: std::ptr::null_mut(),
+        left: 0,
     };
 }
 
 /// Asks the processor to start loading a located home slot.
 #[inline(always)]
-fn prefetch_slot<K: StateKey, V: StateValue>(at: &Located) {
-    let p = at.base.wrapping_add(at.slot as usize * ValueStore::<K, V>::SLOT_SIZE);
+fn prefetch_slot(at: &Located) {
+    let p = at.slot;
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults, reads nothing into
     // the program and has no effect on memory, whatever the address.
@@ -243,8 +239,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     fn find(&self, key: &K) -> Option<(usize, u64)> {
         let h = stable_hash(key);
         let ti = self.table_of(h);
-        if let Some((_, off, _)) = self.fast_find(h, ti, key) {
-            return Some((ti, off));
+        if let Some(p) = self.fast_find(h, ti, key) {
+            return Some((ti, self.home_page_off(h, ti, p).1));
         }
         let t = &self.tables[ti];
         if t.pages.is_empty() {
@@ -265,22 +261,30 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         if n == 0 {
             return Located {
                 h,
-                base: std::ptr::null_mut(),
-                page: 0,
-                slot: 0,
-                ti: ti as u32,
+                slot: std::ptr::null_mut(),
+                left: 0,
             };
         }
         let (pi, i) = home(h, n, self.slots_per_page);
         // SAFETY: `pi = h & (n - 1) < n`.
-        let (base, page) = unsafe { t.ptrs.get_unchecked(pi) };
+        let (base, _) = unsafe { t.ptrs.get_unchecked(pi) };
         Located {
             h,
-            base: base.0,
-            page: *page,
-            slot: i as u32,
-            ti: ti as u32,
+            // Slot `i < slots_per_page` of a live page (`home`).
+            slot: base.0.wrapping_add(i * Self::SLOT_SIZE),
+            left: (self.slots_per_page - 1 - i) as u32,
         }
+    }
+
+    /// The page number and offset of slot address `p`, found by
+    /// [`Self::fast_find`] in the home page of hash `h` in table `ti`.
+    fn home_page_off(&self, h: u64, ti: usize, p: *mut u8) -> (usize, u64) {
+        let t = &self.tables[ti];
+        let (pi, _) = home(h, t.ptrs.len(), self.slots_per_page);
+        let (base, page) = t.ptrs[pi];
+        let at = p as usize - base.0 as usize;
+        debug_assert!(at < self.slots_per_page * Self::SLOT_SIZE);
+        (page as usize, ((page as u64) << self.page_shift) + at as u64)
     }
 
     /// The slot of `key` if it lies in its home page at or after its home
@@ -295,7 +299,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// (Reading the next slot unconditionally costs a second cache miss
     /// whenever it lies in the next line, so it is read only when needed.)
     #[inline(always)]
-    fn fast_find(&self, h: u64, ti: usize, key: &K) -> Option<(usize, u64, *mut u8)> {
+    fn fast_find(&self, h: u64, ti: usize, key: &K) -> Option<*mut u8> {
         self.find_located(&self.locate(h, ti), key)
     }
 
@@ -303,38 +307,45 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// grown since (`grows` unchanged): the pages it names are still the
     /// table's.
     #[inline(always)]
-    fn find_located(&self, at: &Located, key: &K) -> Option<(usize, u64, *mut u8)> {
-        if at.base.is_null() {
+    fn find_located(&self, at: &Located, key: &K) -> Option<*mut u8> {
+        let (mut s, mut left) = (at.slot, at.left);
+        if s.is_null() {
             return None;
         }
-        let spp = self.slots_per_page;
-        let (base, page, mut i) = (at.base, at.page as usize, at.slot as usize);
         loop {
-            // SAFETY: slot i < slots_per_page lies inside the page, a live
-            // mapping (segments are never unmapped while the store lives,
-            // and the page is still this table's: no growth since it was
-            // located); reading it races with no writer (the task, which
-            // holds `&self`, is the only one).
-            let (occupied, hit) = unsafe {
-                let s = base.add(i * Self::SLOT_SIZE);
-                let occupied = s.add(4).cast::<u32>().read() != 0;
-                (
-                    occupied,
-                    occupied && key.eq_slot(std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES)),
-                )
-            };
-            if hit {
-                break;
+            // SAFETY: `s` is a slot of the home page (`left` counts the
+            // slots after it), a live mapping (segments are never unmapped
+            // while the store lives, and the page is still this table's: no
+            // growth since it was located); reading it races with no writer
+            // (the task, which holds `&self`, is the only one).
+            let occupied = unsafe { s.add(4).cast::<u32>().read() } != 0;
+            // SAFETY: as above; the key area lies inside the slot.
+            if occupied && key.eq_slot(unsafe { std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES) }) {
+                return Some(s);
             }
-            i += 1;
-            if !occupied || i == spp {
+            if !occupied || left == 0 {
                 return None;
             }
+            left -= 1;
+            // SAFETY: `left` was not 0: the next slot is in the page.
+            s = unsafe { s.add(Self::SLOT_SIZE) };
         }
-        let at = i * Self::SLOT_SIZE;
-        let off = ((page as u64) << self.page_shift) + at as u64;
-        // SAFETY: slot `at` lies inside the page.
-        Some((page, off, unsafe { base.add(at) }))
+    }
+
+    /// Prepares slot `p`, found by [`Self::fast_find`] for hash `h`, for
+    /// writing: a stamp check, and the rest off the fast path.
+    #[inline(always)]
+    fn touch_found(&mut self, h: u64, p: *mut u8) {
+        if !self.arena.stamped(p) {
+            self.first_touch_found(h, p);
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn first_touch_found(&mut self, h: u64, p: *mut u8) {
+        let (page, off) = self.home_page_off(h, self.table_of(h), p);
+        self.arena.first_touch(page, off, p);
     }
 
     /// Asks the processor to start loading `key`'s home slot. A batch of
@@ -347,7 +358,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let kg = key_group(h, self.arena.opts.max_parallelism);
         let ti = kg.wrapping_sub(self.arena.opts.key_groups.start);
         if ti < self.tables.len() {
-            prefetch_slot::<K, V>(&self.locate(h, ti));
+            prefetch_slot(&self.locate(h, ti));
         }
     }
 
@@ -387,38 +398,140 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// As [`ValueStore::get_or_default`].
     #[inline]
     pub fn update_many(&mut self, keys: &[K], mut f: impl FnMut(&K, &mut V)) {
-        // Per group of UPDATE_AHEAD keys: first hash and locate each key's
-        // home slot (prefetching it), then update them in order from the
-        // located slots, so the key-group and table arithmetic runs once
-        // per key and the misses of a group overlap. A table that grows
-        // (an insert) moves its pages: the rest of the group is then
-        // looked up afresh. The located slots live on the stack: no
-        // allocation.
-        let mut located = [Located::NONE; UPDATE_AHEAD];
-        for group in keys.chunks(UPDATE_AHEAD) {
-            let grows = self.grows;
-            for (at, key) in located.iter_mut().zip(group) {
-                let h = stable_hash(key);
-                *at = self.locate(h, self.table_of(h));
-                prefetch_slot::<K, V>(at);
+        self.update_batched(keys.len(), |j| &keys[j], &mut f);
+    }
+
+    /// Calls `f` with each record of `records` (drained, in order), its
+    /// key `key_of(&record)` and the key's value (inserted as
+    /// `V::default()` if absent): [`ValueStore::update_many`] for a batch
+    /// of records, with no vector of keys. Each key is computed once and
+    /// kept on the stack between its prefetch and its update.
+    ///
+    /// ```
+    /// use weir_core::state::{StoreOptions, ValueStore};
+    /// let dir = std::env::temp_dir().join(format!("weir-doc-records-{}", std::process::id()));
+    /// let mut sums: ValueStore<u64, u64> = ValueStore::create(StoreOptions::new(&dir))?;
+    /// let mut batch = vec![(1, 10), (2, 5), (1, 1)];
+    /// sums.update_records(&mut batch, |r: &(u64, u64)| r.0, |_key, sum, r| *sum += r.1);
+    /// assert_eq!((sums.get(&1), sums.get(&2), batch.len()), (Some(&11), Some(&5), 0));
+    /// # drop(sums); std::fs::remove_dir_all(&dir).ok();
+    /// # Ok::<(), weir_core::Error>(())
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// As [`ValueStore::get_or_default`].
+    #[inline]
+    pub fn update_records<T>(
+        &mut self,
+        records: &mut Vec<T>,
+        key_of: impl Fn(&T) -> K,
+        mut f: impl FnMut(&K, &mut V, T),
+    ) {
+        let mut drain = records.drain(..);
+        // The keys of the group being applied, taken (not cloned) at the
+        // update: `None` outside the group.
+        let mut keys: [Option<K>; UPDATE_AHEAD] = [const { None }; UPDATE_AHEAD];
+        loop {
+            let ahead = drain.as_slice();
+            let n = ahead.len().min(UPDATE_AHEAD);
+            if n == 0 {
+                break;
             }
-            for (at, key) in located.iter().zip(group) {
-                let found = if self.grows == grows {
-                    self.find_located(at, key)
-                } else {
-                    None
-                };
-                let p = match found {
-                    Some((page, off, p)) => {
-                        self.arena.touch(page, off, p);
-                        p
-                    }
-                    None if self.grows == grows => self.get_or_insert_slow(at.h, at.ti as usize, key),
-                    None => self.get_or_insert_hashed(at.h, key),
-                };
+            let mut located = [Located::NONE; UPDATE_AHEAD];
+            for ((at, key), record) in located.iter_mut().zip(keys.iter_mut()).zip(&ahead[..n]) {
+                let k = key_of(record);
+                *at = self.locate_key(&k);
+                *key = Some(k);
+            }
+            let mut grows = self.grows;
+            for (i, key) in keys[..n].iter_mut().enumerate() {
+                let record = drain.next().expect("n records are left");
+                let key = key.take().expect("located above");
+                let p = self.slot_located(&mut located, i, n, &mut grows, &key);
                 // SAFETY: as in `get_or_default_hashed`.
-                f(key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() });
+                f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
             }
+        }
+    }
+
+    /// The loop of [`ValueStore::update_many`] over `n` keys given by
+    /// index: per group of [`UPDATE_AHEAD`] keys, first hash and locate
+    /// each key's home slot (prefetching it), then update them in order
+    /// from the located slots, so the key-group and table arithmetic runs
+    /// once per key and the misses of a group overlap. The located slots
+    /// live on the stack: no allocation.
+    #[inline(always)]
+    fn update_batched<'k>(&mut self, n: usize, key: impl Fn(usize) -> &'k K, mut f: impl FnMut(&K, &mut V))
+    where
+        K: 'k,
+    {
+        let mut located = [Located::NONE; UPDATE_AHEAD];
+        let mut start = 0;
+        while start < n {
+            let len = (n - start).min(UPDATE_AHEAD);
+            for (j, at) in located[..len].iter_mut().enumerate() {
+                *at = self.locate_key(key(start + j));
+            }
+            let mut grows = self.grows;
+            for j in 0..len {
+                let k = key(start + j);
+                let p = self.slot_located(&mut located, j, len, &mut grows, k);
+                // SAFETY: as in `get_or_default_hashed`.
+                f(k, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() });
+            }
+            start += len;
+        }
+    }
+
+    /// Hashes `key`, locates its home slot and prefetches it.
+    #[inline(always)]
+    fn locate_key(&self, key: &K) -> Located {
+        let h = stable_hash(key);
+        let at = self.locate(h, self.table_of(h));
+        prefetch_slot(&at);
+        at
+    }
+
+    /// The prepared slot of `key`, located as `located[j]` of a group of
+    /// `len`, inserted if absent. `grows` is the growth count when the
+    /// group was located: a growth (an insert past 3/4) moves the table's
+    /// pages, so then the rest of the group is located afresh, off the
+    /// fast path (which never grows a table).
+    #[inline(always)]
+    fn slot_located(
+        &mut self,
+        located: &mut [Located; UPDATE_AHEAD],
+        j: usize,
+        len: usize,
+        grows: &mut u64,
+        key: &K,
+    ) -> *mut u8 {
+        debug_assert_eq!(*grows, self.grows);
+        let at = located[j];
+        match self.find_located(&at, key) {
+            Some(p) => {
+                self.touch_found(at.h, p);
+                p
+            }
+            None => {
+                let p = self.get_or_insert_slow(at.h, self.table_of(at.h), key);
+                if self.grows != *grows {
+                    *grows = self.grows;
+                    self.relocate(&mut located[j + 1..len]);
+                }
+                p
+            }
+        }
+    }
+
+    /// Locates again, after a table grew, the home slots of keys located
+    /// before (their hashes and tables stay, their pages moved).
+    #[cold]
+    #[inline(never)]
+    fn relocate(&self, located: &mut [Located]) {
+        for at in located {
+            *at = self.locate(at.h, self.table_of(at.h));
         }
     }
 
@@ -427,8 +540,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     fn get_or_insert_hashed(&mut self, h: u64, key: &K) -> *mut u8 {
         let ti = self.table_of(h);
         match self.fast_find(h, ti, key) {
-            Some((page, off, p)) => {
-                self.arena.touch(page, off, p);
+            Some(p) => {
+                self.touch_found(h, p);
                 p
             }
             None => self.get_or_insert_slow(h, ti, key),
