@@ -33,10 +33,10 @@
 //! from there), and a committed file newer than it (or any, for a start
 //! without a checkpoint) makes the sink refuse to run.
 
-use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use weir_core::vfs::{File, OpenOptions};
 
 use serde::{Deserialize, Serialize};
 use weir_core::BoxError;
@@ -219,7 +219,7 @@ where
             let (_, f) = self.file.take().expect("written above");
             self.precommitted = true;
             fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
-            weir_core::disk::sync_data(&f).ctx("fsync", &temp)?;
+            f.sync_data().ctx("fsync", &temp)?;
         }
         self.sync_commits()
     }
@@ -231,10 +231,10 @@ where
         let temp = self.temp_path(txn);
         let target = self.target.join(&txn.name);
         fault(FAULT_COMMIT_RENAME, "rename into place", &temp)?;
-        match std::fs::rename(&temp, &target) {
+        match weir_core::vfs::rename(&temp, &target) {
             Ok(()) => {}
             // Committed before: the rename happened, maybe not its fsync.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && target.exists() => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && weir_core::vfs::exists(&target) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::LostTransaction {
                     sink: "two-phase file",
@@ -296,7 +296,7 @@ where
         // hidden names in the target, or the older versions' subfolder.
         let legacy = self.target.join(IN_PROGRESS_DIR);
         for (dir, hidden) in [(&self.target, true), (&legacy, false)] {
-            if !hidden && !dir.exists() {
+            if !hidden && !weir_core::vfs::exists(dir) {
                 continue;
             }
             let mut removed = false;
