@@ -827,9 +827,11 @@ mod tests {
                         f.write_all(&[i as u8; 100])?;
                         f.sync_data()
                     });
+                let written = r.is_ok();
                 results.push(r.map_err(|e| e.raw_os_error()));
-                if let Ok(b) = fs.read(&p) {
-                    results.push(Ok(()).and_then(|()| if b == vec![i as u8; 100] { Ok(()) } else { Err(Some(-1)) }));
+                if written {
+                    let b = fs.read(&p).unwrap();
+                    results.push(if b == vec![i as u8; 100] { Ok(()) } else { Err(Some(-1)) });
                 }
             }
             (results, fs.take_injected())
