@@ -265,7 +265,10 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
                 "seed {seed} run {runs}: crash point {at:?}, {} ops, down {}, injected {injected:?}, result {:?}",
                 fs.ops() - before,
                 fs.is_down(),
-                result.as_ref().map(|r| (r.metrics.checkpoints.completed, r.metrics.checkpoints.failed)).map_err(|e| e.to_string())
+                result
+                    .as_ref()
+                    .map(|r| (r.metrics.checkpoints.completed, r.metrics.checkpoints.failed))
+                    .map_err(|e| e.to_string())
             );
         }
         if fs.is_down() {
