@@ -51,7 +51,7 @@ const CRASHES_PER_SEED: u32 = 6;
 /// Crash points are drawn from the first this many filesystem operations
 /// of a run: about what a whole run of the job does (the test prints the
 /// average), so that most runs crash somewhere, and some finish.
-const OPS_PER_RUN: u64 = 600;
+const OPS_PER_RUN: u64 = 300;
 /// A run that takes longer is a hang: the seed is printed and the process
 /// aborts.
 const HANG: Duration = Duration::from_secs(60);
@@ -161,6 +161,7 @@ struct Tally {
     flips_reported: u64,
     direct_garbage_lines: u64,
     ops_of_completed_runs: u64,
+    finished_then_crashed: u64,
 }
 
 /// The runs in progress: (sink, seed, start), one per test thread.
@@ -298,6 +299,18 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
                         "the job finished without a failed checkpoint or an error after injected faults: {unexplained:?}"
                     );
                 }
+                if crash {
+                    // It finished before its crash point: the machine
+                    // crashes right after (what it committed must hold),
+                    // and the next run starts from what is left.
+                    t.crash_points += 1;
+                    t.finished_then_crashed += 1;
+                    if fs.crash() > 0 {
+                        t.crashes_that_lost_something += 1;
+                    }
+                    crashes += 1;
+                    continue;
+                }
                 break;
             }
             Err(e) => {
@@ -327,7 +340,7 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
     }
     fs.crash();
     if verbose() {
-        for d in ["out", "chk", "wal", "wal/subtask-0"] {
+        for d in ["out", "chk", "wal", "wal/subtask-000"] {
             eprintln!("seed {seed} {d}: {:?}", vfs::read_dir(root.join(d)));
         }
     }
@@ -355,6 +368,7 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
     all.flips_reported += t.flips_reported;
     all.direct_garbage_lines += t.direct_garbage_lines;
     all.ops_of_completed_runs += t.ops_of_completed_runs;
+    all.finished_then_crashed += t.finished_then_crashed;
 }
 
 /// Deleting what is no longer needed: an error there leaves garbage that

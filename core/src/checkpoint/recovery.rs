@@ -67,7 +67,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
     let ids = storage::list_ids(root).map_err(|e| Error::Restore(format!("listing {}: {e}", root.display())))?;
     Ok(ids
         .into_iter()
-        .filter(|&id| storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists())
+        .filter(|&id| crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)))
         .collect())
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
 pub(crate) fn remove_incomplete(root: &Path) {
     if let Ok(ids) = storage::list_ids(root) {
         for id in ids {
-            if !storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists() {
+            if !crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)) {
                 let _ = storage::remove_checkpoint(root, id);
             }
         }
