@@ -141,6 +141,13 @@ impl FileAppender {
                 .create(true)
                 .open(&self.path)
                 .ctx("open for appending", &self.path)?;
+            // The file's entry in its folder, durably: a checkpoint counts
+            // on the lines synced into it, and a crash must not take back
+            // a file created since the folder's last fsync (with all of
+            // them). Once per open, never per record.
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)?;
+            }
             let whole = whole_lines_len(&mut f).ctx("read the end of", &self.path)?;
             let len = f.metadata().ctx("stat", &self.path)?.len();
             if whole < len {
