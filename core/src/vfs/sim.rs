@@ -20,7 +20,10 @@
 //! - A crash point ([`SimFs::crash_after`]): the operation with that
 //!   number and every later one fail as if the machine had stopped there;
 //!   nothing reaches the disk after it. The test then stops the job and
-//!   calls [`SimFs::crash`].
+//!   calls [`SimFs::crash`]. The threads that used the disk before a crash
+//!   are the crashed machine's: every later operation of theirs fails (a
+//!   thread of the stopped job still winding down must not write to the
+//!   restarted disk, as no thread of a crashed process can).
 //!
 //! Every decision is a function of the seed and the operation's number, so
 //! one thread doing the same operations gets the same faults. (A job's
@@ -32,6 +35,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Component, Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 use super::{File, FileOps, Fs, Metadata, OpenOptions};
 
@@ -129,6 +133,10 @@ struct State {
     next_ino: u64,
     nodes: HashMap<u64, Node>,
     injected: Vec<Injected>,
+    /// Threads that did operations since the last crash.
+    active: HashSet<ThreadId>,
+    /// Threads of a crashed machine: they never run again.
+    dead: HashSet<ThreadId>,
 }
 
 const ROOT: u64 = 0;
@@ -171,15 +179,24 @@ fn not_found(path: &Path) -> io::Error {
 impl State {
     /// Counts one operation; fails it at or after the crash point.
     fn op(&mut self) -> io::Result<u64> {
-        if self.down {
+        let me = std::thread::current().id();
+        if self.down || self.dead.contains(&me) {
             return Err(io::Error::other(CRASHED));
         }
+        self.active.insert(me);
         self.ops += 1;
         if self.crash_at.is_some_and(|at| self.ops >= at) {
             self.down = true;
             return Err(io::Error::other(CRASHED));
         }
         Ok(self.ops)
+    }
+
+    /// Every thread that used the disk, but the caller's, never runs again.
+    fn retire_threads(&mut self) {
+        let me = std::thread::current().id();
+        let active = std::mem::take(&mut self.active);
+        self.dead.extend(active.into_iter().filter(|t| *t != me));
     }
 
     fn roll(&self, op: u64, salt: u64, one_in: u32) -> bool {
@@ -284,6 +301,8 @@ impl SimFs {
                 next_ino: ROOT,
                 nodes,
                 injected: Vec::new(),
+                active: HashSet::new(),
+                dead: HashSet::new(),
             })),
         }
     }
@@ -312,6 +331,15 @@ impl SimFs {
     /// Whether the crash point was reached.
     pub fn is_down(&self) -> bool {
         self.lock().down
+    }
+
+    /// The process that used the disk ended (without a crash): its
+    /// threads, all but the caller's, never run again, as none of a
+    /// process that exited can. A test calls it between runs that stand
+    /// for processes, so that a thread of a failed job still winding down
+    /// does not act on the next run's disk.
+    pub fn end_process(&self) {
+        self.lock().retire_threads();
     }
 
     /// The faults injected since the last call.
@@ -379,7 +407,9 @@ impl SimFs {
                             let from = if rng.below(2) == 0 { &*cur } else { &*synced };
                             let start = i * SECTOR;
                             let have = from.len().saturating_sub(start).min(sector.len());
-                            sector[..have].copy_from_slice(&from[start..start + have]);
+                            if have > 0 {
+                                sector[..have].copy_from_slice(&from[start..start + have]);
+                            }
                         }
                         *cur = torn.clone();
                         *synced = torn;
@@ -388,6 +418,11 @@ impl SimFs {
                 changed += 1;
             }
         }
+        // The crashed machine's threads are gone with it: a thread of the
+        // stopped job that is still winding down in this process must not
+        // act on the restarted disk. The caller (the test, which restarts
+        // the job) goes on.
+        s.retire_threads();
         s.generation += 1;
         s.down = false;
         s.crash_at = None;
