@@ -432,7 +432,10 @@ mod tests {
             ("x.tmp", ""),
         ] {
             let e = decode(&txn(temp, name)).unwrap_err().to_string();
-            assert!(e.contains("not a plain name in the target folder"), "{temp} {name}: {e}");
+            assert!(
+                e.contains("not a plain name in the target folder"),
+                "{temp} {name}: {e}"
+            );
             assert!(e.contains("checkpoint 3"), "{e}");
         }
     }
