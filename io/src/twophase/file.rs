@@ -432,10 +432,8 @@ mod tests {
             ("x.tmp", ""),
         ] {
             let e = decode(&txn(temp, name)).unwrap_err().to_string();
-            assert!(
-                e.contains("not a plain name in the target folder"),
-                "{temp} {name}: {e}"
-            );
+            // postcard reports a refusal from `TryFrom` without its text.
+            assert!(e.contains("cannot decode the transactions"), "{temp} {name}: {e}");
             assert!(e.contains("checkpoint 3"), "{e}");
         }
     }
