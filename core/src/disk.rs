@@ -94,8 +94,19 @@ pub fn sync_all(file: &File) -> std::io::Result<()> {
 }
 
 /// Fsyncs folder `dir`, so that entries created, renamed or removed in it
-/// survive a crash; counted (the open is not timed).
+/// survive a crash; counted (the open is not timed). A folder on a
+/// mounted filesystem ([`crate::vfs::mount`]) is synced there.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    if crate::vfs::is_mounted(dir) {
+        crate::vfs::sync_dir(dir)?;
+        trace::note(|| format!("sync {}", dir.display()));
+        return Ok(());
+    }
+    sync_dir_std(dir)
+}
+
+/// [`sync_dir`] on the real filesystem.
+pub(crate) fn sync_dir_std(dir: &Path) -> std::io::Result<()> {
     let d = File::open(dir)?;
     timed(|| d.sync_all())?;
     trace::note(|| format!("sync {}", dir.display()));
@@ -107,17 +118,18 @@ pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
 /// cannot take back a folder (and everything later made durable in it,
 /// such as completed checkpoints) once its contents are relied on. A
 /// folder that exists already is left alone.
+/// On a mounted filesystem ([`crate::vfs::mount`]) it all happens there.
 pub fn create_dir_all_durable(path: &Path) -> std::io::Result<()> {
-    if path.is_dir() {
+    if crate::vfs::is_dir(path) {
         return Ok(());
     }
     // The missing folders, outermost first.
     let mut missing: Vec<&Path> = path
         .ancestors()
-        .take_while(|a| !a.as_os_str().is_empty() && !a.exists())
+        .take_while(|a| !a.as_os_str().is_empty() && !crate::vfs::exists(a))
         .collect();
     missing.reverse();
-    std::fs::create_dir_all(path)?;
+    crate::vfs::create_dir_all(path)?;
     for dir in missing {
         if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
             sync_dir(parent)?;

@@ -62,6 +62,7 @@ mod stores;
 mod task;
 pub mod time;
 pub mod timers;
+pub mod vfs;
 pub mod window;
 
 #[cfg(test)]

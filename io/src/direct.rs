@@ -29,10 +29,10 @@
 //! removes a trailing partial line (everything after the last `\n`), so
 //! the file only ever gains whole lines from this sink.
 
-use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use weir_core::vfs::{File, OpenOptions};
 
 use weir_core::io_thread::{IoHandler, IoThread};
 use weir_core::{clock, BoxError, PreCommit, Sink, SinkContext};
@@ -141,12 +141,19 @@ impl FileAppender {
                 .create(true)
                 .open(&self.path)
                 .ctx("open for appending", &self.path)?;
+            // The file's entry in its folder, durably: a checkpoint counts
+            // on the lines synced into it, and a crash must not take back
+            // a file created since the folder's last fsync (with all of
+            // them). Once per open, never per record.
+            if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
+                weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)?;
+            }
             let whole = whole_lines_len(&mut f).ctx("read the end of", &self.path)?;
             let len = f.metadata().ctx("stat", &self.path)?.len();
             if whole < len {
                 // A line cut short by a crash: remove it, durably.
                 f.set_len(whole)
-                    .and_then(|_| weir_core::disk::sync_all(&f))
+                    .and_then(|_| f.sync_all())
                     .ctx("cut a partial last line from", &self.path)?;
             }
             self.file = Some(f);
@@ -176,7 +183,7 @@ impl Appender for FileAppender {
         if self.dirty {
             fault(FAULT_FSYNC, "fsync", &self.path)?;
             let path = self.path.clone();
-            weir_core::disk::sync_data(self.file()?).ctx("fsync", &path)?;
+            self.file()?.sync_data().ctx("fsync", &path)?;
             self.dirty = false;
         }
         Ok(())

@@ -300,6 +300,14 @@ impl<T, P> FileSource<T, P> {
         if line == 0 {
             return Err(bad("line number 0".into()));
         }
+        // Every line before it took at least its `\n`: line `n` starts at
+        // byte `n - 1` or later. This also bounds the line number by the
+        // file's size, so counting lines on from it cannot overflow.
+        if line - 1 > pos {
+            return Err(bad(format!(
+                "line number {line} cannot start at byte {pos} (each earlier line takes at least one byte): the offset is damaged"
+            )));
+        }
         self.reader = None;
         self.cur = cur;
         self.buf_pos = pos;
@@ -527,6 +535,29 @@ mod tests {
         let mut fresh = source(dir.path(), 0, 1);
         let e = Source::<Parsed>::seek(&mut fresh, &off).unwrap_err().to_string();
         assert!(e.contains("the input changed"), "{e}");
+    }
+
+    /// An offset whose line number is past what its byte position allows
+    /// is refused (cargo-fuzz's `file_offset` target found line
+    /// u64::MAX - 1 at byte 1 overflowing the line count on the next line).
+    #[test]
+    fn an_offset_with_an_impossible_line_number_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "1\n22\n333\n").unwrap();
+        std::fs::write(dir.path().join("b.txt"), "x\n#y\nz").unwrap();
+        let found: [u8; 28] = [
+            1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 254, 255, 255, 255, 255, 255, 255, 255, 5, 0, 98, 46, 116, 120, 116,
+        ];
+        let mut src = source(dir.path(), 0, 1);
+        let e = Source::<Parsed>::seek(&mut src, &found).unwrap_err().to_string();
+        assert!(
+            e.contains("line number 18446744073709551614 cannot start at byte 1"),
+            "{e}"
+        );
+        // The largest line number a position allows is accepted.
+        let mut ok = found;
+        ok[13..21].copy_from_slice(&2u64.to_le_bytes());
+        Source::<Parsed>::seek(&mut src, &ok).unwrap();
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //! sort in epoch order; a name never depends on timing, which is what makes
 //! a repeated commit land on the same file.
 
-use std::fs;
 use std::path::Path;
+
+use weir_core::vfs;
 
 use crate::error::IoContext;
 use crate::{Error, Result};
@@ -40,7 +41,7 @@ pub(crate) fn create_dir_durable(dir: &Path) -> Result<()> {
 /// Removes a file; a file already gone is not an error. Returns whether it
 /// existed.
 pub(crate) fn remove_if_exists(path: &Path) -> Result<bool> {
-    match fs::remove_file(path) {
+    match vfs::remove_file(path) {
         Ok(()) => Ok(true),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(Error::io("remove", path, e)),
@@ -49,20 +50,11 @@ pub(crate) fn remove_if_exists(path: &Path) -> Result<bool> {
 
 /// The names in `dir` (files and folders), sorted; an absent folder has none.
 pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(Error::io("list folder", dir, e)),
-    };
-    let mut names = Vec::new();
-    for entry in entries {
-        let entry = entry.ctx("list folder", dir)?;
-        if let Ok(name) = entry.file_name().into_string() {
-            names.push(name);
-        }
+    match vfs::read_dir(dir) {
+        Ok(names) => Ok(names),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::io("list folder", dir, e)),
     }
-    names.sort();
-    Ok(names)
 }
 
 /// Name of the committed output file of `subtask` for `epoch`.

@@ -345,6 +345,50 @@ pub fn run_with(
     p.run(config)?.join()
 }
 
+/// The keyed running count of `job`'s main source (no injected failures,
+/// no second source), with state in the memory-mapped backend: for tests
+/// that add their own sink; [`expected`] and the checks below apply.
+pub fn keyed_counts(p: &Pipeline, job: Job) -> weir_core::Stream<Row> {
+    let keys = job.keys;
+    let cfg = GeneratorConfig {
+        seed: 1,
+        events: Some(job.events),
+        rate: Some(job.rate),
+        start_ns: None,
+    };
+    p.source("fast", job.sources, move |i, n| {
+        Generator::new(cfg, i, n, move |c: GenContext| (key_of(&c, keys), c.seq)).unwrap()
+    })
+    .key_by(|r: &(u64, u64)| r.0)
+    .parallelism(job.keyed)
+    .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
+        st[0] += 1;
+        st[1] = st[1].wrapping_add(v);
+        out.emit((*k, st[0], st[1]));
+    })
+    .name("count")
+}
+
+/// A sink's line for a [`Row`]: `key,count,sum`.
+pub fn row_line(r: &Row, out: &mut Vec<u8>) {
+    use std::io::Write;
+    writeln!(out, "{},{},{}", r.0, r.1, r.2).unwrap();
+}
+
+/// The rows of `key,count,sum` lines, and how many lines were not such.
+pub fn parse_rows(text: &str) -> (Vec<Row>, usize) {
+    let mut rows = Vec::new();
+    let mut garbage = 0;
+    for l in text.lines() {
+        let v: Vec<Option<u64>> = l.split(',').map(|x| x.parse().ok()).collect();
+        match v.as_slice() {
+            [Some(k), Some(c), Some(s)] => rows.push((*k, *c, *s)),
+            _ => garbage += 1,
+        }
+    }
+    (rows, garbage)
+}
+
 /// Expected per-key record counts and sums of values, computed directly.
 pub fn expected(job: Job) -> HashMap<u64, (u64, u64)> {
     let mut m: HashMap<u64, (u64, u64)> = HashMap::new();

@@ -542,7 +542,7 @@ impl Coordinator {
             if oldest_pending <= *fence {
                 return true;
             }
-            match std::fs::remove_file(root.join(path)) {
+            match crate::vfs::remove_file(root.join(path)) {
                 Ok(()) => crate::disk::trace::note(|| format!("delete {}", root.join(path).display())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file"),
@@ -597,7 +597,7 @@ impl Coordinator {
             }
             // Their manifests gone durably first, as for any shared file.
             if self.sync_removals() {
-                let _ = std::fs::remove_dir_all(self.root.join(storage::SHARED));
+                let _ = crate::vfs::remove_dir_all(self.root.join(storage::SHARED));
             }
         }
     }

@@ -67,7 +67,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
     let ids = storage::list_ids(root).map_err(|e| Error::Restore(format!("listing {}: {e}", root.display())))?;
     Ok(ids
         .into_iter()
-        .filter(|&id| storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists())
+        .filter(|&id| crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)))
         .collect())
 }
 
@@ -76,7 +76,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
 pub(crate) fn remove_incomplete(root: &Path) {
     if let Ok(ids) = storage::list_ids(root) {
         for id in ids {
-            if !storage::checkpoint_dir(root, id).join(storage::MANIFEST).exists() {
+            if !crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)) {
                 let _ = storage::remove_checkpoint(root, id);
             }
         }
@@ -88,7 +88,7 @@ pub(crate) fn remove_incomplete(root: &Path) {
 /// any task starts, so no snapshot in flight can need them.
 pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
     let shared = root.join(storage::SHARED);
-    let entries = match std::fs::read_dir(&shared) {
+    let names = match crate::vfs::read_dir(&shared) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(Error::Restore(format!("listing {}: {e}", shared.display()))),
@@ -104,9 +104,9 @@ pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
         }
     }
     let mut removed = 0;
-    for entry in entries.flatten() {
-        let rel = format!("{}/{}", storage::SHARED, entry.file_name().to_string_lossy());
-        if !referenced.contains(&rel) && std::fs::remove_file(entry.path()).is_ok() {
+    for name in names {
+        let rel = format!("{}/{name}", storage::SHARED);
+        if !referenced.contains(&rel) && crate::vfs::remove_file(shared.join(&name)).is_ok() {
             removed += 1;
         }
     }

@@ -24,11 +24,12 @@
 //! one durable file write: no other file has to be made durable first, which
 //! is most of a small job's checkpoint time.
 
-use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+
+use crate::vfs::{self, OpenOptions};
 
 /// Name of a checkpoint's manifest inside its folder.
 pub const MANIFEST: &str = "MANIFEST";
@@ -141,7 +142,7 @@ impl ManifestTask {
                         ),
                     )
                 }),
-            None => fs::read(root.join(&self.file.path)).map(std::borrow::Cow::Owned),
+            None => vfs::read(root.join(&self.file.path)).map(std::borrow::Cow::Owned),
         }
     }
 
@@ -187,7 +188,7 @@ pub(crate) enum DirSync {
 /// `root` right after the trigger, while the tasks snapshot, so that this
 /// disk wait is not on the manifest's path.
 pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
-    fs::create_dir(checkpoint_dir(root, id))
+    vfs::create_dir(checkpoint_dir(root, id))
 }
 
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
@@ -201,8 +202,8 @@ pub(crate) fn write_durable(
     dir_sync: DirSync,
 ) -> std::io::Result<FileRef> {
     crate::fault::hit("checkpoint.write.before")?;
-    if !dir.exists() {
-        fs::create_dir_all(dir)?;
+    if !vfs::exists(dir) {
+        vfs::create_dir_all(dir)?;
         if let Some(parent) = dir.parent() {
             sync_dir(parent)?;
         }
@@ -214,10 +215,10 @@ pub(crate) fn write_durable(
         f.write_all(bytes)?;
         crate::fault::hit("checkpoint.write.before-fsync")?;
         // Data and size; other metadata (times) does not matter here.
-        crate::disk::sync_data(&f)?;
+        f.sync_data()?;
     }
     crate::fault::hit("checkpoint.write.before-rename")?;
-    fs::rename(&tmp, &target)?;
+    vfs::rename(&tmp, &target)?;
     if dir_sync == DirSync::Now {
         sync_dir(dir)?;
     }
@@ -349,18 +350,13 @@ impl Manifest {
 /// Ids of the checkpoint folders under `root`, ascending (complete or not).
 pub fn list_ids(root: &Path) -> std::io::Result<Vec<u64>> {
     let mut ids = Vec::new();
-    let entries = match fs::read_dir(root) {
+    let names = match vfs::read_dir(root) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(ids),
         Err(e) => return Err(e),
     };
-    for entry in entries {
-        let name = entry?.file_name();
-        if let Some(id) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(CHK_PREFIX))
-            .and_then(|n| n.parse().ok())
-        {
+    for name in names {
+        if let Some(id) = name.strip_prefix(CHK_PREFIX).and_then(|n| n.parse().ok()) {
             ids.push(id);
         }
     }
@@ -372,7 +368,7 @@ pub fn list_ids(root: &Path) -> std::io::Result<Vec<u64>> {
 /// folder has no manifest (an unfinished checkpoint).
 pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
     let path = checkpoint_dir(root, id).join(MANIFEST);
-    match fs::read(&path) {
+    match vfs::read(&path) {
         Ok(bytes) => Manifest::decode(&bytes, &path).map(Some),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("{}: {e}", path.display())),
@@ -385,7 +381,7 @@ pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
 pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
     for f in &manifest.files {
         let path = root.join(&f.path);
-        let file = File::open(&path).map_err(|e| {
+        let file = vfs::File::open(&path).map_err(|e| {
             format!(
                 "checkpoint {}: file {} is missing or unreadable: {e}",
                 manifest.id,
@@ -413,7 +409,7 @@ pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
             .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?;
         if bytes.len() as u64 != f.size {
             return Err(format!(
-                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated at byte {})",
+                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
                 manifest.id,
                 path.display(),
                 bytes.len(),
@@ -482,15 +478,15 @@ pub enum Removal {
 /// first is never synced: a folder without a manifest is never restored.
 pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
     let dir = checkpoint_dir(root, id);
-    let entries = match fs::read_dir(&dir) {
-        Ok(entries) => entries,
+    let names = match vfs::read_dir(&dir) {
+        Ok(names) => names,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Removal::Durable),
         Err(e) => return Err(e),
     };
     let mut only_manifest = true;
     let mut has_manifest = false;
-    for entry in entries {
-        if entry?.file_name() == MANIFEST {
+    for name in names {
+        if name == MANIFEST {
             has_manifest = true;
         } else {
             only_manifest = false;
@@ -498,7 +494,7 @@ pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
         }
     }
     let removal = if !only_manifest {
-        match fs::remove_file(dir.join(MANIFEST)) {
+        match vfs::remove_file(dir.join(MANIFEST)) {
             Ok(()) => sync_dir(&dir)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(e),
@@ -509,7 +505,7 @@ pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
     } else {
         Removal::Durable
     };
-    match fs::remove_dir_all(&dir) {
+    match vfs::remove_dir_all(&dir) {
         Ok(()) => {
             crate::disk::trace::note(|| format!("remove {}", dir.display()));
             Ok(removal)
@@ -522,6 +518,7 @@ pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     fn manifest(id: u64) -> Manifest {
         Manifest {

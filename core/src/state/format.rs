@@ -26,7 +26,6 @@
 //! and the directory fsynced: a crash at any instant leaves either no file
 //! under the final name or a complete one. Once renamed it never changes.
 
-use std::fs::File;
 use std::io::Write;
 use std::path::Path;
 
@@ -35,6 +34,7 @@ use rayon::prelude::*;
 use super::handle::{SlotLayout, StateFile, StateKind};
 use super::snapshot::FailPoint;
 use crate::error::{Error, Result};
+use crate::vfs::{self, File};
 
 const MAGIC: &[u8; 8] = b"WEIRSTAT";
 const TRAILER_MAGIC: &[u8; 8] = b"WEIREND1";
@@ -188,9 +188,7 @@ fn io_error(context: String) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| crate::disk::sync_all(&d))
-        .map_err(io_error(format!("syncing directory {}", dir.display())))
+    crate::disk::sync_dir(dir).map_err(io_error(format!("syncing directory {}", dir.display())))
 }
 
 fn injected(what: &str) -> Error {
@@ -249,8 +247,8 @@ impl FileWriter {
     pub(crate) fn create(root: &Path, name: &str, header: &FileHeader, fail: Option<FailPoint>) -> Result<FileWriter> {
         let path = root.join(name);
         let dir = path.parent().expect("files live in shared/");
-        if !dir.exists() {
-            std::fs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
+        if !vfs::exists(dir) {
+            vfs::create_dir_all(dir).map_err(io_error(format!("creating {}", dir.display())))?;
             sync_dir(dir.parent().unwrap_or(root))?;
         }
         let tmp = path.with_extension("pages.tmp");
@@ -306,12 +304,11 @@ impl FileWriter {
         self.file.write_all(&trailer).map_err(self.error())?;
         self.size += TRAILER_LEN as u64;
         // Data and size; the other metadata (times) does not matter.
-        crate::disk::sync_data(&self.file).map_err(self.error())?;
+        self.file.sync_data().map_err(self.error())?;
         if self.fail == Some(FailPoint::BeforeRename) {
             return Err(injected("crash before rename"));
         }
-        std::fs::rename(&self.tmp, &self.path)
-            .map_err(io_error(format!("renaming {} into place", self.tmp.display())))?;
+        vfs::rename(&self.tmp, &self.path).map_err(io_error(format!("renaming {} into place", self.tmp.display())))?;
         if self.fail == Some(FailPoint::BeforeDirSync) {
             return Err(injected("crash before directory sync"));
         }
@@ -370,7 +367,11 @@ impl std::ops::Deref for FileBytes {
 }
 
 fn open_mapped(path: &Path, what: String) -> Result<FileBytes> {
-    let file = File::open(path).map_err(io_error(what.clone()))?;
+    if vfs::is_mounted(path) {
+        // A simulated disk cannot be mapped: read it whole.
+        return Ok(FileBytes::Owned(vfs::read(path).map_err(io_error(what))?));
+    }
+    let file = std::fs::File::open(path).map_err(io_error(what.clone()))?;
     let len = file.metadata().map_err(io_error(what.clone()))?.len();
     if len == 0 {
         return Ok(FileBytes::Empty);

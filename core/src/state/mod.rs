@@ -76,7 +76,7 @@ pub use value::ValueStore;
 /// many were removed.
 pub fn remove_temp_files(checkpoint_root: &std::path::Path) -> crate::Result<usize> {
     let dir = checkpoint_root.join("shared");
-    let entries = match std::fs::read_dir(&dir) {
+    let names = match crate::vfs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => {
@@ -87,8 +87,8 @@ pub fn remove_temp_files(checkpoint_root: &std::path::Path) -> crate::Result<usi
         }
     };
     let mut removed = 0;
-    for entry in entries.flatten() {
-        if entry.file_name().to_string_lossy().ends_with(".tmp") && std::fs::remove_file(entry.path()).is_ok() {
+    for name in names {
+        if name.ends_with(".tmp") && crate::vfs::remove_file(dir.join(&name)).is_ok() {
             removed += 1;
         }
     }

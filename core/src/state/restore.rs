@@ -236,3 +236,61 @@ impl Arena {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MAX_FILE_EPOCH;
+    use crate::state::{StateHandle, StoreOptions, ValueStore, MIN_PAGE_SIZE};
+
+    type Values = ValueStore<u64, u64>;
+
+    /// A snapshot file of `dir`'s store rewritten to claim `epoch`, with
+    /// every checksum fixed (a damaged or forged file that verifies).
+    fn file_claiming(dir: &std::path::Path, epoch: u32) -> StateHandle {
+        let opts = StoreOptions::new(dir.join("work"))
+            .with_max_parallelism(4)
+            .with_key_groups(0..4)
+            .with_page_size(MIN_PAGE_SIZE);
+        let mut store = Values::create(opts).unwrap();
+        for k in 0..10u64 {
+            *store.get_or_default(&k) = k;
+        }
+        let mut handle = store.snapshot(1).write(&dir.join("chk")).unwrap();
+        let path = dir.join("chk").join(&handle.files[0].path);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[32..36].copy_from_slice(&epoch.to_le_bytes());
+        (crate::fuzzing::STATE_FILE.fix_checksums)(&mut bytes);
+        std::fs::write(&path, &bytes).unwrap();
+        handle.files[0].crc32 = crc32fast::hash(&bytes);
+        handle
+    }
+
+    fn restore(dir: &std::path::Path, handle: StateHandle) -> crate::Result<Values> {
+        let opts = StoreOptions::new(dir.join("restored"))
+            .with_max_parallelism(4)
+            .with_key_groups(0..4)
+            .with_page_size(MIN_PAGE_SIZE);
+        Values::restore(opts, &dir.join("chk"), &[handle])
+    }
+
+    /// Regression (tests/fuzz_decoders.rs `state_image` found it): a file
+    /// whose epoch is past `MAX_FILE_EPOCH` made the restored store panic
+    /// on epoch overflow; restore refuses it, naming the file. The largest
+    /// epoch allowed still restores.
+    #[test]
+    fn a_state_file_past_the_largest_epoch_is_refused_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let handle = file_claiming(dir.path(), MAX_FILE_EPOCH + 1);
+        let name = handle.files[0].path.clone();
+        let e = restore(dir.path(), handle).err().expect("refused").to_string();
+        assert!(e.contains(&name), "{e}");
+        assert!(
+            e.contains(&format!("past the largest a store reaches ({MAX_FILE_EPOCH})")),
+            "{e}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let store = restore(dir.path(), file_claiming(dir.path(), MAX_FILE_EPOCH)).unwrap();
+        assert_eq!(store.get(&7), Some(&7));
+    }
+}

@@ -33,10 +33,10 @@
 //! from there), and a committed file newer than it (or any, for a start
 //! without a checkpoint) makes the sink refuse to run.
 
-use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use weir_core::vfs::{File, OpenOptions};
 
 use serde::{Deserialize, Serialize};
 use weir_core::BoxError;
@@ -79,7 +79,12 @@ pub const IN_PROGRESS_DIR: &str = ".inprogress";
 const BUF_BYTES: usize = 1 << 20;
 
 /// The handle of a file transaction, as a checkpoint records it.
+///
+/// Decoding one refuses file names that could reach outside the target
+/// folder (absolute, with a path separator or `..`): a damaged or forged
+/// checkpoint must not make a restore rename or delete other files.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RecordedFileTxn")]
 pub struct FileTxn {
     /// The epoch whose records it holds.
     pub epoch: u64,
@@ -89,6 +94,50 @@ pub struct FileTxn {
     pub name: String,
     /// Bytes written (0: nothing to commit).
     pub bytes: u64,
+}
+
+/// A [`FileTxn`] as decoded, before its names are checked.
+#[derive(Deserialize)]
+struct RecordedFileTxn {
+    epoch: u64,
+    temp: String,
+    name: String,
+    bytes: u64,
+}
+
+/// Whether `name` names a file directly in the target folder: not empty,
+/// no path separator, no `..`, no NUL (so not absolute either).
+fn is_plain_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && !name.contains(['/', '\\', '\0']) && !name.contains("..")
+}
+
+impl TryFrom<RecordedFileTxn> for FileTxn {
+    type Error = String;
+
+    fn try_from(r: RecordedFileTxn) -> std::result::Result<Self, String> {
+        // Older versions kept the temporary file in the hidden subfolder.
+        let temp_ok = match r.temp.strip_prefix(IN_PROGRESS_DIR).and_then(|t| t.strip_prefix('/')) {
+            Some(rest) => is_plain_name(rest),
+            None => is_plain_name(&r.temp),
+        };
+        for (what, name, ok) in [
+            ("temporary file", &r.temp, temp_ok),
+            ("file", &r.name, is_plain_name(&r.name)),
+        ] {
+            if !ok {
+                return Err(format!(
+                    "the {what} name {name:?} of the transaction of epoch {} is not a plain name in the target folder (absolute, a path separator or `..`): the checkpoint is damaged or forged",
+                    r.epoch
+                ));
+            }
+        }
+        Ok(FileTxn {
+            epoch: r.epoch,
+            temp: r.temp,
+            name: r.name,
+            bytes: r.bytes,
+        })
+    }
 }
 
 /// [`TwoPhaseCommit`] into files in a folder; see the module docs. Wrap it
@@ -219,7 +268,7 @@ where
             let (_, f) = self.file.take().expect("written above");
             self.precommitted = true;
             fault(FAULT_PRECOMMIT_FSYNC, "fsync", &temp)?;
-            weir_core::disk::sync_data(&f).ctx("fsync", &temp)?;
+            f.sync_data().ctx("fsync", &temp)?;
         }
         self.sync_commits()
     }
@@ -231,10 +280,10 @@ where
         let temp = self.temp_path(txn);
         let target = self.target.join(&txn.name);
         fault(FAULT_COMMIT_RENAME, "rename into place", &temp)?;
-        match std::fs::rename(&temp, &target) {
+        match weir_core::vfs::rename(&temp, &target) {
             Ok(()) => {}
             // Committed before: the rename happened, maybe not its fsync.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound && target.exists() => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && weir_core::vfs::exists(&target) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(Error::LostTransaction {
                     sink: "two-phase file",
@@ -296,7 +345,7 @@ where
         // hidden names in the target, or the older versions' subfolder.
         let legacy = self.target.join(IN_PROGRESS_DIR);
         for (dir, hidden) in [(&self.target, true), (&legacy, false)] {
-            if !hidden && !dir.exists() {
+            if !hidden && !weir_core::vfs::exists(dir) {
                 continue;
             }
             let mut removed = false;
@@ -333,7 +382,7 @@ pub fn committed_files(target: &Path) -> Result<Vec<PathBuf>> {
         .into_iter()
         .filter(|n| !n.starts_with('.'))
         .map(|n| target.join(n))
-        .filter(|p| p.is_file())
+        .filter(|p| weir_core::vfs::metadata(p).is_ok_and(|m| !m.is_dir()))
         .collect())
 }
 
@@ -348,6 +397,45 @@ mod tests {
             |r: &u32, out: &mut Vec<u8>| writeln!(out, "{r}").unwrap(),
             |_: &u32| 0,
         )
+    }
+
+    /// A recorded transaction whose file names could reach outside the
+    /// target folder is refused when the checkpoint is decoded: `..`, a
+    /// path separator, an absolute path; the legacy subfolder still works.
+    #[test]
+    fn recorded_names_outside_the_target_are_refused() {
+        let txn = |temp: &str, name: &str| FileTxn {
+            epoch: 3,
+            temp: temp.into(),
+            name: name.into(),
+            bytes: 1,
+        };
+        let decode = |t: &FileTxn| {
+            let state = crate::twophase::encode_state(&crate::twophase::RecordedRef {
+                pending: vec![(3, t)],
+                open: None,
+            })
+            .unwrap();
+            crate::twophase::decode_state::<FileTxn>(3, &state).map(|_| ())
+        };
+        decode(&txn(".part-000-000000003.csv.tmp", "part-000-000000003.csv")).unwrap();
+        decode(&txn(".inprogress/part-000-000000003.csv.tmp", "part-000-000000003.csv")).unwrap();
+        for (temp, name) in [
+            ("../x.tmp", "part.csv"),
+            ("x.tmp", "../../etc/passwd"),
+            ("x.tmp", "/etc/passwd"),
+            ("/tmp/x.tmp", "part.csv"),
+            ("sub/x.tmp", "part.csv"),
+            ("x.tmp", "a\\b"),
+            (".inprogress/../x.tmp", "part.csv"),
+            ("x.tmp", ".."),
+            ("x.tmp", ""),
+        ] {
+            let e = decode(&txn(temp, name)).unwrap_err().to_string();
+            // postcard reports a refusal from `TryFrom` without its text.
+            assert!(e.contains("cannot decode the transactions"), "{temp} {name}: {e}");
+            assert!(e.contains("checkpoint 3"), "{e}");
+        }
     }
 
     /// A transaction is a hidden file in the target folder until its

@@ -13,9 +13,9 @@
 //! header and every frame; any damage inside the range is an error naming
 //! the segment file and the byte offset.
 
-use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use weir_core::vfs::{File, OpenOptions};
 
 use weir_core::io_thread::IoHandler;
 use weir_core::{BoxError, SyncJob};
@@ -157,7 +157,7 @@ impl LogIo {
         if close {
             fault(FAULT_ROLL, "close WAL segment", &self.path)?;
             if self.file_dirty {
-                weir_core::disk::sync_data(file).ctx("fsync WAL segment", &self.path)?;
+                file.sync_data().ctx("fsync WAL segment", &self.path)?;
             }
             self.file = None;
             self.file_dirty = false;
@@ -169,7 +169,7 @@ impl LogIo {
         if self.file_dirty {
             if let Some(file) = &self.file {
                 fault(FAULT_FSYNC, "fsync WAL segment", &self.path)?;
-                weir_core::disk::sync_data(file).ctx("fsync WAL segment", &self.path)?;
+                file.sync_data().ctx("fsync WAL segment", &self.path)?;
             }
             self.file_dirty = false;
         }

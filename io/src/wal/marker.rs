@@ -17,9 +17,9 @@
 //! its folder fsynced (a crash mid-creation leaves no marker, never a
 //! short one).
 
-use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use weir_core::vfs::{File, OpenOptions};
 
 use super::codec::WalPos;
 use crate::error::IoContext;
@@ -163,7 +163,7 @@ impl Marker {
         fault(FAULT_MARKER, "write commit marker", &self.path)?;
         file.seek(SeekFrom::Start(at))
             .and_then(|_| file.write_all(&slot))
-            .and_then(|_| weir_core::disk::sync_data(file))
+            .and_then(|_| file.sync_data())
             .ctx("write commit marker", &self.path)
     }
 
@@ -183,10 +183,10 @@ impl Marker {
             .open(&temp)
             .ctx("create", &temp)?;
         f.write_all(&[0; 2 * SLOT_BYTES])
-            .and_then(|_| weir_core::disk::sync_all(&f))
+            .and_then(|_| f.sync_all())
             .ctx("initialize", &temp)?;
         drop(f);
-        std::fs::rename(&temp, &self.path).ctx(&format!("rename to {}", self.path.display()), &temp)?;
+        weir_core::vfs::rename(&temp, &self.path).ctx(&format!("rename to {}", self.path.display()), &temp)?;
         sync_dir(self.path.parent().unwrap_or(Path::new(".")), FAULT_MARKER)?;
         OpenOptions::new().write(true).open(&self.path).ctx("open", &self.path)
     }

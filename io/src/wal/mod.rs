@@ -89,11 +89,11 @@ mod marker;
 pub mod target;
 
 use std::collections::VecDeque;
-use std::fs::OpenOptions;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use weir_core::vfs::OpenOptions;
 
 use weir_core::io_thread::{IoThread, Ticket};
 use weir_core::{BoxError, PreCommit, Sink, SinkContext};
@@ -856,7 +856,7 @@ where
             )));
         }
         let end_path = segment_path(&dir, st.end.seg);
-        let end_len = std::fs::metadata(&end_path)
+        let end_len = weir_core::vfs::metadata(&end_path)
             .map_err(|_| {
                 Error::corrupt(
                     "WAL segment",
@@ -928,7 +928,7 @@ where
             )?;
             let f = OpenOptions::new().write(true).open(&end_path).ctx("open", &end_path)?;
             f.set_len(st.end.off)
-                .and_then(|_| weir_core::disk::sync_all(&f))
+                .and_then(|_| f.sync_all())
                 .ctx("truncate", &end_path)?;
         }
         let mut removed = false;

@@ -30,9 +30,9 @@
 //! An error fails the sink; the job restarts from its last checkpoint and
 //! the restore publishes again what was not recorded.
 
-use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::path::PathBuf;
+use weir_core::vfs::{File, OpenOptions};
 
 use weir_core::clock;
 
@@ -140,7 +140,7 @@ impl FileTarget {
         for (epoch, temp) in &self.written {
             let target = self.target.join(fsutil::part_name(self.subtask, *epoch, &self.suffix));
             fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
-            std::fs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
+            weir_core::vfs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
         }
         self.published_ns = clock::now_ns();
         Ok(!self.written.is_empty())
@@ -208,7 +208,7 @@ impl EpochTarget for FileTarget {
         self.write_out()?;
         let (epoch, file, temp) = self.current.take().expect("ending an epoch");
         fault(FAULT_COMMIT_FSYNC, "fsync", &temp)?;
-        weir_core::disk::sync_data(&file).ctx("fsync", &temp)?;
+        file.sync_data().ctx("fsync", &temp)?;
         self.written.push((epoch, temp));
         Ok(())
     }

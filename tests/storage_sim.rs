@@ -1,0 +1,450 @@
+//! Deterministic storage-fault simulation: real jobs on a simulated disk
+//! ([`weir_core::vfs::sim::SimFs`]), crashed at random operations and
+//! recovered, with faults injected on the way.
+//!
+//! Each seed runs a keyed running count (checkpointed, state in the
+//! memory-mapped backend, task states inline in the manifest or in
+//! `shared/` files as the seed picks) into one sink (the WAL sink, the
+//! two-phase file sink, or the direct sink at least once), with both its
+//! checkpoints and its sink folders on the simulated disk. The seed picks,
+//! run after run:
+//!
+//! - a crash point: the job's `k`-th filesystem operation and every later
+//!   one fail as if the machine stopped there; the test waits for the job
+//!   to end, drops it, and crashes the disk ([`SimFs::crash`]: unsynced data
+//!   kept, lost or torn at 512-byte sectors, unsynced folder operations
+//!   undone); then a new run recovers;
+//! - injected `ENOSPC`/`EIO` on writes and syncs, and bit flips on reads:
+//!   the run must end in an error or go on past declined checkpoints; it
+//!   must never lose or duplicate committed output.
+//!
+//! After the seed's last run (which completes) the disk crashes once more
+//! (what a finished job committed must be durable), and the committed
+//! output is checked exactly: per key the running counts `1..=n` once each
+//! for the exactly-once sinks; every count at least once for the direct
+//! sink.
+//!
+//! `WEIR_SIM_SEEDS=N` runs N seeds per sink (default below);
+//! `WEIR_SIM_SEED=S` runs seed S alone. A failing seed is printed with the
+//! command that replays it. Replaying a seed replays its crash points and
+//! faults (they are functions of the seed and the operation's number);
+//! the job's threads can still interleave their operations differently, so
+//! a failure that depends on a thread schedule may need a few replays.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{assert_exactly_once, assert_no_loss, keyed_counts, parse_rows, row_line, Job, Row, BASE};
+use weir_core::vfs::sim::{FaultKind, Faults, Injected, SimFs};
+use weir_core::vfs::{self};
+use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig};
+use weir_io::{DirectFileSink, WalSink, WalSinkConfig};
+
+/// Seeds per sink in a default run: 3,600 crash points, some 20 s on a 2-core
+/// machine (see `docs/checkpointing.md` for the measured figures).
+const DEFAULT_SEEDS: u64 = 200;
+/// Crash points per seed before its last, uncrashed run.
+const CRASHES_PER_SEED: u32 = 6;
+/// Crash points are drawn from the first this many filesystem operations
+/// of a run: about what a whole run of the job does (the test prints the
+/// average), so that most runs crash somewhere, and some finish.
+const OPS_PER_RUN: u64 = 300;
+/// A run that takes longer is a hang: the seed is printed and the process
+/// aborts.
+const HANG: Duration = Duration::from_secs(60);
+
+const JOB: Job = Job {
+    events: 3_000,
+    keys: 12,
+    failures: 0,
+    rate: 400_000.0,
+    sources: 1,
+    keyed: 2,
+    ..BASE
+};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum SinkKind {
+    Wal,
+    TwoPhase,
+    Direct,
+}
+
+/// A small deterministic generator for the test's own choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        weir_io::generator::splitmix64(self.0)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+fn no_stamp(_: &Row) -> u64 {
+    0
+}
+
+/// What one seed's run settles.
+struct Setup {
+    sink: SinkKind,
+    mode: CheckpointMode,
+    inline_state_max: usize,
+    root: PathBuf,
+}
+
+/// Runs the job once on the mounted disk.
+fn run_job(s: &Setup) -> weir_core::Result<weir_core::JobResult> {
+    let p = Pipeline::new("sim");
+    let counted = keyed_counts(&p, JOB);
+    let out = s.root.join("out");
+    match s.sink {
+        SinkKind::Wal => {
+            let wal = WalSinkConfig::new(s.root.join("wal"), out);
+            counted.sink("wal", move |i| WalSink::new(wal.clone(), i, row_line, no_stamp));
+        }
+        SinkKind::TwoPhase => {
+            counted.sink("2pc", move |i| {
+                weir_io::two_phase_file_sink(out.clone(), i, row_line, no_stamp)
+            });
+        }
+        SinkKind::Direct => {
+            counted.sink("direct", move |i| {
+                DirectFileSink::new(out.clone(), i, row_line, no_stamp)
+            });
+        }
+    }
+    let config = RuntimeConfig {
+        workers: 2,
+        ring_capacity: 256,
+        checkpointing: Some(CheckpointConfig {
+            interval: Duration::from_millis(1),
+            timeout: Duration::from_secs(20),
+            tolerable_failures: 3,
+            inline_state_max: s.inline_state_max,
+            ..CheckpointConfig::new(s.mode, s.root.join("chk"))
+        }),
+        restart: RestartStrategy::None,
+        ..RuntimeConfig::default()
+    };
+    p.run(config)?.join()
+}
+
+/// The committed rows: every line of every committed file in `out/`, and
+/// how many lines were damaged.
+fn committed_rows(root: &Path) -> (Vec<Row>, usize) {
+    let mut all = (Vec::new(), 0);
+    for f in weir_io::committed_files(&root.join("out")).unwrap() {
+        let (rows, garbage) = parse_rows(&String::from_utf8_lossy(&vfs::read(&f).unwrap()));
+        all.0.extend(rows);
+        all.1 += garbage;
+    }
+    all
+}
+
+/// Counts of what the seeds did, printed at the end.
+#[derive(Default, Debug)]
+struct Tally {
+    seeds: u64,
+    runs: u64,
+    crash_points: u64,
+    crashes_that_lost_something: u64,
+    injected_errors: u64,
+    runs_failed_by_errors: u64,
+    checkpoints_declined: u64,
+    flips: u64,
+    flips_reported: u64,
+    direct_garbage_lines: u64,
+    ops_of_completed_runs: u64,
+    finished_then_crashed: u64,
+}
+
+/// The runs in progress: (sink, seed, start), one per test thread.
+static RUNNING: Mutex<Vec<(SinkKind, u64, Instant)>> = Mutex::new(Vec::new());
+
+/// Marks a run of `seed` as started (`Some`) or ended (`None`).
+fn watch(sink: SinkKind, seed: Option<u64>) {
+    let mut r = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+    r.retain(|(s, _, _)| *s != sink);
+    if let Some(seed) = seed {
+        r.push((sink, seed, Instant::now()));
+    }
+}
+
+/// Aborts the process, naming the seed, if a run hangs.
+fn start_watchdog() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::thread::spawn(|| loop {
+            std::thread::sleep(Duration::from_secs(1));
+            let r = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((sink, seed, _)) = r.iter().find(|(_, _, t)| t.elapsed() > HANG) {
+                eprintln!(
+                    "storage_sim: a run of {sink:?} seed {seed} hung for {HANG:?}; replay: WEIR_SIM_SEED={seed} cargo test --release --test storage_sim"
+                );
+                std::process::abort();
+            }
+        });
+    });
+}
+
+/// A fault profile: none, or some of the kinds at modest rates.
+fn faults(rng: &mut Rng) -> Faults {
+    let mut pick = |one_in: u64| {
+        if rng.below(2) == 0 {
+            0
+        } else {
+            (one_in + rng.below(one_in)) as u32
+        }
+    };
+    Faults {
+        write_enospc: pick(200),
+        write_eio: pick(400),
+        sync_enospc: pick(200),
+        sync_eio: pick(200),
+        read_flip: pick(60),
+    }
+}
+
+/// One seed: crash after crash, then a clean run, then the checks.
+fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
+    let mut rng = Rng(seed ^ 0xfa17);
+    let mode = match sink {
+        SinkKind::Direct => CheckpointMode::AtLeastOnce,
+        _ if rng.below(2) == 0 => CheckpointMode::Aligned,
+        _ => CheckpointMode::Unaligned,
+    };
+    let inline_state_max = if rng.below(2) == 0 {
+        weir_core::checkpoint::DEFAULT_INLINE_STATE_MAX
+    } else {
+        0
+    };
+    let root = PathBuf::from(format!("/weir-sim/{sink:?}/{seed}"));
+    let fs = SimFs::new(&root, seed, Faults::default());
+    vfs::mount(&root, Arc::new(fs.clone()));
+    let setup = Setup {
+        sink,
+        mode,
+        inline_state_max,
+        root: root.clone(),
+    };
+    let mut t = Tally {
+        seeds: 1,
+        ..Tally::default()
+    };
+    let mut crashes = 0;
+    let mut fault_runs = 0;
+    let mut runs = 0;
+    loop {
+        runs += 1;
+        assert!(runs < 40, "no completed run after {runs} attempts");
+        let crash = crashes < CRASHES_PER_SEED;
+        let faulty = fault_runs < 3 && rng.below(2) == 0;
+        fs.set_faults(if faulty { faults(&mut rng) } else { Faults::default() });
+        fault_runs += u32::from(faulty);
+        let at = crash.then(|| 1 + rng.below(OPS_PER_RUN));
+        fs.crash_after(at);
+        let before = fs.ops();
+        watch(sink, Some(seed));
+        let result = run_job(&setup);
+        // Each run stands for a `weir run` process: when it ends, so do
+        // its threads (a failed job's snapshot threads may still be
+        // winding down here; in a process that exited they are gone).
+        fs.end_process();
+        watch(sink, None);
+        t.runs += 1;
+        let injected: Vec<Injected> = fs.take_injected();
+        let errors = injected.iter().filter(|i| i.kind != FaultKind::BitFlip).count();
+        let flips: Vec<&Injected> = injected.iter().filter(|i| i.kind == FaultKind::BitFlip).collect();
+        t.injected_errors += errors as u64;
+        t.flips += flips.len() as u64;
+        fs.crash_after(None);
+        fs.set_faults(Faults::default());
+        if verbose() {
+            eprintln!(
+                "seed {seed} run {runs}: crash point {at:?}, {} ops, down {}, injected {injected:?}, result {:?}",
+                fs.ops() - before,
+                fs.is_down(),
+                result
+                    .as_ref()
+                    .map(|r| (r.metrics.checkpoints.completed, r.metrics.checkpoints.failed))
+                    .map_err(|e| e.to_string())
+            );
+        }
+        if fs.is_down() {
+            // The machine stopped: the job's end says nothing.
+            t.crash_points += 1;
+            if fs.crash() > 0 {
+                t.crashes_that_lost_something += 1;
+            }
+            crashes += 1;
+            continue;
+        }
+        match result {
+            Ok(r) => {
+                t.ops_of_completed_runs += fs.ops() - before;
+                t.checkpoints_declined += r.metrics.checkpoints.failed;
+                if errors > 0 && r.metrics.checkpoints.failed == 0 {
+                    // An error the job went on from must have declined a
+                    // checkpoint, unless it hit cleanup (deleting old
+                    // checkpoints, which a later run redoes).
+                    let unexplained: Vec<_> = injected
+                        .iter()
+                        .filter(|i| i.kind != FaultKind::BitFlip)
+                        .filter(|i| !is_cleanup(i, &root))
+                        .collect();
+                    assert!(
+                        unexplained.is_empty(),
+                        "the job finished without a failed checkpoint or an error after injected faults: {unexplained:?}"
+                    );
+                }
+                if crash {
+                    // It finished before its crash point: the machine
+                    // crashes right after (what it committed must hold),
+                    // and the next run starts from what is left.
+                    t.crash_points += 1;
+                    t.finished_then_crashed += 1;
+                    if fs.crash() > 0 {
+                        t.crashes_that_lost_something += 1;
+                    }
+                    crashes += 1;
+                    continue;
+                }
+                break;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                assert!(
+                    errors > 0 || !flips.is_empty(),
+                    "run {runs} failed with no fault injected and no crash: {msg}"
+                );
+                t.runs_failed_by_errors += 1;
+                for f in &flips {
+                    if msg.contains(&*f.path.to_string_lossy()) {
+                        t.flips_reported += 1;
+                    }
+                }
+                if errors > 0 {
+                    assert!(
+                        msg.contains("No space left") || msg.contains("Input/output error") || !flips.is_empty(),
+                        "an injected I/O error must surface as one, with its cause: {msg}"
+                    );
+                }
+            }
+        }
+    }
+    // What a finished job committed survives a crash right after it.
+    if verbose() {
+        eprintln!("seed {seed} before the last crash: {:?}", committed_rows(&root).0.len());
+    }
+    fs.crash();
+    if verbose() {
+        for d in ["out", "chk", "wal", "wal/subtask-000"] {
+            eprintln!("seed {seed} {d}: {:?}", vfs::read_dir(root.join(d)));
+        }
+    }
+    let (rows, garbage) = committed_rows(&root);
+    match sink {
+        SinkKind::Direct => {
+            t.direct_garbage_lines += garbage as u64;
+            assert_no_loss(JOB, &rows);
+        }
+        _ => {
+            assert_eq!(garbage, 0, "committed output holds damaged lines");
+            assert_exactly_once(JOB, &rows);
+        }
+    }
+    vfs::unmount(&root);
+    let mut all = tally.lock().unwrap();
+    all.seeds += t.seeds;
+    all.runs += t.runs;
+    all.crash_points += t.crash_points;
+    all.crashes_that_lost_something += t.crashes_that_lost_something;
+    all.injected_errors += t.injected_errors;
+    all.runs_failed_by_errors += t.runs_failed_by_errors;
+    all.checkpoints_declined += t.checkpoints_declined;
+    all.flips += t.flips;
+    all.flips_reported += t.flips_reported;
+    all.direct_garbage_lines += t.direct_garbage_lines;
+    all.ops_of_completed_runs += t.ops_of_completed_runs;
+    all.finished_then_crashed += t.finished_then_crashed;
+}
+
+/// Deleting what is no longer needed: an error there leaves garbage that
+/// the next start removes, never a gap.
+fn is_cleanup(i: &Injected, root: &Path) -> bool {
+    let p = i.path.to_string_lossy();
+    // Folder syncs of the checkpoint root after removals.
+    if p.ends_with("/chk") || p.ends_with("/chk/shared") {
+        return true;
+    }
+    // In a checkpoint's folder: harmless only if that checkpoint cannot be
+    // restored (retention deleted it, or it never completed). An error
+    // ignored while writing a checkpoint that is now restorable is not.
+    let chk = root.join("chk");
+    match i.path.strip_prefix(&chk).ok().and_then(|r| r.components().next()) {
+        Some(std::path::Component::Normal(name)) if name.to_string_lossy().starts_with("chk-") => {
+            !vfs::exists(chk.join(name).join(weir_core::checkpoint::storage::MANIFEST))
+        }
+        _ => false,
+    }
+}
+
+/// `WEIR_SIM_VERBOSE=1`: every run's crash point, faults and end.
+fn verbose() -> bool {
+    std::env::var("WEIR_SIM_VERBOSE").is_ok_and(|v| v == "1")
+}
+
+fn seeds() -> Vec<u64> {
+    if let Ok(s) = std::env::var("WEIR_SIM_SEED") {
+        return vec![s.parse().expect("WEIR_SIM_SEED is a number")];
+    }
+    let n = std::env::var("WEIR_SIM_SEEDS")
+        .ok()
+        .map(|s| s.parse().expect("WEIR_SIM_SEEDS is a number"))
+        .unwrap_or(DEFAULT_SEEDS);
+    (1..=n).collect()
+}
+
+fn simulate(sink: SinkKind) {
+    start_watchdog();
+    let tally = Mutex::new(Tally::default());
+    let started = Instant::now();
+    for seed in seeds() {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| one_seed(sink, seed, &tally)));
+        if let Err(panic) = r {
+            eprintln!(
+                "storage_sim: {sink:?} failed at seed {seed}; replay: WEIR_SIM_SEED={seed} cargo test --release --test storage_sim {}",
+                match sink {
+                    SinkKind::Wal => "wal",
+                    SinkKind::TwoPhase => "two_phase",
+                    SinkKind::Direct => "direct",
+                }
+            );
+            std::panic::resume_unwind(panic);
+        }
+    }
+    let t = tally.into_inner().unwrap();
+    println!("storage_sim {sink:?}: {t:?} in {:.1?}", started.elapsed());
+    assert!(t.crash_points >= t.seeds, "crash points were reached: {t:?}");
+}
+
+#[test]
+fn wal_sink_on_a_simulated_disk() {
+    simulate(SinkKind::Wal);
+}
+
+#[test]
+fn two_phase_file_sink_on_a_simulated_disk() {
+    simulate(SinkKind::TwoPhase);
+}
+
+#[test]
+fn direct_sink_on_a_simulated_disk() {
+    simulate(SinkKind::Direct);
+}
