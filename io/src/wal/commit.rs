@@ -10,28 +10,12 @@
 //!
 //! [`CommitIo`] is the committer thread's handler (see
 //! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
-//! the sink's writes instead of stalling its worker.
-//!
-//! **Deferred records.** When the worker has already submitted a later
-//! commit (the committer is behind: a slow sync, checkpoints completing
-//! faster than commits), a commit makes its epochs visible and leaves the
-//! durable record of it (for files: the folder fsync and the marker) to
-//! the next commit, which records both ([`EpochTarget::publish_early`]).
-//! A backlog of k commits then costs one record instead of k, and catches
-//! up that much sooner. The record lags what is visible by at most the
-//! commits in flight ([`QUEUED_COMMITS`]); a crash in that window leaves
-//! the marker older than the visible output, and the restore commits the
-//! epochs after the marker again, rewriting the same files (what it does
-//! after any crash between a rename and the marker). Segments are deleted
-//! only before the recorded position. The last commit in flight always
-//! records. At most
+//! the sink's writes instead of stalling its worker. At most
 //! [`QUEUED_COMMITS`] commits are in flight; a commit that fails stops the
 //! thread, and the sink reports the failure at its next call. Dropping the
 //! sink waits for the commit in progress.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 
 use weir_core::io_thread::{IoHandler, Ticket};
 use weir_core::{BoxError, SyncJob};
@@ -74,11 +58,8 @@ pub(super) struct Committer<G> {
     dir: PathBuf,
     pub(super) subtask: usize,
     target: G,
-    /// What the target made visible, as the last commit's value.
+    /// What the target records as committed.
     pub(super) committed: Committed,
-    /// What the target durably records as committed (behind `committed`
-    /// while a record is deferred).
-    recorded: Committed,
     /// Segments before this one were deleted.
     oldest_seg: u64,
     reader: LogReader,
@@ -93,17 +74,15 @@ impl<G: EpochTarget> Committer<G> {
             subtask,
             target,
             committed,
-            recorded: committed,
             oldest_seg: committed.pos.seg,
             reader: LogReader::default(),
         }
     }
 
-    /// Commits `epochs` (closed, in log order, the first starting where
-    /// the last commit ended) and records `n` in the marker, or, with
-    /// `defer_record`, leaves the record to the next commit (see the module
-    /// docs); returns the epochs that got a file.
-    pub(super) fn commit(&mut self, n: u64, epochs: &[Closed], defer_record: bool) -> Result<Vec<u64>> {
+    /// Commits `epochs` (closed, in log order, the first starting at the
+    /// marker's position) and records `n` in the marker; returns the
+    /// epochs that got a file.
+    pub(super) fn commit(&mut self, n: u64, epochs: &[Closed]) -> Result<Vec<u64>> {
         let Some(last) = epochs.last() else {
             return Ok(Vec::new());
         };
@@ -136,16 +115,9 @@ impl<G: EpochTarget> Committer<G> {
             start = c.end;
         }
         let value = Committed { epoch: n, pos: to };
-        let (files, recorded) = if defer_record {
-            self.target.publish_early(value)?
-        } else {
-            (self.target.publish(value)?, true)
-        };
+        let files = self.target.publish(value)?;
         self.committed = value;
-        if recorded {
-            self.recorded = value;
-            self.delete_segments_before(to.seg)?;
-        }
+        self.delete_segments_before(to.seg)?;
         Ok(files)
     }
 
@@ -219,17 +191,7 @@ pub(super) struct Fresh<G> {
 /// The committer thread of one WAL sink subtask: owns the [`Committer`]
 /// (the target; it reads the log and deletes committed segments).
 #[derive(Debug)]
-pub(super) struct CommitIo<G> {
-    pub(super) state: CommitState<G>,
-    /// The highest checkpoint whose commit the worker submitted (set before
-    /// the request is queued): a commit for a lower one is followed by
-    /// another and may defer its record.
-    pub(super) submitted: Arc<AtomicU64>,
-}
-
-/// Whether the committer thread has its [`Committer`] yet.
-#[derive(Debug)]
-pub(super) enum CommitState<G> {
+pub(super) enum CommitIo<G> {
     /// Started by a restore, which opened the target on its own thread.
     Ready(Box<Committer<G>>),
     /// Waiting for [`CommitRequest::Start`].
@@ -267,13 +229,13 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
     fn handle(&mut self, request: CommitRequest) -> std::result::Result<CommitReply, BoxError> {
         match request {
             CommitRequest::Start => {
-                if let CommitState::Fresh(f) = &mut self.state {
-                    self.state = CommitState::Ready(Box::new(Self::start(f)?));
+                if let CommitIo::Fresh(f) = self {
+                    *self = CommitIo::Ready(Box::new(Self::start(f)?));
                 }
                 Ok(CommitReply::Started)
             }
             CommitRequest::Commit { n, epochs, after } => {
-                let CommitState::Ready(c) = &mut self.state else {
+                let CommitIo::Ready(c) = self else {
                     return Err("a commit before the committer started".into());
                 };
                 let subtask = c.subtask;
@@ -285,9 +247,7 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
                         .into()
                     })?;
                 }
-                // Read after the log sync: a commit submitted meanwhile counts.
-                let followed = self.submitted.load(Ordering::Acquire) > n;
-                c.commit(n, &epochs, followed).map_err(|e| -> BoxError {
+                c.commit(n, &epochs).map_err(|e| -> BoxError {
                     format!("WAL sink subtask {subtask}: commit of checkpoint {n} failed: {e}").into()
                 })?;
                 Ok(CommitReply::Committed {
@@ -313,64 +273,4 @@ pub(super) fn remove_temporaries(target: &Path, suffix: &str, subtask: usize) ->
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wal::Marker;
-
-    fn closed(tag: u64, off: u64, bytes: &[u8]) -> Closed {
-        Closed {
-            tag,
-            end: WalPos { seg: 3, off },
-            payload: Some(bytes.to_vec()),
-            stamps: StampRuns::default(),
-            sync: 0,
-        }
-    }
-
-    #[test]
-    fn a_deferred_record_shows_the_output_and_the_next_commit_records_both() {
-        let dir = tempfile::tempdir().unwrap();
-        let (log, out) = (dir.path().join("log"), dir.path().join("out"));
-        std::fs::create_dir_all(&log).unwrap();
-        // Segments 1 and 2 hold committed records; 3 is being written.
-        for s in 1..=3 {
-            std::fs::write(segment_path(&log, s), b"segment").unwrap();
-        }
-        let mut target = super::super::FileTarget::new(out.clone(), 0, ".csv".into(), log.clone());
-        let start = target.open().unwrap();
-        assert_eq!(start, None);
-        let first = Committed {
-            epoch: 0,
-            pos: WalPos { seg: 1, off: 24 },
-        };
-        let mut c = Committer::new(log.clone(), 0, target, first);
-        let marker = || Marker::open(log.join("committed")).unwrap().1;
-
-        // Followed by another commit: visible, not recorded, nothing deleted.
-        assert_eq!(c.commit(1, &[closed(1, 100, b"a\n")], true).unwrap(), vec![1]);
-        assert_eq!(std::fs::read(out.join("part-000-000000001.csv")).unwrap(), b"a\n");
-        assert_eq!(marker(), None);
-        assert!(segment_path(&log, 1).exists());
-        assert_eq!(c.committed.epoch, 1);
-        assert_eq!(c.recorded.epoch, 0);
-
-        // The next one records its value, which covers the first.
-        assert_eq!(
-            c.commit(3, &[closed(2, 200, b"b\n"), closed(3, 300, b"c\n")], false)
-                .unwrap(),
-            vec![2, 3]
-        );
-        let m = marker().unwrap();
-        assert_eq!((m.epoch, m.pos), (3, WalPos { seg: 3, off: 300 }));
-        assert_eq!(c.recorded, m);
-        // Segments before the recorded position are gone, the current one stays.
-        assert!(!segment_path(&log, 1).exists() && !segment_path(&log, 2).exists());
-        assert!(segment_path(&log, 3).exists());
-        for (e, b) in [(2, b"b\n"), (3, b"c\n")] {
-            assert_eq!(std::fs::read(out.join(format!("part-000-00000000{e}.csv"))).unwrap(), b);
-        }
-    }
 }

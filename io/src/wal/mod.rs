@@ -47,10 +47,7 @@
 //!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
 //!    records `n` and the log position where its records end
 //!    (`wal.commit.marker`), and segments wholly before it are deleted
-//!    (`wal.commit.delete`), while the log thread writes a later one. A
-//!    commit that the worker already followed with another leaves its
-//!    folder fsync, marker and deletions to that one (see [`commit`]:
-//!    deferred records).
+//!    (`wal.commit.delete`), while the log thread writes a later one.
 //! 4. `restore(n, state)`, on the thread that starts the job, before the
 //!    sink's threads start: the log between the marker and the
 //!    checkpoint's end position is verified (any damage there is an error
@@ -91,8 +88,6 @@ pub mod target;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
 use weir_core::vfs::OpenOptions;
 
 use weir_core::io_thread::{IoThread, Ticket};
@@ -103,7 +98,7 @@ use crate::fsutil::{create_dir_durable, fault, remove_if_exists, sync_dir};
 use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
-use commit::{Closed, CommitIo, CommitReply, CommitRequest, CommitState, Committer, Fresh};
+use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
 pub(crate) use log::LogReader;
 use log::{list_segments, segment_path, LogIo, LogReply, LogRequest};
 pub use marker::Committed;
@@ -277,10 +272,6 @@ struct Running<G: EpochTarget> {
     /// [`QUEUED_COMMITS`] commits are in flight.
     commit_through: u64,
     commits_in_flight: usize,
-    /// The highest checkpoint whose commit was submitted, shared with the
-    /// committer thread (which defers the record of a commit followed by
-    /// another, see [`commit`]).
-    submitted_through: Arc<AtomicU64>,
     /// The last epoch known committed (the last commit reported done).
     committed_epoch: u64,
     /// `finish` was called: ready once everything is done.
@@ -494,8 +485,6 @@ impl<G: EpochTarget> Running<G> {
         // checkpoint; not yet, maybe, at the end).
         let sync = epochs.iter().map(|c| c.sync).max().unwrap_or(0);
         let after = (sync > 0).then(|| self.log.completion(sync));
-        // Before the request is queued, so that the commit ahead of it sees it.
-        self.submitted_through.store(self.commit_through, Ordering::Release);
         self.committer.submit(CommitRequest::Commit {
             n: self.commit_through,
             epochs,
@@ -718,24 +707,19 @@ where
         )
         .map_err(|e| Error::io("start the log thread of", &dir, e))?;
         let fresh = committer.is_none();
-        let (state, committed_epoch) = match committer {
+        let (handler, committed_epoch) = match committer {
             Some(c) => {
                 let epoch = c.committed.epoch;
-                (CommitState::Ready(Box::new(c)), epoch)
+                (CommitIo::Ready(Box::new(c)), epoch)
             }
             None => (
-                CommitState::Fresh(Fresh {
+                CommitIo::Fresh(Fresh {
                     dir: dir.clone(),
                     subtask: self.subtask,
                     target: Some((self.make_target)()),
                 }),
                 0,
             ),
-        };
-        let submitted_through = Arc::new(AtomicU64::new(0));
-        let handler = CommitIo {
-            state,
-            submitted: Arc::clone(&submitted_through),
         };
         // Room for the start and every commit in flight: never waits.
         let committer = IoThread::spawn(
@@ -761,7 +745,6 @@ where
             start_ticket: None,
             commit_through: 0,
             commits_in_flight: 0,
-            submitted_through,
             committed_epoch,
             finishing: false,
             waker_set: false,
@@ -947,7 +930,7 @@ where
         // 3. Commit again what the checkpoint pre-committed.
         let mut committer = Committer::new(dir, self.subtask, target, committed);
         let closed: Vec<Closed> = closed.into();
-        report.recommitted_epochs = committer.commit(n, &closed, false)?;
+        report.recommitted_epochs = committer.commit(n, &closed)?;
         report.recommitted_records = records;
         Ok((committer, st.end, report))
     }

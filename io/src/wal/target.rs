@@ -69,17 +69,6 @@ pub trait EpochTarget: Send + 'static {
     /// records `committed`; returns the epochs that got output.
     fn publish(&mut self, committed: Committed) -> Result<Vec<u64>>;
 
-    /// Like [`EpochTarget::publish`], when another commit follows at once:
-    /// the target may make the epochs visible and leave the durable record
-    /// of `committed` to the next `publish`, which then records its own
-    /// value (covering this one). Returns the epochs that got output and
-    /// whether `committed` was recorded. A target that publishes and
-    /// records in one atomic step (a transaction) keeps this default,
-    /// which publishes and records.
-    fn publish_early(&mut self, committed: Committed) -> Result<(Vec<u64>, bool)> {
-        Ok((self.publish(committed)?, true))
-    }
-
     /// When the last publish made its output visible to readers
     /// ([`weir_core::clock`] nanoseconds).
     fn visible_ns(&self) -> u64;
@@ -109,9 +98,6 @@ pub struct FileTarget {
     current: Option<(u64, File, PathBuf)>,
     /// Epochs written and fsynced, waiting to be renamed: (epoch, temp).
     written: Vec<(u64, PathBuf)>,
-    /// Renames made by a [`EpochTarget::publish_early`] whose folder fsync
-    /// and marker were left to the next publish.
-    unrecorded: bool,
     /// When the last `publish` renamed its files into place.
     published_ns: u64,
 }
@@ -129,21 +115,8 @@ impl FileTarget {
             out: Vec::new(),
             current: None,
             written: Vec::new(),
-            unrecorded: false,
             published_ns: 0,
         }
-    }
-
-    /// Renames the epochs written into place (readers see them from here);
-    /// whether there were any.
-    fn rename_written(&mut self) -> Result<bool> {
-        for (epoch, temp) in &self.written {
-            let target = self.target.join(fsutil::part_name(self.subtask, *epoch, &self.suffix));
-            fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
-            weir_core::vfs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
-        }
-        self.published_ns = clock::now_ns();
-        Ok(!self.written.is_empty())
     }
 
     fn write_out(&mut self) -> Result<()> {
@@ -214,23 +187,20 @@ impl EpochTarget for FileTarget {
     }
 
     fn publish(&mut self, committed: Committed) -> Result<Vec<u64>> {
-        let renamed = self.rename_written()?;
-        if renamed || self.unrecorded {
+        for (epoch, temp) in &self.written {
+            let target = self.target.join(fsutil::part_name(self.subtask, *epoch, &self.suffix));
+            fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
+            weir_core::vfs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
+        }
+        self.published_ns = clock::now_ns();
+        if !self.written.is_empty() {
             sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
         }
         self.marker
             .as_mut()
             .expect("the target is opened before its first commit")
             .write(committed)?;
-        self.unrecorded = false;
         Ok(self.written.drain(..).map(|(e, _)| e).collect())
-    }
-
-    fn publish_early(&mut self, _committed: Committed) -> Result<(Vec<u64>, bool)> {
-        if self.rename_written()? {
-            self.unrecorded = true;
-        }
-        Ok((self.written.drain(..).map(|(e, _)| e).collect(), false))
     }
 
     fn visible_ns(&self) -> u64 {
