@@ -219,7 +219,7 @@ impl State {
     }
 
     fn roll(&self, op: u64, salt: u64, one_in: u32) -> bool {
-        one_in > 0 && splitmix64(self.seed ^ splitmix64(op ^ salt.rotate_left(40))) % u64::from(one_in) == 0
+        one_in > 0 && splitmix64(self.seed ^ splitmix64(op ^ salt.rotate_left(40))).is_multiple_of(u64::from(one_in))
     }
 
     /// Injects `ENOSPC` or `EIO` at operation `op`, a `call` that writes or syncs.
