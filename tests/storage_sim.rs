@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{assert_exactly_once, assert_no_loss, keyed_counts, parse_rows, row_line, Job, Row, BASE};
-use weir_core::vfs::sim::{FaultKind, Faults, Injected, SimFs};
+use weir_core::vfs::sim::{Call, FaultKind, Faults, Injected, SimFs};
 use weir_core::vfs::{self};
 use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig};
 use weir_io::{DirectFileSink, WalSink, WalSinkConfig};
@@ -383,10 +383,22 @@ fn is_cleanup(i: &Injected, root: &Path) -> bool {
     if p.ends_with("/chk") || p.ends_with("/chk/shared") {
         return true;
     }
+    let chk = root.join("chk");
+    // Creating a checkpoint's folder at the trigger, ahead of its files:
+    // if that fails, the checkpoint goes on and the first file written
+    // for it creates the folder and syncs `chk/` (`storage::write_durable`,
+    // whose failure declines the checkpoint), and the manifest's commit
+    // syncs `chk/` again (`Manifest::commit`, `folder_synced` false). A
+    // failed `mkdir` changed nothing on disk, so making it again is no
+    // retry of a step whose outcome is unknown (as a retried fsync would
+    // be). Whether the folder the checkpoint then completes in is durable
+    // is checked by the crashes and the exactly-once check, not here.
+    if i.call == Call::CreateDir && i.path.parent() == Some(&*chk) {
+        return true;
+    }
     // In a checkpoint's folder: harmless only if that checkpoint cannot be
     // restored (retention deleted it, or it never completed). An error
     // ignored while writing a checkpoint that is now restorable is not.
-    let chk = root.join("chk");
     match i.path.strip_prefix(&chk).ok().and_then(|r| r.components().next()) {
         Some(std::path::Component::Normal(name)) if name.to_string_lossy().starts_with("chk-") => {
             !vfs::exists(chk.join(name).join(weir_core::checkpoint::storage::MANIFEST))

@@ -282,7 +282,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let handle = file_claiming(dir.path(), MAX_FILE_EPOCH + 1);
         let name = handle.files[0].path.clone();
-        let e = restore(dir.path(), handle).err().expect("refused").to_string();
+        let e = restore(dir.path(), handle).expect_err("refused").to_string();
         assert!(e.contains(&name), "{e}");
         assert!(
             e.contains(&format!("past the largest a store reaches ({MAX_FILE_EPOCH})")),

@@ -69,12 +69,31 @@ pub enum FaultKind {
     BitFlip,
 }
 
-/// One injected fault: what, at which operation, on which file, and (for a
-/// bit flip) at which byte of the file.
+/// The call a fault was injected into.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// Creating a file (an open that creates it).
+    CreateFile,
+    /// Creating a folder.
+    CreateDir,
+    /// A write to an open file.
+    Write,
+    /// `fdatasync` of an open file.
+    Sync,
+    /// fsync of a folder.
+    SyncDir,
+    /// A read.
+    Read,
+}
+
+/// One injected fault: what, at which operation and call, on which file,
+/// and (for a bit flip) at which byte of the file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Injected {
     /// The operation's number.
     pub op: u64,
+    /// The call that failed (or whose result flipped).
+    pub call: Call,
     /// What was injected.
     pub kind: FaultKind,
     /// The file or folder.
@@ -200,11 +219,12 @@ impl State {
     }
 
     fn roll(&self, op: u64, salt: u64, one_in: u32) -> bool {
-        one_in > 0 && splitmix64(self.seed ^ splitmix64(op ^ salt.rotate_left(40))) % u64::from(one_in) == 0
+        one_in > 0 && splitmix64(self.seed ^ splitmix64(op ^ salt.rotate_left(40))).is_multiple_of(u64::from(one_in))
     }
 
-    /// Injects `ENOSPC` or `EIO` at operation `op` of kind `write` or sync.
-    fn inject(&mut self, op: u64, write: bool, path: &Path) -> io::Result<()> {
+    /// Injects `ENOSPC` or `EIO` at operation `op`, a `call` that writes or syncs.
+    fn inject(&mut self, op: u64, call: Call, path: &Path) -> io::Result<()> {
+        let write = matches!(call, Call::CreateFile | Call::CreateDir | Call::Write);
         let (nospc, eio) = if write {
             (self.faults.write_enospc, self.faults.write_eio)
         } else {
@@ -219,6 +239,7 @@ impl State {
         };
         self.injected.push(Injected {
             op,
+            call,
             kind,
             path: path.to_path_buf(),
             offset: None,
@@ -236,6 +257,7 @@ impl State {
         bytes[i] ^= 1 << ((r >> 32) % 8);
         self.injected.push(Injected {
             op,
+            call: Call::Read,
             kind: FaultKind::BitFlip,
             path: path.to_path_buf(),
             offset: Some(at + i as u64),
@@ -514,7 +536,7 @@ impl Write for SimFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut s = state_of(&self.fs, self.generation)?;
         let op = s.op()?;
-        s.inject(op, true, &self.path)?;
+        s.inject(op, Call::Write, &self.path)?;
         let (cur, _) = file_mut(&mut s, self.ino)?;
         if self.append {
             self.pos = cur.len() as u64;
@@ -553,7 +575,7 @@ impl FileOps for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut s = state_of(&self.fs, self.generation)?;
         let op = s.op()?;
-        s.inject(op, false, &self.path)?;
+        s.inject(op, Call::Sync, &self.path)?;
         let (cur, synced) = file_mut(&mut s, self.ino)?;
         synced.clone_from(cur);
         Ok(())
@@ -596,7 +618,7 @@ impl Fs for SimFs {
                 if !(o.write || o.append) {
                     return Err(err(libc::EINVAL));
                 }
-                s.inject(op, true, path)?;
+                s.inject(op, Call::CreateFile, path)?;
                 let ino = s.new_node(Node::File {
                     cur: Vec::new(),
                     synced: Vec::new(),
@@ -644,7 +666,7 @@ impl Fs for SimFs {
         if s.dir(dir)?.contains_key(&name) {
             return Err(err(libc::EEXIST));
         }
-        s.inject(op, true, path)?;
+        s.inject(op, Call::CreateDir, path)?;
         let ino = s.new_node(Node::Dir {
             cur: BTreeMap::new(),
             durable: BTreeMap::new(),
@@ -722,7 +744,7 @@ impl Fs for SimFs {
         let mut s = self.lock();
         let op = s.op()?;
         let ino = self.lookup(&s, path)?;
-        s.inject(op, false, path)?;
+        s.inject(op, Call::SyncDir, path)?;
         match s.nodes.get_mut(&ino) {
             Some(Node::Dir { cur, durable, log }) => {
                 durable.clone_from(cur);
