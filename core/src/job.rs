@@ -742,6 +742,16 @@ impl JobRun {
             }
         };
         if let Some(c) = &mut coordinator {
+            // Task snapshots still being written would create their
+            // checkpoint's folder again after `shutdown` deleted it, under
+            // an id the next attempt (or job) reuses: let them end first.
+            if !c.wait_snapshot_jobs(SNAPSHOT_DRAIN_LIMIT) {
+                tracing::warn!(
+                    job = %self.plan.name,
+                    limit = ?SNAPSHOT_DRAIN_LIMIT,
+                    "task snapshots still being written at the end of the attempt; going on without them"
+                );
+            }
             // Acks of the final checkpoint may still be queued.
             if let Some(rx) = &events {
                 while let Ok(ev) = rx.try_recv() {
@@ -755,6 +765,10 @@ impl JobRun {
         (end, finished_at)
     }
 }
+
+/// How long the end of an attempt waits for task snapshots still being
+/// written on the snapshot pool (a slow disk's worth of state files).
+const SNAPSHOT_DRAIN_LIMIT: Duration = Duration::from_secs(30);
 
 fn coordinator_error(e: CoordinatorError) -> Error {
     match e {

@@ -582,6 +582,12 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Waits (at most `limit`) until no task snapshot of this attempt is
+    /// still being written on the snapshot pool; false if one still is.
+    pub(crate) fn wait_snapshot_jobs(&self, limit: std::time::Duration) -> bool {
+        self.signals.wait_snapshot_jobs(limit)
+    }
+
     /// The job is over: abort what is pending; on cancel, apply retention.
     pub(crate) fn shutdown(&mut self, cancelled: bool) {
         let ids: Vec<u64> = self.pending.keys().copied().collect();

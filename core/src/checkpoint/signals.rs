@@ -11,7 +11,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::Sender;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 
 use super::config::CheckpointMode;
 use super::snapshot::TaskAck;
@@ -42,9 +42,48 @@ pub(crate) struct Signals {
     /// never injected (every task's `last_barrier` starts at
     /// `first_id - 1`, whatever checkpoint it restored).
     pub(crate) first_id: u64,
+    /// Task snapshots being written on the snapshot pool
+    /// ([`super::snapshot`]); the attempt's end waits for them
+    /// ([`Signals::wait_snapshot_jobs`]).
+    snapshot_jobs: Mutex<usize>,
+    snapshot_jobs_done: Condvar,
+}
+
+/// A task snapshot job counted in [`Signals`] while it runs; dropping it
+/// (at the job's end, or in a panic) uncounts it.
+pub(crate) struct SnapshotJob(Arc<Signals>);
+
+impl Drop for SnapshotJob {
+    fn drop(&mut self) {
+        let mut n = self.0.snapshot_jobs.lock().unwrap_or_else(|p| p.into_inner());
+        *n -= 1;
+        if *n == 0 {
+            self.0.snapshot_jobs_done.notify_all();
+        }
+    }
 }
 
 impl Signals {
+    /// Counts a task snapshot job about to run on the snapshot pool.
+    pub(crate) fn snapshot_job(self: &Arc<Self>) -> SnapshotJob {
+        *self.snapshot_jobs.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+        SnapshotJob(Arc::clone(self))
+    }
+
+    /// Waits until no task snapshot job runs, at most `limit`; false if
+    /// some still ran then. The end of an attempt waits for them before it
+    /// deletes the folders of its pending checkpoints: a job still writing
+    /// would create its checkpoint's folder again, under an id the next
+    /// attempt (or the next job on the same folder) reuses.
+    pub(crate) fn wait_snapshot_jobs(&self, limit: std::time::Duration) -> bool {
+        let n = self.snapshot_jobs.lock().unwrap_or_else(|p| p.into_inner());
+        let (n, _) = self
+            .snapshot_jobs_done
+            .wait_timeout_while(n, limit, |n| *n > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        *n == 0
+    }
+
     pub(crate) fn new(mode: CheckpointMode, alignment_timeout_ns: u64, completed: u64, first_id: u64) -> Self {
         debug_assert!(first_id > completed);
         Signals {
@@ -57,6 +96,8 @@ impl Signals {
             abort_seq: AtomicU64::new(0),
             aborted: Mutex::new(Vec::new()),
             alignment_timeout_ns,
+            snapshot_jobs: Mutex::new(0),
+            snapshot_jobs_done: Condvar::new(),
         }
     }
 
@@ -155,5 +196,28 @@ impl TaskCheckpointing {
         // The coordinator outlives every task of its attempt; if it is gone
         // the job is stopping and the event has no reader.
         let _ = self.events.send(e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_attempt_end_waits_for_snapshot_jobs_within_its_limit() {
+        let s = Arc::new(Signals::new(CheckpointMode::Aligned, 0, 0, 1));
+        assert!(s.wait_snapshot_jobs(Duration::ZERO), "none running");
+        let a = s.snapshot_job();
+        let b = s.snapshot_job();
+        assert!(!s.wait_snapshot_jobs(Duration::from_millis(20)), "two still run");
+        drop(a);
+        assert!(!s.wait_snapshot_jobs(Duration::from_millis(20)), "one still runs");
+        let t = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(30));
+            drop(b);
+        });
+        assert!(s.wait_snapshot_jobs(Duration::from_secs(10)), "the last one ended");
+        t.join().unwrap();
     }
 }

@@ -350,7 +350,10 @@ pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
 fn write_off_thread(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let ck = ck.clone();
     let pool = Arc::clone(&ck.pool);
+    // Counted until it is done: the attempt's end waits for it.
+    let counted = ck.signals.snapshot_job();
     pool.spawn(move || {
+        let _counted = counted;
         let id = snapshot.id();
         let task = ck.task;
         match write_task_state(snapshot, &ck) {
