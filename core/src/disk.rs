@@ -113,29 +113,62 @@ pub(crate) fn sync_dir_std(dir: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Creates folder `path` and its missing parents durably: every folder
-/// created is fsynced, and so is the folder holding it, so that a crash
-/// cannot take back a folder (and everything later made durable in it,
-/// such as completed checkpoints) once its contents are relied on. A
-/// folder that exists already is left alone.
-/// On a mounted filesystem ([`crate::vfs::mount`]) it all happens there.
+/// Creates folder `path` and its missing parents durably, and makes sure
+/// that every folder on the way is durable, even one that exists already:
+/// `path` and each of its ancestors up to the root of the filesystem
+/// holding it (or of the mounted filesystem, [`crate::vfs::mount`]) is
+/// fsynced, so that a crash cannot take back a folder (and everything
+/// later made durable in it, such as completed checkpoints) once its
+/// contents are relied on.
+///
+/// Why a folder that exists is synced too: it may be the work of an
+/// earlier process whose fsync of its parent failed or never ran (the
+/// process failed, or the machine stopped, between the `mkdir` and the
+/// sync). Finding it says nothing about whether it survives a crash.
+/// This runs when a sink or a job opens its folders, never per
+/// checkpoint, so its few folder syncs cost nothing that matters.
+///
+/// An ancestor that existed and cannot be opened for lack of permission
+/// ends the walk, with a warning: nothing weir can do makes it durable.
 pub fn create_dir_all_durable(path: &Path) -> std::io::Result<()> {
-    if crate::vfs::is_dir(path) {
-        return Ok(());
-    }
-    // The missing folders, outermost first.
-    let mut missing: Vec<&Path> = path
-        .ancestors()
-        .take_while(|a| !a.as_os_str().is_empty() && !crate::vfs::exists(a))
-        .collect();
-    missing.reverse();
     crate::vfs::create_dir_all(path)?;
-    for dir in missing {
-        if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-            sync_dir(parent)?;
+    let top = crate::vfs::mount_point(path);
+    let mut dir = path;
+    loop {
+        match sync_dir(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied && dir != path => {
+                tracing::warn!(
+                    "cannot open folder {} to fsync it ({e}): a crash may take back folders under it that an earlier process created",
+                    dir.display()
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
         }
+        if top.as_deref() == Some(dir) {
+            return Ok(());
+        }
+        let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) else {
+            return Ok(());
+        };
+        if top.is_none() && !same_device(dir, parent) {
+            // `dir` is the root of its filesystem: its entry in the
+            // filesystem it is mounted on is not this one's to keep.
+            return Ok(());
+        }
+        dir = parent;
     }
-    sync_dir(path)
+}
+
+/// Whether two paths on the real filesystem are on one device (a mount
+/// point is on another device than its parent).
+fn same_device(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev(),
+        _ => false,
+    }
 }
 
 /// The order of durable steps, for unit tests: a test starts recording on
@@ -198,23 +231,30 @@ mod tests {
         assert!(sync_dir(&dir.path().join("missing")).is_err());
     }
 
-    /// Every folder created is synced in its parent, outermost first, and
-    /// the new folder itself; an existing folder costs nothing.
+    /// The new folder and every folder above it, up to the root of its
+    /// filesystem, is synced; so is it all again when the folders exist
+    /// already (an earlier process may have failed before its syncs).
     #[test]
-    fn created_folders_are_synced_in_their_parents() {
+    fn the_folder_and_every_ancestor_is_synced_created_or_not() {
+        use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir().unwrap();
         let (a, b, c) = (dir.path().join("a"), dir.path().join("a/b"), dir.path().join("a/b/c"));
-        trace::start();
-        create_dir_all_durable(&c).unwrap();
-        let synced = trace::take();
-        let expected: Vec<String> = [dir.path(), &a, &b, &c]
-            .iter()
-            .map(|p| format!("sync {}", p.display()))
-            .collect();
-        assert_eq!(synced, expected);
-        assert!(c.is_dir());
-        trace::start();
-        create_dir_all_durable(&c).unwrap();
-        assert!(trace::take().is_empty(), "an existing folder is left alone");
+        let dev = std::fs::metadata(dir.path()).unwrap().dev();
+        let mut expected: Vec<String> = [&c, &b, &a].iter().map(|p| format!("sync {}", p.display())).collect();
+        for p in dir.path().ancestors() {
+            if std::fs::metadata(p).unwrap().dev() != dev {
+                break;
+            }
+            expected.push(format!("sync {}", p.display()));
+        }
+        for _ in 0..2 {
+            trace::start();
+            create_dir_all_durable(&c).unwrap();
+            let synced = trace::take();
+            // Up to the filesystem's root, or to a folder this user may not open.
+            assert!(synced.len() >= 4, "{synced:?}");
+            assert_eq!(synced[..], expected[..synced.len()]);
+            assert!(c.is_dir());
+        }
     }
 }

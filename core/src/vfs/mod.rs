@@ -346,6 +346,15 @@ fn route(path: &Path) -> Option<Arc<dyn Fs>> {
         .map(|(_, fs)| Arc::clone(fs))
 }
 
+/// The prefix a filesystem is mounted at over `path`, if any.
+pub fn mount_point(path: &Path) -> Option<PathBuf> {
+    if !ANY_MOUNTED.load(Ordering::Acquire) {
+        return None;
+    }
+    let m = MOUNTS.read().unwrap_or_else(|e| e.into_inner());
+    m.iter().find(|(p, _)| path.starts_with(p)).map(|(p, _)| p.clone())
+}
+
 /// Runs `f` on the filesystem of `path`.
 fn with<R>(path: &Path, f: impl FnOnce(&dyn Fs) -> R) -> R {
     match route(path) {
