@@ -78,6 +78,10 @@ pub(crate) struct Coordinator {
     consecutive_failures: u32,
     final_triggered: bool,
     retained: VecDeque<u64>,
+    /// The shared files each retained checkpoint references, once known:
+    /// recorded when this attempt completes it, read from its manifest
+    /// (once) for one retained from an earlier run.
+    shared_of: BTreeMap<u64, Vec<String>>,
     /// Shared files no longer referenced by a dropped checkpoint, with the
     /// highest checkpoint id triggered when they were queued.
     doomed: Vec<(String, u64)>,
@@ -121,6 +125,7 @@ impl Coordinator {
             consecutive_failures: 0,
             final_triggered: false,
             retained,
+            shared_of: BTreeMap::new(),
             doomed: Vec::new(),
             root_sync_owed: false,
             stats,
@@ -373,6 +378,15 @@ impl Coordinator {
             );
             return self.abort(id, format!("writing the manifest failed: {e}"));
         }
+        self.shared_of.insert(
+            id,
+            manifest
+                .files
+                .iter()
+                .filter(|f| f.path.starts_with(storage::SHARED))
+                .map(|f| f.path.clone())
+                .collect(),
+        );
         let duration = p.trigger.elapsed();
         self.signals.complete(id);
         self.last_completion = Instant::now();
@@ -458,16 +472,43 @@ impl Coordinator {
         Some(p)
     }
 
+    /// The shared files retained checkpoint `id` references: known since
+    /// it completed, or read from its manifest once. An error if the
+    /// manifest cannot be read or verified: then nobody can tell which
+    /// shared files it needs, and its caller deletes none.
+    fn shared_files(&mut self, id: u64) -> Result<&[String], String> {
+        if !self.shared_of.contains_key(&id) {
+            let files = match storage::read_manifest(&self.root, id) {
+                Ok(Some(m)) => m
+                    .files
+                    .into_iter()
+                    .filter(|f| f.path.starts_with(storage::SHARED))
+                    .map(|f| f.path)
+                    .collect(),
+                Ok(None) => return Err(format!("checkpoint {id} has no manifest")),
+                Err(e) => return Err(e),
+            };
+            self.shared_of.insert(id, files);
+        }
+        Ok(&self.shared_of[&id])
+    }
+
     /// Removes a retained checkpoint's own folder; its shared files wait in
     /// the deletion queue until no checkpoint pending now could still
-    /// build on them.
+    /// build on them. If its manifest cannot be read, its shared files are
+    /// left for the next start's sweep of orphaned files (which keeps every
+    /// file while any manifest is unreadable).
     fn drop_checkpoint(&mut self, id: u64) {
-        if let Ok(Some(m)) = storage::read_manifest(&self.root, id) {
-            let fence = self.next_id.saturating_sub(1);
-            for f in m.files.into_iter().filter(|f| f.path.starts_with(storage::SHARED)) {
-                self.doomed.push((f.path, fence));
+        let fence = self.next_id.saturating_sub(1);
+        match self.shared_files(id) {
+            Ok(files) => {
+                let files: Vec<(String, u64)> = files.iter().map(|f| (f.clone(), fence)).collect();
+                self.doomed.extend(files);
             }
+            Err(e) => tracing::warn!(checkpoint = id, error = %e,
+                "cannot tell which shared state files an old checkpoint used: they are kept"),
         }
+        self.shared_of.remove(&id);
         if let Err(e) = self.remove_folder(id) {
             tracing::warn!(checkpoint = id, error = %e, "could not delete an old checkpoint");
         }
@@ -521,9 +562,17 @@ impl Coordinator {
         }
         let oldest_pending = self.pending.keys().next().copied().unwrap_or(u64::MAX);
         let mut referenced = std::collections::HashSet::new();
-        for &id in &self.retained {
-            if let Ok(Some(m)) = storage::read_manifest(&self.root, id) {
-                referenced.extend(m.files.into_iter().map(|f| f.path));
+        for i in 0..self.retained.len() {
+            match self.shared_files(self.retained[i]) {
+                Ok(files) => referenced.extend(files.iter().cloned()),
+                Err(e) => {
+                    // A checkpoint whose files cannot be listed protects
+                    // every file: deleting one it needs would make it
+                    // unrestorable.
+                    tracing::warn!(checkpoint = self.retained[i], error = %e,
+                        "cannot tell which shared state files a retained checkpoint uses: none is deleted");
+                    return;
+                }
             }
         }
         // Files no retained checkpoint lists are forgotten; of the others,
@@ -665,6 +714,37 @@ mod tests {
         (c, signals, stats)
     }
 
+    /// Checkpoint 1 in `root`: inline states only (no task file, so its
+    /// folder holds its manifest alone), relying on one state-backend file
+    /// in `shared/`, which is returned.
+    fn checkpoint_1_on_a_shared_file(root: &Path) -> FileRef {
+        std::fs::create_dir(root.join(storage::SHARED)).unwrap();
+        let shared = storage::write_durable(
+            root,
+            &root.join(storage::SHARED),
+            "op-c1-s0.full.pages",
+            b"pages",
+            storage::DirSync::Now,
+        )
+        .unwrap();
+        let m1 = Manifest {
+            version: storage::MANIFEST_VERSION,
+            job: "test".into(),
+            fingerprint: "fp".into(),
+            id: 1,
+            mode: CheckpointMode::Aligned,
+            is_final: false,
+            trigger_unix_ms: 0,
+            duration_us: 0,
+            groups: Vec::new(),
+            tasks: Vec::new(),
+            files: vec![shared.clone()],
+            inline: Vec::new(),
+        };
+        m1.commit(root, false, false, false).unwrap();
+        shared
+    }
+
     /// Task `task`'s acknowledgement of checkpoint `id`, its state inline.
     fn ack(id: u64, task: usize) -> Event {
         let state = TaskState {
@@ -767,32 +847,7 @@ mod tests {
     fn a_dropped_manifest_only_checkpoint_is_gone_for_good_before_its_shared_files() {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path();
-        // Checkpoint 1: inline states only (no task file), relying on one
-        // state-backend file in shared/.
-        std::fs::create_dir(root.join(storage::SHARED)).unwrap();
-        let shared = storage::write_durable(
-            root,
-            &root.join(storage::SHARED),
-            "op-c1-s0.full.pages",
-            b"pages",
-            storage::DirSync::Now,
-        )
-        .unwrap();
-        let m1 = Manifest {
-            version: storage::MANIFEST_VERSION,
-            job: "test".into(),
-            fingerprint: "fp".into(),
-            id: 1,
-            mode: CheckpointMode::Aligned,
-            is_final: false,
-            trigger_unix_ms: 0,
-            duration_us: 0,
-            groups: Vec::new(),
-            tasks: Vec::new(),
-            files: vec![shared.clone()],
-            inline: Vec::new(),
-        };
-        m1.commit(root, false, false, false).unwrap();
+        let shared = checkpoint_1_on_a_shared_file(root);
         let chk1 = storage::checkpoint_dir(root, 1);
         assert_eq!(
             std::fs::read_dir(&chk1).unwrap().count(),
@@ -823,5 +878,67 @@ mod tests {
              the shared file it names is deleted: {log:#?}",
             root.display()
         );
+    }
+
+    /// Found by the storage simulation (two-phase seed 288): a retained
+    /// checkpoint's manifest read back damaged (a flipped bit) while
+    /// garbage was collected counted as "references nothing", and a shared
+    /// file it needed was deleted; the next restore failed with the file
+    /// missing. A retained checkpoint whose manifest cannot be read must
+    /// protect every shared file.
+    #[test]
+    fn an_unreadable_retained_manifest_keeps_every_shared_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let shared = checkpoint_1_on_a_shared_file(root);
+        // Checkpoint 1, retained from an earlier run, now reads back damaged.
+        let manifest = storage::checkpoint_dir(root, 1).join(storage::MANIFEST);
+        let mut bytes = std::fs::read(&manifest).unwrap();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0x10;
+        std::fs::write(&manifest, bytes).unwrap();
+        assert!(storage::read_manifest(root, 1).is_err());
+        let (mut c, _signals, _stats) = coordinator(root, 2, |_| {});
+        // Checkpoint 2 builds on the shared file (its ack lists it), then
+        // fails: its shared files are queued for deletion, unless a
+        // retained checkpoint references them.
+        c.trigger(Instant::now(), false).unwrap();
+        let Event::Ack(mut a) = ack(2, 0) else { unreachable!() };
+        a.shared_files = vec![shared.clone()];
+        c.handle(Event::Ack(a)).unwrap();
+        c.handle(Event::Decline {
+            id: 2,
+            task: 1,
+            reason: "test".into(),
+        })
+        .unwrap();
+        // A later checkpoint completes, past the deletion fence.
+        c.trigger(Instant::now(), false).unwrap();
+        c.handle(ack(3, 0)).unwrap();
+        c.handle(ack(3, 1)).unwrap();
+        assert_eq!(c.retained(), VecDeque::from([1, 3]));
+        assert!(
+            root.join(&shared.path).exists(),
+            "a shared file a retained checkpoint may need was deleted"
+        );
+    }
+
+    /// Found by the storage simulation: a manifest found on disk may be an
+    /// earlier process's whose folder fsync failed or never ran. A restore
+    /// makes its folder durable before sinks commit through it.
+    #[test]
+    fn a_restore_syncs_the_checkpoint_folder_before_using_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (mut c, _signals, _stats) = coordinator(root, 1, |_| {});
+        c.trigger(Instant::now(), false).unwrap();
+        c.handle(ack(1, 0)).unwrap();
+        c.handle(ack(1, 1)).unwrap();
+        crate::disk::trace::start();
+        let restored = recovery::find(root, RestoreFrom::Latest, "fp", 1).unwrap().unwrap();
+        let log = crate::disk::trace::take();
+        assert_eq!(restored.manifest.id, 1);
+        let chk1 = format!("sync {}", storage::checkpoint_dir(root, 1).display());
+        assert!(log.contains(&chk1), "{log:#?}");
     }
 }

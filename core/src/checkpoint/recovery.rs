@@ -43,6 +43,18 @@ pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Re
         )));
     }
     storage::verify_files(root, &manifest).map_err(Error::Restore)?;
+    // The manifest may be the work of an earlier process that stopped, or
+    // whose folder fsync failed, between its rename and that sync: found is
+    // not durable. Sinks are about to commit through this checkpoint, so
+    // a crash must not take it back: its folder is synced first (every
+    // file it names was synced before the manifest was written).
+    let dir = storage::checkpoint_dir(root, id);
+    storage::sync_dir(&dir).map_err(|e| {
+        Error::Restore(format!(
+            "checkpoint {id}: cannot fsync its folder {} before restoring from it: {e}",
+            dir.display()
+        ))
+    })?;
     let mut states: Vec<Vec<TaskState>> = (0..groups).map(|_| Vec::new()).collect();
     for t in &manifest.tasks {
         let path = root.join(&t.file.path);
