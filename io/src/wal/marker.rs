@@ -114,11 +114,19 @@ impl Marker {
     pub(crate) fn open(path: PathBuf) -> Result<(Self, Option<Committed>)> {
         let mut bytes = Vec::new();
         match File::open(&path) {
-            Ok(f) => {
+            Ok(mut f) => {
                 // A marker is 80 bytes: a longer file is not read whole.
-                f.take(2 * SLOT_BYTES as u64 + 1)
+                Read::by_ref(&mut f)
+                    .take(2 * SLOT_BYTES as u64 + 1)
                     .read_to_end(&mut bytes)
                     .ctx("read", &path)?;
+                // What was read may never have reached the disk: an earlier
+                // process may have stopped, or seen its fsync fail, after
+                // writing it. The caller acts on it (deletes the log before
+                // it, counts output as committed), so it is made durable
+                // first. Its folder entry: the caller synced the folder
+                // (`create_dir_durable` syncs one that exists, too).
+                f.sync_data().ctx("fsync commit marker", &path)?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok((
@@ -239,5 +247,50 @@ mod tests {
         bytes[SLOT_BYTES + 3] = 7;
         std::fs::write(&path, &bytes).unwrap();
         assert_eq!(Marker::open(path).unwrap().1, None);
+    }
+
+    /// Found by the storage simulation (WAL seed 8): a marker whose fsync
+    /// failed in one process was read by the next, which deleted the log
+    /// segments before it; a crash then brought the older marker back,
+    /// naming deleted segments. A marker read back is made durable before
+    /// anyone acts on it.
+    #[test]
+    fn a_marker_read_back_survives_a_crash() {
+        use std::sync::Arc;
+        use weir_core::vfs::sim::{Faults, SimFs};
+        let real = tempfile::tempdir().unwrap();
+        let (mut m, _) = Marker::open(real.path().join("committed")).unwrap();
+        m.write(value(3)).unwrap();
+        let bytes = std::fs::read(real.path().join("committed")).unwrap();
+        // Every seed decides the crash differently (data kept, lost, torn).
+        for seed in 0..24 {
+            let root = PathBuf::from(format!("/weir-sim-unit/marker-{seed}"));
+            let fs = SimFs::new(&root, seed, Faults::default());
+            weir_core::vfs::mount(&root, Arc::new(fs.clone()));
+            let path = root.join("committed");
+            // An earlier process wrote it and stopped before its fsync (the
+            // folder entry is durable: the marker existed before).
+            let mut f = OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&path)
+                .unwrap();
+            f.write_all(&vec![0; bytes.len()]).unwrap();
+            f.sync_data().unwrap();
+            sync_dir(&root, FAULT_MARKER).unwrap();
+            f.seek(SeekFrom::Start(0)).unwrap();
+            f.write_all(&bytes).unwrap();
+            drop(f);
+            assert_eq!(Marker::open(path.clone()).unwrap().1, Some(value(3)));
+            fs.crash();
+            let after = Marker::open(path.clone()).unwrap().1;
+            weir_core::vfs::unmount(&root);
+            assert_eq!(
+                after,
+                Some(value(3)),
+                "seed {seed}: the marker read before the crash was lost"
+            );
+        }
     }
 }

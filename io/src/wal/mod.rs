@@ -903,17 +903,22 @@ where
             torn_tail: stopped.map(|s| (end_path.clone(), s.offset)),
             ..WalRecovery::default()
         };
+        let f = OpenOptions::new().write(true).open(&end_path).ctx("open", &end_path)?;
         if end_len > st.end.off {
             fault(
                 FAULT_RESTORE_TRUNCATE,
                 "cut off the log after the checkpoint in",
                 &end_path,
             )?;
-            let f = OpenOptions::new().write(true).open(&end_path).ctx("open", &end_path)?;
-            f.set_len(st.end.off)
-                .and_then(|_| f.sync_all())
-                .ctx("truncate", &end_path)?;
+            f.set_len(st.end.off).ctx("truncate", &end_path)?;
         }
+        // Synced even when its length is right already: that length may be
+        // an earlier restore's cut whose fsync failed or never ran, and the
+        // log goes on in the next segment. A crash must not bring back the
+        // old tail, whose records a later restore would read as this
+        // segment's (found by the storage simulation, WAL seed 39: an
+        // earlier run's records of the next epoch were committed twice).
+        f.sync_all().ctx("truncate", &end_path)?;
         let mut removed = false;
         for seq in list_segments(&dir)? {
             if seq > st.end.seg || seq < committed.pos.seg {
