@@ -25,7 +25,10 @@
 //! sink.
 //!
 //! `WEIR_SIM_SEEDS=N` runs N seeds per sink (default below);
-//! `WEIR_SIM_SEED=S` runs seed S alone. A failing seed is printed with the
+//! `WEIR_SIM_SEED=S` runs seed S alone; `WEIR_SIM_VERBOSE=1` prints each
+//! run's crash point, faults and end; `WEIR_SIM_TRACE=1` prints every
+//! filesystem operation (number, thread, call, path) and what each crash
+//! undid. A failing seed is printed with the
 //! command that replays it. Replaying a seed replays its crash points and
 //! faults (they are functions of the seed and the operation's number);
 //! the job's threads can still interleave their operations differently, so

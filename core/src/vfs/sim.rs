@@ -117,7 +117,7 @@ enum Node {
     },
 }
 
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 enum DirOp {
     Link(String, u64),
     Unlink(String),
@@ -156,6 +156,8 @@ struct State {
     active: HashSet<ThreadId>,
     /// Threads of a crashed machine: they never run again.
     dead: HashSet<ThreadId>,
+    /// `WEIR_SIM_TRACE=1`: every operation printed to stderr.
+    trace: bool,
 }
 
 const ROOT: u64 = 0;
@@ -197,8 +199,22 @@ fn not_found(path: &Path) -> io::Error {
 
 impl State {
     /// Counts one operation; fails it at or after the crash point.
-    fn op(&mut self) -> io::Result<u64> {
+    fn op(&mut self, what: &str, path: &Path) -> io::Result<u64> {
         let me = std::thread::current().id();
+        if self.trace {
+            let t = std::thread::current();
+            eprintln!(
+                "simfs op {} {} {what} {}{}",
+                self.ops + 1,
+                t.name().unwrap_or("?"),
+                path.display(),
+                if self.down || self.dead.contains(&me) {
+                    " (refused: crashed)"
+                } else {
+                    ""
+                }
+            );
+        }
         if self.down || self.dead.contains(&me) {
             return Err(io::Error::other(CRASHED));
         }
@@ -325,6 +341,7 @@ impl SimFs {
                 injected: Vec::new(),
                 active: HashSet::new(),
                 dead: HashSet::new(),
+                trace: std::env::var("WEIR_SIM_TRACE").is_ok_and(|v| v == "1"),
             })),
         }
     }
@@ -378,6 +395,7 @@ impl SimFs {
         s.crashes += 1;
         let mut rng = Rng(s.seed ^ splitmix64(s.crashes));
         let mut changed = 0;
+        let trace = s.trace;
         let mut inos: Vec<u64> = s.nodes.keys().copied().collect();
         inos.sort_unstable();
         // Folders: keep a prefix of the unsynced operations.
@@ -393,6 +411,9 @@ impl SimFs {
                 };
                 if keep < log.len() {
                     changed += 1;
+                    if trace {
+                        eprintln!("simfs crash: folder #{ino} undoes {:?}", &log[keep..]);
+                    }
                 }
                 for op in &log[..keep] {
                     op.apply(durable);
@@ -520,7 +541,7 @@ fn file_mut(s: &mut State, ino: u64) -> io::Result<(&mut Vec<u8>, &mut Vec<u8>)>
 impl Read for SimFile {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let mut s = state_of(&self.fs, self.generation)?;
-        let op = s.op()?;
+        let op = s.op("read", &self.path)?;
         let (cur, _) = file_mut(&mut s, self.ino)?;
         let start = (self.pos as usize).min(cur.len());
         let n = buf.len().min(cur.len() - start);
@@ -535,7 +556,7 @@ impl Read for SimFile {
 impl Write for SimFile {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
         let mut s = state_of(&self.fs, self.generation)?;
-        let op = s.op()?;
+        let op = s.op("write", &self.path)?;
         s.inject(op, Call::Write, &self.path)?;
         let (cur, _) = file_mut(&mut s, self.ino)?;
         if self.append {
@@ -574,7 +595,7 @@ impl Seek for SimFile {
 impl FileOps for SimFile {
     fn sync_data(&self) -> io::Result<()> {
         let mut s = state_of(&self.fs, self.generation)?;
-        let op = s.op()?;
+        let op = s.op("sync_data", &self.path)?;
         s.inject(op, Call::Sync, &self.path)?;
         let (cur, synced) = file_mut(&mut s, self.ino)?;
         synced.clone_from(cur);
@@ -589,7 +610,7 @@ impl FileOps for SimFile {
     }
     fn set_len(&self, len: u64) -> io::Result<()> {
         let mut s = state_of(&self.fs, self.generation)?;
-        s.op()?;
+        s.op("set_len", &self.path)?;
         file_mut(&mut s, self.ino)?.0.resize(len as usize, 0);
         Ok(())
     }
@@ -598,7 +619,7 @@ impl FileOps for SimFile {
 impl Fs for SimFs {
     fn open(&self, path: &Path, o: &OpenOptions) -> io::Result<File> {
         let mut s = self.lock();
-        let op = s.op()?;
+        let op = s.op("open", path)?;
         let (dir, name) = self.parent(&s, path)?;
         let existing = s.dir(dir)?.get(&name).copied();
         let ino = match existing {
@@ -642,7 +663,7 @@ impl Fs for SimFs {
 
     fn read(&self, path: &Path) -> io::Result<Vec<u8>> {
         let mut s = self.lock();
-        let op = s.op()?;
+        let op = s.op("read whole", path)?;
         let ino = self.lookup(&s, path)?;
         let mut bytes = match s.nodes.get(&ino) {
             Some(Node::File { cur, .. }) => cur.clone(),
@@ -654,14 +675,14 @@ impl Fs for SimFs {
 
     fn read_dir(&self, path: &Path) -> io::Result<Vec<String>> {
         let mut s = self.lock();
-        s.op()?;
+        s.op("read_dir", path)?;
         let ino = self.lookup(&s, path)?;
         Ok(s.dir(ino)?.keys().cloned().collect())
     }
 
     fn create_dir(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        let op = s.op()?;
+        let op = s.op("create_dir", path)?;
         let (dir, name) = self.parent(&s, path)?;
         if s.dir(dir)?.contains_key(&name) {
             return Err(err(libc::EEXIST));
@@ -696,7 +717,7 @@ impl Fs for SimFs {
 
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        s.op()?;
+        s.op(&format!("rename to {}:", to.display()), from)?;
         let (fd, fname) = self.parent(&s, from)?;
         let (td, tname) = self.parent(&s, to)?;
         let ino = *s.dir(fd)?.get(&fname).ok_or_else(|| not_found(from))?;
@@ -716,7 +737,7 @@ impl Fs for SimFs {
 
     fn remove_file(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        s.op()?;
+        s.op("remove_file", path)?;
         let (dir, name) = self.parent(&s, path)?;
         let ino = *s.dir(dir)?.get(&name).ok_or_else(|| not_found(path))?;
         if matches!(s.nodes.get(&ino), Some(Node::Dir { .. })) {
@@ -728,7 +749,7 @@ impl Fs for SimFs {
 
     fn remove_dir_all(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        s.op()?;
+        s.op("remove_dir_all", path)?;
         let (dir, name) = self.parent(&s, path)?;
         if !s.dir(dir)?.contains_key(&name) {
             return Err(not_found(path));
@@ -742,7 +763,7 @@ impl Fs for SimFs {
 
     fn sync_dir(&self, path: &Path) -> io::Result<()> {
         let mut s = self.lock();
-        let op = s.op()?;
+        let op = s.op("sync_dir", path)?;
         let ino = self.lookup(&s, path)?;
         s.inject(op, Call::SyncDir, path)?;
         match s.nodes.get_mut(&ino) {
