@@ -1480,6 +1480,7 @@ fn kafka_checkpoints_completed_during_a_transaction_share_the_next_one() {
     sink.wait_idle().unwrap();
     let transactions = sink.publishes();
     let least = 1 + (n - 1).div_ceil(wk::MAX_CHECKPOINTS_PER_TRANSACTION as u64);
+    eprintln!("{transactions} transactions for {n} checkpoints");
     assert!(
         transactions >= least && transactions < n / 2,
         "{transactions} transactions for {n} checkpoints"
