@@ -375,16 +375,22 @@ mod tests {
         }
     }
 
-    #[test]
-    fn checkpoints_completed_during_a_slow_publish_are_published_together() {
-        let dir = tempfile::tempdir().unwrap();
+    /// A small-segment log in `dir` keeping `memory_bytes` in memory, and
+    /// an empty memory target with its publish log.
+    fn slow_setup(dir: &std::path::Path, memory_bytes: usize) -> (WalSinkConfig, Arc<Mutex<Published>>, PublishLog) {
         let cfg = WalSinkConfig {
             segment_bytes: 4096,
             buffer_bytes: 64,
-            ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("unused"))
+            memory_bytes,
+            ..WalSinkConfig::new(dir.join("wal"), dir.join("unused"))
         };
-        let shared = Arc::new(Mutex::new(Published::default()));
-        let log = PublishLog::default();
+        (cfg, Arc::default(), PublishLog::default())
+    }
+
+    #[test]
+    fn checkpoints_completed_during_a_slow_publish_are_published_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, shared, log) = slow_setup(dir.path(), 64 << 20);
         let mut h = Harness::new(0, 1);
         let mut s = slow_sink::<4, { u64::MAX }>(&cfg, &shared, &log);
         // 20 checkpoints complete far faster than a publish (30 ms): the
@@ -421,15 +427,8 @@ mod tests {
     #[test]
     fn a_commit_over_the_byte_bound_is_published_in_chunks_and_restores_from_any() {
         let dir = tempfile::tempdir().unwrap();
-        let cfg = WalSinkConfig {
-            segment_bytes: 4096,
-            buffer_bytes: 64,
-            // Epochs read back from the log, verified, also in chunks.
-            memory_bytes: 0,
-            ..WalSinkConfig::new(dir.path().join("wal"), dir.path().join("unused"))
-        };
-        let shared = Arc::new(Mutex::new(Published::default()));
-        let log = PublishLog::default();
+        // Epochs read back from the log, verified, also in chunks.
+        let (cfg, shared, log) = slow_setup(dir.path(), 0);
         let mut h = Harness::new(0, 1);
         // Two bytes a chunk: two epochs of one byte each.
         let mut s = slow_sink::<64, 2>(&cfg, &shared, &log);
