@@ -12,24 +12,13 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::runs::{check, kafka_rows, produce_lines, tail, Drained, Rng};
 
 const FILES: usize = 3;
 const LINES_PER_FILE: usize = 4000;
 const KEYS: u64 = 40;
-
-/// A deterministic pseudo-random sequence (SplitMix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
 
 /// Writes the input files; returns every key's values.
 fn write_input(dir: &Path, seed: u64) -> HashMap<String, Vec<i64>> {
@@ -46,6 +35,21 @@ fn write_input(dir: &Path, seed: u64) -> HashMap<String, Vec<i64>> {
         }
         std::fs::write(dir.join(format!("in-{f}.txt")), text).unwrap();
     }
+    values
+}
+
+/// The input of the file scenarios (seed `seed`, written to `files`) in
+/// `topic`, created with 3 partitions, each key's lines in one partition in
+/// input order; returns every key's values.
+fn kafka_input(b: &common::kafka::Broker, topic: &str, files: &Path, seed: u64) -> HashMap<String, Vec<i64>> {
+    b.create_topic(topic, 3);
+    let values = write_input(files, seed);
+    let mut lines = Vec::new();
+    for f in 0..FILES {
+        let text = std::fs::read_to_string(files.join(format!("in-{f}.txt"))).unwrap();
+        lines.extend(text.lines().map(str::to_string));
+    }
+    produce_lines(b, topic, 3, &lines);
     values
 }
 
@@ -72,19 +76,6 @@ fn committed(dir: &Path) -> Vec<(String, u64, i64)> {
         }
     }
     rows
-}
-
-/// `weir` with `args`, in which a fault point hit on a worker thread fails
-/// the job (`WEIR_FORBID_WORKER_IO`): the sink's durable steps must run on
-/// its own threads.
-fn weir(args: &[String]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_weir"));
-    c.args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .env("WEIR_LOG", "warn")
-        .env("WEIR_FORBID_WORKER_IO", "1");
-    c
 }
 
 /// Runs `weir run` until it exits 0, killing it `kills` times at
@@ -128,121 +119,6 @@ fn run_with_kills(args: &[String], kills: usize, rng: &mut Rng) -> usize {
         );
         return landed;
     }
-}
-
-/// The last `n` bytes (or a little more, at a character boundary) of `s`.
-fn tail(s: &str, n: usize) -> &str {
-    let mut from = s.len().saturating_sub(n);
-    while !s.is_char_boundary(from) {
-        from -= 1;
-    }
-    &s[from..]
-}
-
-/// The most of a child's stderr a [`Drained`] keeps: its last bytes.
-const KEPT_LOG_BYTES: usize = 256 * 1024;
-
-/// A child whose stderr is read while it runs, on a thread of its own,
-/// keeping the last [`KEPT_LOG_BYTES`]. A child that logs more than a pipe
-/// holds (64 KiB: a job's clients log every failed reconnection while its
-/// broker is down) would otherwise block in its next write to stderr and
-/// look hung.
-struct Drained {
-    child: std::process::Child,
-    log: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Drained {
-    fn spawn(args: &[String]) -> Self {
-        use std::io::Read;
-        let mut child = weir(args).spawn().unwrap();
-        let mut err = child.stderr.take().expect("stderr is piped");
-        let log = std::thread::spawn(move || {
-            let (mut kept, mut dropped) = (Vec::new(), 0usize);
-            let mut buf = [0u8; 8192];
-            while let Ok(n @ 1..) = err.read(&mut buf) {
-                kept.extend_from_slice(&buf[..n]);
-                if kept.len() > KEPT_LOG_BYTES {
-                    let cut = kept.len() - KEPT_LOG_BYTES;
-                    kept.drain(..cut);
-                    dropped += cut;
-                }
-            }
-            let text = String::from_utf8_lossy(&kept).into_owned();
-            match dropped {
-                0 => text,
-                n => format!("[{n} earlier bytes of the log left out]\n{text}"),
-            }
-        });
-        Drained { child, log: Some(log) }
-    }
-
-    /// Its exit status, if it has exited.
-    fn try_wait(&mut self) -> Option<std::process::ExitStatus> {
-        self.child.try_wait().unwrap()
-    }
-
-    /// What it wrote to stderr (the tail), once it has exited.
-    fn log(&mut self) -> String {
-        self.log
-            .take()
-            .map_or_else(String::new, |t| t.join().unwrap_or_default())
-    }
-
-    /// Waits for it to exit.
-    fn wait(&mut self) -> std::process::ExitStatus {
-        self.child.wait().unwrap()
-    }
-
-    /// Kills it (SIGKILL) and returns its log.
-    fn kill(&mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        self.log()
-    }
-}
-
-fn check(values: &HashMap<String, Vec<i64>>, rows: &[(String, u64, i64)], exactly_once: bool) {
-    let mut by_key: HashMap<&str, Vec<(u64, i64)>> = HashMap::new();
-    for (k, c, s) in rows {
-        by_key.entry(k.as_str()).or_default().push((*c, *s));
-    }
-    for (k, vals) in values {
-        let mut got = by_key.remove(k.as_str()).unwrap_or_default();
-        got.sort();
-        let n = vals.len() as u64;
-        if exactly_once {
-            let counts: Vec<u64> = got.iter().map(|r| r.0).collect();
-            assert_eq!(
-                counts,
-                (1..=n).collect::<Vec<_>>(),
-                "key {k}: counts 1..={n} exactly once"
-            );
-            // Each step adds one of the key's values; the last is the total.
-            let mut pool = vals.clone();
-            let mut prev = 0i64;
-            for &(c, s) in &got {
-                let step = s - prev;
-                let i = pool
-                    .iter()
-                    .position(|v| *v == step)
-                    .unwrap_or_else(|| panic!("key {k} count {c}: sum {s} adds {step}, not an input value"));
-                pool.swap_remove(i);
-                prev = s;
-            }
-            assert_eq!(prev, vals.iter().sum::<i64>(), "key {k}: final sum");
-        } else {
-            let have: std::collections::HashSet<u64> = got.iter().map(|r| r.0).collect();
-            for c in 1..=n {
-                assert!(have.contains(&c), "key {k}: count {c} missing");
-            }
-        }
-    }
-    assert!(
-        by_key.is_empty(),
-        "output for keys not in the input: {:?}",
-        by_key.keys()
-    );
 }
 
 /// `weir run` of the keyed count from `input` to `output`, checkpointing to
@@ -371,23 +247,7 @@ fn kafka_outcome(mode: &str, sink: &str, kills: usize, seed: u64) -> Outcome {
     let b = common::kafka::broker();
     let input = common::kafka::unique_topic("run-in");
     let output = common::kafka::unique_topic("run-out");
-    b.create_topic(&input, 3);
-    let files = root.path().join("in");
-    let values = write_input(&files, seed);
-    let mut lines = Vec::new();
-    for f in 0..FILES {
-        let text = std::fs::read_to_string(files.join(format!("in-{f}.txt"))).unwrap();
-        lines.extend(text.lines().map(str::to_string));
-    }
-    // Each key's values in one partition, in input order.
-    b.produce(
-        &input,
-        lines.iter().map(|l| {
-            let key = l.split(',').next().unwrap();
-            let p = key.bytes().map(u32::from).sum::<u32>() % 3;
-            (p as i32, "", l.clone(), None)
-        }),
-    );
+    let values = kafka_input(b, &input, &root.path().join("in"), seed);
     let ck: PathBuf = root.path().join("ck");
     let args = run_args(
         &format!("kafka:{}/{input}", b.addr),
@@ -398,15 +258,7 @@ fn kafka_outcome(mode: &str, sink: &str, kills: usize, seed: u64) -> Outcome {
     );
     let mut rng = Rng(seed ^ 0x5eed);
     let landed = run_with_kills(&args, kills, &mut rng);
-    let rows: Vec<(String, u64, i64)> = common::kafka::read_committed(&output, 2)
-        .into_iter()
-        .map(|(k, v)| {
-            let mut p = v.split(',');
-            let (key, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-            assert_eq!(k, key, "the record's key is its count's key");
-            (key.to_string(), c.parse().unwrap(), s.parse().unwrap())
-        })
-        .collect();
+    let rows = kafka_rows(b, &output, 2);
     check(&values, &rows, exactly_once(mode));
     Outcome {
         kills: landed,
@@ -500,22 +352,7 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let b = &own.broker;
     let input = common::kafka::unique_topic("restart-in");
     let output = common::kafka::unique_topic("restart-out");
-    b.create_topic(&input, 3);
-    let files = root.path().join("in");
-    let values = write_input(&files, 11);
-    let mut lines = Vec::new();
-    for f in 0..FILES {
-        let text = std::fs::read_to_string(files.join(format!("in-{f}.txt"))).unwrap();
-        lines.extend(text.lines().map(str::to_string));
-    }
-    b.produce(
-        &input,
-        lines.iter().map(|l| {
-            let key = l.split(',').next().unwrap();
-            let p = key.bytes().map(u32::from).sum::<u32>() % 3;
-            (p as i32, "", l.clone(), None)
-        }),
-    );
+    let values = kafka_input(b, &input, &root.path().join("in"), 11);
     let ck: PathBuf = root.path().join("ck");
     // 12,000 lines at 1,000 a second per source subtask: about 6 s of work,
     // so the outage lands in the middle.
@@ -584,14 +421,6 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
         runs += 1;
         child = Drained::spawn(&args);
     }
-    let rows: Vec<(String, u64, i64)> = common::kafka::read_committed_from(b, &output, 2)
-        .into_iter()
-        .map(|(k, v)| {
-            let mut p = v.split(',');
-            let (key, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-            assert_eq!(k, key, "the record's key is its count's key");
-            (key.to_string(), c.parse().unwrap(), s.parse().unwrap())
-        })
-        .collect();
+    let rows = kafka_rows(b, &output, 2);
     check(&values, &rows, true);
 }

@@ -9,10 +9,11 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::kafka;
+use common::runs::{check, kafka_rows, Drained, Rng};
 
 /// Partitions of the input topic: the job's shards.
 const PARTITIONS: i32 = 6;
@@ -20,18 +21,6 @@ const LINES: usize = 6000;
 const KEYS: u64 = 40;
 /// Partitions of the output topic.
 const OUT_PARTITIONS: i32 = 2;
-
-/// A deterministic pseudo-random sequence (SplitMix64).
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-}
 
 /// A job's topics and expected values.
 struct Job {
@@ -111,51 +100,27 @@ fn args(j: &Job, mode: &str, throttle: u32, n: usize, i: usize, ck: &Path, resca
     a
 }
 
-fn spawn(args: &[String]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(args)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .env("WEIR_LOG", "warn")
-        .env("WEIR_FORBID_WORKER_IO", "1")
-        .spawn()
-        .unwrap()
-}
-
-/// What an exited child wrote to stderr.
-fn stderr_of(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(mut e) = child.stderr.take() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
-
 /// Runs the processes `procs` side by side until each exits 0; process
 /// `victim` is killed `kills` times at pseudo-random instants and started
 /// again with the same arguments. Returns the kills that landed.
-// `try_wait` reaps an exited child; the others are killed and waited for.
-#[allow(clippy::zombie_processes)]
 fn run_all(procs: &[Vec<String>], victim: usize, kills: usize, rng: &mut Rng) -> usize {
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut children: Vec<Option<Child>> = procs.iter().map(|a| Some(spawn(a))).collect();
+    let mut children: Vec<Option<Drained>> = procs.iter().map(|a| Some(Drained::spawn(a))).collect();
     let mut landed = 0;
     let mut kill_at = Instant::now() + Duration::from_millis(300 + rng.next() % 900);
     while children.iter().any(Option::is_some) {
         assert!(Instant::now() < deadline, "the processes never finished");
         for (i, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot.as_mut() else { continue };
-            if let Some(status) = child.try_wait().unwrap() {
-                assert!(status.success(), "process {i} failed: {status}: {}", stderr_of(child));
+            if let Some(status) = child.try_wait() {
+                assert!(status.success(), "process {i} failed: {status}: {}", child.log());
                 *slot = None;
                 continue;
             }
             if i == victim && landed < kills && Instant::now() >= kill_at {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
+                child.kill(); // SIGKILL
                 landed += 1;
-                *slot = Some(spawn(&procs[i]));
+                *slot = Some(Drained::spawn(&procs[i]));
                 kill_at = Instant::now() + Duration::from_millis(300 + rng.next() % 900);
             }
         }
@@ -170,12 +135,12 @@ fn run_all(procs: &[Vec<String>], victim: usize, kills: usize, rng: &mut Rng) ->
 /// finished first.
 fn run_then_kill(procs: &[Vec<String>], j: &Job, at_least: usize, rng: &mut Rng) -> Option<usize> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let mut children: Vec<Child> = procs.iter().map(|a| spawn(a)).collect();
+    let mut children: Vec<Drained> = procs.iter().map(|a| Drained::spawn(a)).collect();
     loop {
         assert!(Instant::now() < deadline, "no output within 60 s");
         for (i, c) in children.iter_mut().enumerate() {
-            if let Some(status) = c.try_wait().unwrap() {
-                assert!(status.success(), "process {i} failed: {status}: {}", stderr_of(c));
+            if let Some(status) = c.try_wait() {
+                assert!(status.success(), "process {i} failed: {status}: {}", c.log());
             }
         }
         if kafka::read_committed(&j.output, OUT_PARTITIONS).len() >= at_least {
@@ -186,14 +151,13 @@ fn run_then_kill(procs: &[Vec<String>], j: &Job, at_least: usize, rng: &mut Rng)
     std::thread::sleep(Duration::from_millis(100 + rng.next() % 300));
     let mut running = 0;
     for (i, c) in children.iter_mut().enumerate() {
-        match c.try_wait().unwrap() {
-            Some(status) => assert!(status.success(), "process {i} failed: {status}: {}", stderr_of(c)),
+        match c.try_wait() {
+            Some(status) => assert!(status.success(), "process {i} failed: {status}: {}", c.log()),
             None => {
                 running += 1;
-                c.kill().unwrap();
+                c.kill(); // SIGKILL
             }
         }
-        c.wait().unwrap();
     }
     (running > 0).then(|| kafka::read_committed(&j.output, OUT_PARTITIONS).len())
 }
@@ -201,44 +165,7 @@ fn run_then_kill(procs: &[Vec<String>], j: &Job, at_least: usize, rng: &mut Rng)
 /// Every key's counts `1..=n` exactly once, each sum adding one of the
 /// key's values, the last sum their total; no other keys.
 fn check_exactly_once(j: &Job) {
-    let mut by_key: HashMap<String, Vec<(u64, i64)>> = HashMap::new();
-    for (k, v) in kafka::read_committed(&j.output, OUT_PARTITIONS) {
-        let mut p = v.split(',');
-        let (key, c, s) = (p.next().unwrap(), p.next().unwrap(), p.next().unwrap());
-        assert_eq!(k, key, "the record's key is its count's key");
-        by_key
-            .entry(key.to_string())
-            .or_default()
-            .push((c.parse().unwrap(), s.parse().unwrap()));
-    }
-    for (k, vals) in &j.values {
-        let mut got = by_key.remove(k).unwrap_or_default();
-        got.sort();
-        let n = vals.len() as u64;
-        let counts: Vec<u64> = got.iter().map(|r| r.0).collect();
-        assert_eq!(
-            counts,
-            (1..=n).collect::<Vec<_>>(),
-            "key {k}: counts 1..={n} exactly once"
-        );
-        let mut pool = vals.clone();
-        let mut prev = 0i64;
-        for &(c, s) in &got {
-            let step = s - prev;
-            let i = pool
-                .iter()
-                .position(|v| *v == step)
-                .unwrap_or_else(|| panic!("key {k} count {c}: sum {s} adds {step}, not an input value"));
-            pool.swap_remove(i);
-            prev = s;
-        }
-        assert_eq!(prev, vals.iter().sum::<i64>(), "key {k}: final sum");
-    }
-    assert!(
-        by_key.is_empty(),
-        "output for keys not in the input: {:?}",
-        by_key.keys()
-    );
+    check(&j.values, &kafka_rows(kafka::broker(), &j.output, OUT_PARTITIONS), true);
 }
 
 /// `n` processes over one topic; process `n - 1` is killed `kills` times.

@@ -1458,6 +1458,46 @@ fn kafka_exactly_once_publishes_each_checkpoint_once_through_crashes() {
     assert!(e.contains("kafka") && e.contains(&topic), "{e}");
 }
 
+#[test]
+fn kafka_checkpoints_completed_during_a_transaction_share_the_next_one() {
+    let dir = scratch();
+    let topic = common::kafka::unique_topic("coalesce");
+    let cfg = kafka_config(&topic);
+    let wal = kafka_wal(&dir, "wal");
+    let mut h = Harness::new(0, 1);
+    let mut sink = kafka_eo(&cfg, &wal);
+    // 150 checkpoints complete back to back, far faster than Kafka commits
+    // transactions: the first is published alone, the rest are held back
+    // while it commits and go in as few transactions as the bound allows
+    // (MAX_CHECKPOINTS_PER_TRANSACTION each).
+    let n = 150u64;
+    let mut states = Vec::new();
+    for c in 1..=n {
+        h.write_sink(&mut sink, &mut (c * 10..c * 10 + 10).collect()).unwrap();
+        states.push(sink.pre_commit(c).unwrap());
+        sink.commit(c).unwrap();
+    }
+    sink.wait_idle().unwrap();
+    let transactions = sink.publishes();
+    let least = 1 + (n - 1).div_ceil(wk::MAX_CHECKPOINTS_PER_TRANSACTION as u64);
+    eprintln!("{transactions} transactions for {n} checkpoints");
+    assert!(
+        transactions >= least && transactions < n / 2,
+        "{transactions} transactions for {n} checkpoints"
+    );
+    assert_eq!(wk::read_marker(&cfg, 0).unwrap().unwrap().epoch, n);
+    let want: Vec<u64> = (10..(n + 1) * 10).collect();
+    assert_eq!(values(&read_committed(&topic, 1)), want);
+    // A crash after it all and a restore of the last checkpoint: the marker
+    // covers every coalesced checkpoint, nothing is published again.
+    drop(sink);
+    let mut sink = kafka_eo(&cfg, &wal);
+    sink.restore(n, &states[n as usize - 1]).unwrap();
+    assert_eq!(sink.last_recovery().unwrap().recommitted_epochs, Vec::<u64>::new());
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), want);
+}
+
 /// A WAL folder `name` in the scratch folder.
 fn kafka_wal(dir: &tempfile::TempDir, name: &str) -> WalSinkConfig {
     WalSinkConfig::new(dir.path().join(name), dir.path().join("unused"))

@@ -10,6 +10,7 @@
 #![allow(dead_code)] // each test binary uses a part of this module
 
 pub mod kafka;
+pub mod runs;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 

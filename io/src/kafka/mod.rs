@@ -44,7 +44,7 @@ use std::time::Duration;
 pub use sink::{at_least_once, exactly_once, KafkaAppender, KafkaAtLeastOnceSink, KafkaExactlyOnceSink};
 pub use sink_config::KafkaSinkConfig;
 pub use source::{KafkaRecordInfo, KafkaSource};
-pub use target::{read_marker, KafkaTarget};
+pub use target::{read_marker, KafkaTarget, MAX_CHECKPOINTS_PER_TRANSACTION, MAX_TRANSACTION_BYTES};
 
 /// Where a source subtask starts reading a partition that its checkpoint
 /// (if any) does not cover.

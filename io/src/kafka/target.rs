@@ -20,6 +20,18 @@
 //!   records of every epoch up to `n` not yet published, the marker record
 //!   `(slot, n, log position)`, `commit_transaction`. A reader with
 //!   `read_committed` sees all of it or none of it.
+//! - **coalescing**: one transaction is in flight per slot
+//!   ([`EpochTarget::COMMITS_IN_FLIGHT`] = 1); the checkpoints that
+//!   complete meanwhile are held back by the sink and published together
+//!   in the next transaction, their records in log order and one marker
+//!   naming the newest of them, at most [`MAX_CHECKPOINTS_PER_TRANSACTION`]
+//!   checkpoints and [`MAX_TRANSACTION_BYTES`] bytes of records per
+//!   transaction (more go in the following ones). So the checkpoint rate
+//!   is not bounded by the transaction rate. The marker still means
+//!   "published through checkpoint `n`, up to log position `p`": a
+//!   transaction holds exactly the log between the previous marker's
+//!   position and its own, so recovery needs to know nothing else about
+//!   which checkpoints it covered (docs/kafka.md, "Coalescing").
 //! - **restore** (the WAL sink's, see [`crate::wal`]): epochs after the
 //!   marker up to the restored checkpoint are published again, in one new
 //!   transaction; later ones are dropped from the log.
@@ -33,6 +45,7 @@
 //! restart, and a transaction timeout never loses data (the log holds the
 //! records until a marker covers them).
 
+use std::sync::mpsc::{sync_channel, Receiver, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -49,6 +62,20 @@ use super::sink_config::{queue_full, KafkaSinkConfig};
 use crate::wal::codec::WalPos;
 use crate::wal::{Committed, EpochTarget};
 use crate::{Error, Result};
+
+/// Completed checkpoints published in one Kafka transaction at most: 64.
+/// When more are held back (the broker was slow), they go in several
+/// transactions, each with its own marker. Bounds the work one transaction
+/// does, so that it ends well within the transaction timeout.
+pub const MAX_CHECKPOINTS_PER_TRANSACTION: usize = 64;
+
+/// Bytes of records (keys and values) beyond which a transaction takes no
+/// further checkpoint: 16 MiB. Checked after each checkpoint's records (a
+/// checkpoint's records are never split), so a transaction holds at most
+/// this plus one checkpoint's output. At the tens of MB/s a broker here
+/// takes, such a transaction commits in about a second, far below the
+/// transaction timeout (60 s by default).
+pub const MAX_TRANSACTION_BYTES: u64 = 16 << 20;
 
 /// Marker record value: magic, then epoch, segment, offset (u64 LE).
 const MARKER_MAGIC: &[u8; 4] = b"WKM1";
@@ -153,7 +180,10 @@ fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -
 pub struct KafkaTarget {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
-    producer: Option<BaseProducer>,
+    producer: Option<Arc<BaseProducer>>,
+    /// Runs `begin_transaction` with a bound on the wait (`None` before
+    /// `open`, and after a call that did not return in time).
+    beginner: Option<Beginner>,
     in_transaction: bool,
     epochs: Vec<u64>,
     visible_ns: u64,
@@ -176,6 +206,7 @@ impl KafkaTarget {
             config,
             slot,
             producer: None,
+            beginner: None,
             in_transaction: false,
             epochs: Vec::new(),
             visible_ns: 0,
@@ -184,7 +215,7 @@ impl KafkaTarget {
 
     fn producer(&self) -> &BaseProducer {
         self.producer
-            .as_ref()
+            .as_deref()
             .expect("the target is opened before it is written")
     }
 
@@ -198,6 +229,43 @@ impl KafkaTarget {
             ),
             e,
         )
+    }
+
+    /// Begins a transaction unless one is open, waiting at most the call
+    /// timeout ([`Beginner`]).
+    fn begin_transaction(&mut self) -> Result<()> {
+        if self.in_transaction {
+            return Ok(());
+        }
+        let timeout = self.config.timeout;
+        let Some(beginner) = self.beginner.as_ref() else {
+            return Err(self.config.topic_error(
+                &self.config.topic,
+                format!(
+                    "slot {}: the producer is unusable after a transaction call that did not return",
+                    self.slot
+                ),
+            ));
+        };
+        match beginner.begin(timeout) {
+            Ok(done) => done.map_err(|e| self.txn_error("begin a transaction", e))?,
+            Err(()) => {
+                // The call may still be running: this target is done.
+                self.beginner = None;
+                return Err(self.config.topic_error(
+                    &self.config.topic,
+                    format!(
+                        "slot {} (transactional id {}): beginning a transaction did not return within {timeout:?} \
+                         (a known librdkafka hang after a fatal error, librdkafka #4420); the job fails and \
+                         restarts from its last checkpoint; check the broker if it recurs",
+                        self.slot,
+                        self.config.transactional_id(self.slot)
+                    ),
+                ));
+            }
+        }
+        self.in_transaction = true;
+        Ok(())
     }
 
     /// Sends one record, waiting (bounded) for room in the producer's queue.
@@ -234,6 +302,10 @@ impl Drop for KafkaTarget {
 }
 
 impl EpochTarget for KafkaTarget {
+    const COMMITS_IN_FLIGHT: usize = 1;
+    const MAX_EPOCHS_PER_COMMIT: usize = MAX_CHECKPOINTS_PER_TRANSACTION;
+    const MAX_BYTES_PER_COMMIT: u64 = MAX_TRANSACTION_BYTES;
+
     fn kind(&self) -> &'static str {
         "kafka"
     }
@@ -256,17 +328,20 @@ impl EpochTarget for KafkaTarget {
         producer
             .init_transactions(c.timeout)
             .map_err(|e| self.txn_error("initialize transactions", e))?;
+        let producer = Arc::new(producer);
+        let p = producer.clone();
+        self.beginner = Some(Beginner::spawn(move || p.begin_transaction(), self.slot).map_err(|e| {
+            self.config.topic_error(
+                &self.config.topic,
+                format!("slot {}: cannot start a thread for the producer: {e}", self.slot),
+            )
+        })?);
         self.producer = Some(producer);
         read_marker(c, self.slot)
     }
 
     fn begin(&mut self, epoch: u64) -> Result<()> {
-        if !self.in_transaction {
-            self.producer()
-                .begin_transaction()
-                .map_err(|e| self.txn_error("begin a transaction", e))?;
-            self.in_transaction = true;
-        }
+        self.begin_transaction()?;
         self.epochs.push(epoch);
         Ok(())
     }
@@ -293,12 +368,7 @@ impl EpochTarget for KafkaTarget {
     }
 
     fn publish(&mut self, committed: Committed) -> Result<Vec<u64>> {
-        if !self.in_transaction {
-            self.producer()
-                .begin_transaction()
-                .map_err(|e| self.txn_error("begin a transaction", e))?;
-            self.in_transaction = true;
-        }
+        self.begin_transaction()?;
         let marker = encode_marker(committed);
         let key = marker_key(self.slot);
         let topic = self.config.marker_topic.clone();
@@ -318,6 +388,50 @@ impl EpochTarget for KafkaTarget {
     }
 }
 
+/// A thread of the target's own that calls `begin_transaction`, so that
+/// the committer waits for it at most the sink's call timeout:
+/// `rd_kafka_begin_transaction` waits for librdkafka's main thread with no
+/// bound, and was seen to hang forever after a fatal error (librdkafka
+/// #4420). Every other call the sink makes takes a timeout. The thread
+/// ends when the target drops its [`Beginner`] (and, if the call hangs,
+/// when librdkafka returns; the sink failed long before).
+struct Beginner {
+    ask: SyncSender<()>,
+    answer: Receiver<rdkafka::error::KafkaResult<()>>,
+}
+
+impl Beginner {
+    /// Starts the thread; `call` is `begin_transaction` on the slot's
+    /// producer (a closure, for the tests).
+    fn spawn<C>(call: C, slot: usize) -> std::io::Result<Self>
+    where
+        C: Fn() -> rdkafka::error::KafkaResult<()> + Send + 'static,
+    {
+        let (ask, asked) = sync_channel::<()>(1);
+        let (answer_tx, answer) = sync_channel(1);
+        std::thread::Builder::new()
+            .name(format!("weir-kafka-begin-{slot}"))
+            .spawn(move || {
+                while asked.recv().is_ok() {
+                    if answer_tx.send(call()).is_err() {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Beginner { ask, answer })
+    }
+
+    /// `begin_transaction`'s outcome, or `Err(())` if it did not return
+    /// within `timeout` (or the thread is gone).
+    fn begin(&self, timeout: Duration) -> std::result::Result<rdkafka::error::KafkaResult<()>, ()> {
+        self.ask.send(()).map_err(|_| ())?;
+        match self.answer.recv_timeout(timeout) {
+            Ok(r) => Ok(r),
+            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => Err(()),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,5 +447,23 @@ mod tests {
         let mut bad = encode_marker(c);
         bad[0] = b'X';
         assert_eq!(decode_marker(&bad), None);
+    }
+
+    #[test]
+    fn a_begin_that_does_not_return_in_time_is_reported() {
+        let b = Beginner::spawn(|| Ok(()), 0).unwrap();
+        assert!(matches!(b.begin(Duration::from_secs(5)), Ok(Ok(()))));
+        assert!(matches!(b.begin(Duration::from_secs(5)), Ok(Ok(()))));
+        let hang = Beginner::spawn(
+            || {
+                std::thread::sleep(Duration::from_secs(2));
+                Ok(())
+            },
+            1,
+        )
+        .unwrap();
+        let start = Instant::now();
+        assert!(hang.begin(Duration::from_millis(50)).is_err());
+        assert!(start.elapsed() < Duration::from_secs(1));
     }
 }

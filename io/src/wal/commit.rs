@@ -11,7 +11,9 @@
 //! [`CommitIo`] is the committer thread's handler (see
 //! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
 //! the sink's writes instead of stalling its worker. At most
-//! [`QUEUED_COMMITS`] commits are in flight; a commit that fails stops the
+//! [`EpochTarget::COMMITS_IN_FLIGHT`] commits are in flight (checkpoints
+//! completed meanwhile are held back and merged into the next); a
+//! commit that fails stops the
 //! thread, and the sink reports the failure at its next call. Dropping the
 //! sink waits for the commit in progress.
 
@@ -29,12 +31,21 @@ use crate::fsutil::{self, fault, remove_if_exists};
 use crate::latency::StampRuns;
 use crate::{Error, Result};
 
-/// Commits in flight on the committer thread beyond which the sink holds
-/// further commits back (merged into one) and says it is not ready: 4.
-/// Bounds the memory of closed epochs (their stamps, and output kept in
-/// memory); a committer this far behind means the target is slower than
-/// the input, and the task is backpressured.
+/// Commits in flight on the committer thread, by default (see
+/// [`EpochTarget::COMMITS_IN_FLIGHT`]), beyond which the sink holds
+/// further completed checkpoints back and merges them into one commit: 4.
+/// Four let a target whose commits are cheap (files) overlap them with
+/// the sink's next barriers; the memory of closed epochs stays bounded by
+/// [`MAX_EPOCHS_PER_COMMIT`] held back behind them (then the task is
+/// backpressured).
 pub const QUEUED_COMMITS: usize = 4;
+
+/// Epochs one publish of a commit holds at most, by default: 64 (see
+/// [`EpochTarget::MAX_EPOCHS_PER_COMMIT`]). Bounds the closed epochs a
+/// sink holds back for one commit (their stamps and buffers), and so the
+/// work of one publish: enough for 640 ms of checkpoints at a 10 ms
+/// interval, far more than a publish takes.
+pub const MAX_EPOCHS_PER_COMMIT: usize = 64;
 
 /// An epoch closed by a barrier, not yet committed.
 #[derive(Debug)]
@@ -63,6 +74,8 @@ pub(super) struct Committer<G> {
     /// Segments before this one were deleted.
     oldest_seg: u64,
     reader: LogReader,
+    /// Publishes done (one per chunk of a commit).
+    publishes: u64,
 }
 
 impl<G: EpochTarget> Committer<G> {
@@ -76,26 +89,39 @@ impl<G: EpochTarget> Committer<G> {
             committed,
             oldest_seg: committed.pos.seg,
             reader: LogReader::default(),
+            publishes: 0,
         }
     }
 
     /// Commits `epochs` (closed, in log order, the first starting at the
     /// marker's position) and records `n` in the marker; returns the
-    /// epochs that got a file.
+    /// epochs that got output.
+    ///
+    /// The epochs are published in chunks of at most
+    /// [`EpochTarget::MAX_EPOCHS_PER_COMMIT`] epochs, a chunk ending at the
+    /// first epoch that brings it to [`EpochTarget::MAX_BYTES_PER_COMMIT`]
+    /// bytes: one publish (for Kafka, one transaction) per chunk. A chunk
+    /// records its last epoch and where that epoch ends in the log; the
+    /// last chunk records `n`. Each record is "every epoch up to here is
+    /// published", true when it is written (the chunks go in log order),
+    /// and it only grows, so a crash between two chunks leaves a record
+    /// that a restore continues from, as after any commit.
     pub(super) fn commit(&mut self, n: u64, epochs: &[Closed]) -> Result<Vec<u64>> {
-        let Some(last) = epochs.last() else {
-            return Ok(Vec::new());
-        };
-        let to = last.end;
+        let mut published = Vec::new();
         let mut start = self.committed.pos;
-        for c in epochs {
+        let (mut chunk_epochs, mut chunk_bytes) = (0usize, 0u64);
+        for (i, c) in epochs.iter().enumerate() {
             debug_assert!(c.tag <= n && c.tag > self.committed.epoch);
             self.target.begin(c.tag)?;
             match &c.payload {
-                Some(bytes) => self.target.write(bytes)?,
+                Some(bytes) => {
+                    chunk_bytes += bytes.len() as u64;
+                    self.target.write(bytes)?
+                }
                 None => {
                     // Not in memory: read the epoch back from the log, verified.
                     let (dir, target, tag) = (&self.dir, &mut self.target, c.tag);
+                    let bytes = &mut chunk_bytes;
                     self.reader
                         .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
                             if t != tag {
@@ -107,18 +133,33 @@ impl<G: EpochTarget> Committer<G> {
                                     format!("a record of epoch {t} among those of epoch {tag}"),
                                 ));
                             }
+                            *bytes += payload.len() as u64;
                             target.write(payload)
                         })?;
                 }
             }
             self.target.end()?;
             start = c.end;
+            chunk_epochs += 1;
+            let last = i + 1 == epochs.len();
+            if last || chunk_epochs >= G::MAX_EPOCHS_PER_COMMIT || chunk_bytes >= G::MAX_BYTES_PER_COMMIT {
+                let value = Committed {
+                    epoch: if last { n } else { c.tag },
+                    pos: c.end,
+                };
+                published.extend(self.target.publish(value)?);
+                self.committed = value;
+                self.publishes += 1;
+                self.delete_segments_before(c.end.seg)?;
+                (chunk_epochs, chunk_bytes) = (0, 0);
+            }
         }
-        let value = Committed { epoch: n, pos: to };
-        let files = self.target.publish(value)?;
-        self.committed = value;
-        self.delete_segments_before(to.seg)?;
-        Ok(files)
+        Ok(published)
+    }
+
+    /// Publishes done so far (one per chunk of a commit).
+    pub(super) fn publishes(&self) -> u64 {
+        self.publishes
     }
 
     /// When the last commit's output became visible (for files: renamed
@@ -176,6 +217,8 @@ pub(super) enum CommitReply {
         n: u64,
         epochs: Vec<Closed>,
         visible_ns: u64,
+        /// The committer's publishes so far.
+        publishes: u64,
     },
 }
 
@@ -254,6 +297,7 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
                     n,
                     epochs,
                     visible_ns: c.visible_ns(),
+                    publishes: c.publishes(),
                 })
             }
         }

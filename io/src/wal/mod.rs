@@ -15,10 +15,12 @@
 //! thread** commits. The worker hands a buffer to the log thread when it
 //! holds [`WalSinkConfig::buffer_bytes`], at a segment's end, at a barrier
 //! and at the end, so the thread wakes a bounded number of times a second.
-//! With [`APPENDS_IN_FLIGHT`] buffers in flight, or [`QUEUED_COMMITS`]
-//! commits, [`Sink::ready`] says false and the task reads no input
-//! (backpressure, like a full ring): nothing is dropped, memory stays
-//! bounded. A thread's error fails the sink's next call.
+//! With [`APPENDS_IN_FLIGHT`] buffers in flight, or the target's
+//! [`EpochTarget::COMMITS_IN_FLIGHT`] commits in flight (default
+//! [`QUEUED_COMMITS`]) and [`EpochTarget::MAX_EPOCHS_PER_COMMIT`] completed
+//! epochs held back behind them, [`Sink::ready`] says false and the task
+//! reads no input (backpressure, like a full ring): nothing is dropped,
+//! memory stays bounded. A thread's error fails the sink's next call.
 //!
 //! The protocol, one durable step at a time (each step names its fault
 //! point and the thread it runs on):
@@ -36,7 +38,12 @@
 //!    is acknowledged only once that sync is done (a job of the runtime's
 //!    snapshot pool waits for it, see [`weir_core::PreCommit::with_sync`]).
 //! 3. `commit(n)` (checkpoint `n` complete): the committer thread gets the
-//!    closed epochs up to `n` as one request (the worker does not wait).
+//!    closed epochs up to `n` as one request (the worker does not wait);
+//!    while the target's commits in flight are at their bound, completed
+//!    checkpoints are held back and go in the next request together
+//!    (coalescing: one publish for several checkpoints, in chunks of at
+//!    most [`EpochTarget::MAX_EPOCHS_PER_COMMIT`] epochs and
+//!    [`EpochTarget::MAX_BYTES_PER_COMMIT`] bytes).
 //!    The output of every epoch up to `n` not yet committed (kept in
 //!    memory up to [`WalSinkConfig::memory_bytes`], otherwise read back
 //!    from the log and verified: its records are durable, since the
@@ -105,7 +112,7 @@ pub use marker::Committed;
 pub(crate) use marker::{decode_marker, Marker};
 pub use target::{EpochTarget, FileTarget};
 
-pub use commit::QUEUED_COMMITS;
+pub use commit::{MAX_EPOCHS_PER_COMMIT, QUEUED_COMMITS};
 pub use log::{FAULT_APPEND, FAULT_FSYNC, FAULT_ROLL};
 pub use marker::FAULT_MARKER;
 
@@ -269,9 +276,11 @@ struct Running<G: EpochTarget> {
     start_ticket: Option<Ticket>,
     /// The highest checkpoint whose commit was asked for (by `commit`, or
     /// `finish`): closed epochs up to it wait here only while
-    /// [`QUEUED_COMMITS`] commits are in flight.
+    /// [`EpochTarget::COMMITS_IN_FLIGHT`] commits are in flight.
     commit_through: u64,
     commits_in_flight: usize,
+    /// Publishes the committer thread reported (one per chunk of a commit).
+    publishes: u64,
     /// The last epoch known committed (the last commit reported done).
     committed_epoch: u64,
     /// `finish` was called: ready once everything is done.
@@ -425,12 +434,27 @@ impl<G: EpochTarget> Running<G> {
         self.buf.is_empty() && !self.commit_pending() && self.log.in_flight() == 0 && self.committer.in_flight() == 0
     }
 
-    /// Whether the sink takes more records now (the backpressure bound).
+    /// Closed epochs of completed checkpoints not yet handed to the
+    /// committer thread (held back while its commits in flight are at the
+    /// bound), counted up to `limit`.
+    fn held_back(&self, limit: usize) -> usize {
+        self.closed
+            .iter()
+            .take(limit)
+            .take_while(|c| c.tag <= self.commit_through)
+            .count()
+    }
+
+    /// Whether the sink takes more records now (the backpressure bound):
+    /// room for appends, and room for commits: a request may go to the
+    /// committer thread, or the one held back is not full yet (the input
+    /// goes on, and the checkpoints completing meanwhile join it).
     fn can_take_more(&self) -> bool {
         self.appends_in_flight < APPENDS_IN_FLIGHT
             && self.buffered() < APPENDS_IN_FLIGHT * self.buffer_bytes
             && self.log.in_flight() < LOG_QUEUE / 2
-            && self.commits_in_flight < QUEUED_COMMITS
+            && (self.commits_in_flight < G::COMMITS_IN_FLIGHT
+                || self.held_back(G::MAX_EPOCHS_PER_COMMIT) < G::MAX_EPOCHS_PER_COMMIT)
     }
 
     /// Closes the open epoch at barrier `n` (`checkpoint`: `Some(n)`, or
@@ -471,10 +495,11 @@ impl<G: EpochTarget> Running<G> {
     }
 
     /// Submits the commit of every closed epoch up to `commit_through`, as
-    /// one request, unless [`QUEUED_COMMITS`] are in flight (then `ready`
-    /// or `wait_idle` submits it later, merged with any later one).
+    /// one request, unless [`EpochTarget::COMMITS_IN_FLIGHT`] are in flight
+    /// (then `ready` or `wait_idle` submits it later, merged with any later
+    /// one).
     fn submit_commits(&mut self) -> Result<(), BoxError> {
-        if self.commits_in_flight >= QUEUED_COMMITS || !self.commit_pending() {
+        if self.commits_in_flight >= G::COMMITS_IN_FLIGHT || !self.commit_pending() {
             return Ok(());
         }
         let k = self.closed.iter().take_while(|c| c.tag <= self.commit_through).count();
@@ -500,8 +525,14 @@ impl<G: EpochTarget> Running<G> {
         while let Some(reply) = self.committer.try_reply()? {
             match reply {
                 CommitReply::Started => self.start_ticket = None,
-                CommitReply::Committed { n, epochs, visible_ns } => {
+                CommitReply::Committed {
+                    n,
+                    epochs,
+                    visible_ns,
+                    publishes,
+                } => {
                     self.commits_in_flight -= 1;
+                    self.publishes = self.publishes.max(publishes);
                     self.committed_epoch = self.committed_epoch.max(n);
                     self.recycle(epochs, visible_ns);
                 }
@@ -647,6 +678,15 @@ where
         self.run.as_ref().map_or(0, |r| r.committed_epoch)
     }
 
+    /// Publishes of committed output this sink instance made, as its
+    /// committer thread last reported (a restore's included): one per chunk of a
+    /// commit, so fewer than the checkpoints committed when completed
+    /// checkpoints were held back and published together (for Kafka: the
+    /// transactions). [`WalSink::wait_idle`] brings it up to date.
+    pub fn publishes(&self) -> u64 {
+        self.run.as_ref().map_or(0, |r| r.publishes)
+    }
+
     /// Encoded bytes handed to the sink and not yet written to the log by
     /// its thread (being filled, or in appends in flight). The sink says it
     /// is not ready beyond [`APPENDS_IN_FLIGHT`] buffers, so this stays
@@ -725,7 +765,7 @@ where
         let committer = IoThread::spawn(
             &format!("weir-wal-commit-{:03}", self.subtask),
             handler,
-            QUEUED_COMMITS + 1,
+            G::COMMITS_IN_FLIGHT + 1,
         )
         .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
         let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
@@ -745,6 +785,7 @@ where
             start_ticket: None,
             commit_through: 0,
             commits_in_flight: 0,
+            publishes: 0,
             committed_epoch,
             finishing: false,
             waker_set: false,

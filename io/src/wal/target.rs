@@ -46,6 +46,29 @@ use crate::Result;
 /// for the order of calls. Runs on the sink's committer thread (and on
 /// the thread that restores the sink), never on a worker: it may block.
 pub trait EpochTarget: Send + 'static {
+    /// Commit requests in flight on the committer thread at once (default
+    /// [`super::QUEUED_COMMITS`]). Checkpoints that complete while this
+    /// many are in flight are held back and merged into the next request,
+    /// which the target publishes with one [`EpochTarget::publish`] per
+    /// chunk ([`EpochTarget::MAX_EPOCHS_PER_COMMIT`],
+    /// [`EpochTarget::MAX_BYTES_PER_COMMIT`]). A target whose publish has
+    /// a high fixed cost (a Kafka transaction) sets 1, so that every
+    /// checkpoint completed during a publish goes into the next one.
+    const COMMITS_IN_FLIGHT: usize = super::QUEUED_COMMITS;
+
+    /// Epochs published together at most (default
+    /// [`super::MAX_EPOCHS_PER_COMMIT`]). A commit of more epochs is
+    /// published in several chunks, each recording the last epoch it
+    /// holds; the sink also stops taking input once this many completed
+    /// epochs are held back behind [`EpochTarget::COMMITS_IN_FLIGHT`].
+    const MAX_EPOCHS_PER_COMMIT: usize = super::MAX_EPOCHS_PER_COMMIT;
+
+    /// Output bytes published together at most, checked after each epoch
+    /// (default unbounded: a file per epoch costs the same however they
+    /// are grouped). An epoch is never split, so a chunk holds at least
+    /// one epoch whatever its size.
+    const MAX_BYTES_PER_COMMIT: u64 = u64::MAX;
+
     /// The kind of sink, for errors (`"wal"` for files).
     fn kind(&self) -> &'static str;
 
@@ -267,6 +290,176 @@ mod tests {
         fn visible_ns(&self) -> u64 {
             1
         }
+    }
+
+    /// What a [`SlowTarget`] did per publish: the record, and its epochs.
+    type PublishLog = Arc<Mutex<Vec<(Committed, Vec<u64>)>>>;
+
+    /// A [`MemTarget`] whose publish takes 30 ms, with one commit in flight
+    /// and at most `EPOCHS` epochs and `BYTES` bytes per publish: a
+    /// transactional target with a costly commit, as Kafka's.
+    struct SlowTarget<const EPOCHS: usize, const BYTES: u64> {
+        inner: MemTarget,
+        log: PublishLog,
+    }
+
+    impl<const EPOCHS: usize, const BYTES: u64> EpochTarget for SlowTarget<EPOCHS, BYTES> {
+        const COMMITS_IN_FLIGHT: usize = 1;
+        const MAX_EPOCHS_PER_COMMIT: usize = EPOCHS;
+        const MAX_BYTES_PER_COMMIT: u64 = BYTES;
+        fn kind(&self) -> &'static str {
+            "slow"
+        }
+        fn describe(&self) -> String {
+            "slow memory".into()
+        }
+        fn open(&mut self) -> Result<Option<Committed>> {
+            self.inner.open()
+        }
+        fn begin(&mut self, epoch: u64) -> Result<()> {
+            self.inner.begin(epoch)
+        }
+        fn write(&mut self, payloads: &[u8]) -> Result<()> {
+            self.inner.write(payloads)
+        }
+        fn end(&mut self) -> Result<()> {
+            Ok(())
+        }
+        fn publish(&mut self, committed: Committed) -> Result<Vec<u64>> {
+            std::thread::sleep(std::time::Duration::from_millis(30));
+            let epochs = self.inner.publish(committed)?;
+            self.log.lock().unwrap().push((committed, epochs.clone()));
+            Ok(epochs)
+        }
+        fn visible_ns(&self) -> u64 {
+            1
+        }
+    }
+
+    type SlowSink<const EPOCHS: usize, const BYTES: u64> =
+        WalSink<u8, fn(&u8, &mut Vec<u8>), fn(&u8) -> u64, SlowTarget<EPOCHS, BYTES>>;
+
+    fn slow_sink<const EPOCHS: usize, const BYTES: u64>(
+        cfg: &WalSinkConfig,
+        shared: &Arc<Mutex<Published>>,
+        log: &PublishLog,
+    ) -> SlowSink<EPOCHS, BYTES> {
+        let (shared, log) = (shared.clone(), log.clone());
+        let make = move || SlowTarget {
+            inner: MemTarget {
+                shared: shared.clone(),
+                pending: Vec::new(),
+            },
+            log: log.clone(),
+        };
+        WalSink::with_target(cfg.clone(), 0, Box::new(make), encode as fn(&u8, &mut Vec<u8>), |_| 0)
+    }
+
+    /// Checks what a slow target published: every epoch `1..=n` once with
+    /// its bytes `[epoch]`, in chunks of at most `max` epochs and whose
+    /// records name the chunk's last epoch (the last chunk: `n`), growing.
+    fn check_published(shared: &Arc<Mutex<Published>>, log: &PublishLog, n: u64, max: usize) {
+        let p = shared.lock().unwrap();
+        let want: Vec<(u64, Vec<u8>)> = (1..=n).map(|e| (e, vec![e as u8])).collect();
+        assert_eq!(p.epochs, want);
+        assert_eq!(p.committed.unwrap().epoch, n);
+        let log = log.lock().unwrap();
+        let mut last = 0;
+        for (i, (c, epochs)) in log.iter().enumerate() {
+            assert!(!epochs.is_empty() && epochs.len() <= max, "{log:?}");
+            assert!(c.epoch > last, "records grow: {log:?}");
+            if i + 1 < log.len() {
+                assert_eq!(c.epoch, *epochs.last().unwrap(), "{log:?}");
+            }
+            last = c.epoch;
+        }
+    }
+
+    /// A small-segment log in `dir` keeping `memory_bytes` in memory, and
+    /// an empty memory target with its publish log.
+    fn slow_setup(dir: &std::path::Path, memory_bytes: usize) -> (WalSinkConfig, Arc<Mutex<Published>>, PublishLog) {
+        let cfg = WalSinkConfig {
+            segment_bytes: 4096,
+            buffer_bytes: 64,
+            memory_bytes,
+            ..WalSinkConfig::new(dir.join("wal"), dir.join("unused"))
+        };
+        (cfg, Arc::default(), PublishLog::default())
+    }
+
+    #[test]
+    fn checkpoints_completed_during_a_slow_publish_are_published_together() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cfg, shared, log) = slow_setup(dir.path(), 64 << 20);
+        let mut h = Harness::new(0, 1);
+        let mut s = slow_sink::<4, { u64::MAX }>(&cfg, &shared, &log);
+        // 20 checkpoints complete far faster than a publish (30 ms): the
+        // first is published alone, the ones after it are held back and
+        // published together, at most 4 at a time.
+        let mut ready_while_publishing = 0;
+        for n in 1..=20u64 {
+            h.write_sink(&mut s, &mut vec![n as u8]).unwrap();
+            let _ = s.pre_commit(n).unwrap();
+            s.commit(n).unwrap();
+            if n == 3 {
+                // One commit in flight, one held back: the input goes on.
+                ready_while_publishing += usize::from(h.ready_sink(&mut s).unwrap());
+            }
+        }
+        // Far more than 4 held back behind the publish: backpressure.
+        assert!(!h.ready_sink(&mut s).unwrap() || s.publishes() > 0);
+        s.wait_idle().unwrap();
+        assert_eq!(ready_while_publishing, 1);
+        let publishes = s.publishes();
+        assert_eq!(publishes, log.lock().unwrap().len() as u64);
+        // Commit 1 alone (submitted at once), the 19 others in chunks of at
+        // most 4: at least 6 publishes; fewer than 20 as long as any two
+        // checkpoints completed within one 30 ms publish.
+        assert!(
+            (6..20).contains(&publishes),
+            "{publishes} publishes: {:?}",
+            log.lock().unwrap()
+        );
+        check_published(&shared, &log, 20, 4);
+        assert_eq!(s.committed_epoch(), 20);
+    }
+
+    #[test]
+    fn a_commit_over_the_byte_bound_is_published_in_chunks_and_restores_from_any() {
+        let dir = tempfile::tempdir().unwrap();
+        // Epochs read back from the log, verified, also in chunks.
+        let (cfg, shared, log) = slow_setup(dir.path(), 0);
+        let mut h = Harness::new(0, 1);
+        // Two bytes a chunk: two epochs of one byte each.
+        let mut s = slow_sink::<64, 2>(&cfg, &shared, &log);
+        let mut states = Vec::new();
+        for n in 1..=9u64 {
+            h.write_sink(&mut s, &mut vec![n as u8]).unwrap();
+            states.push(s.pre_commit(n).unwrap());
+        }
+        // The crash before any commit; the restore of checkpoint 9 publishes
+        // its 9 epochs in chunks of 2 (the last alone), each recorded.
+        drop(s);
+        let mut s = slow_sink::<64, 2>(&cfg, &shared, &log);
+        s.restore(9, &states[8]).unwrap();
+        assert_eq!(log.lock().unwrap().len(), 5);
+        check_published(&shared, &log, 9, 2);
+        // A crash after the second chunk: the record says epoch 4, and a
+        // restore publishes 5 to 9 once.
+        {
+            let mut p = shared.lock().unwrap();
+            let c = log.lock().unwrap()[1].0;
+            assert_eq!(c.epoch, 4);
+            p.committed = Some(c);
+            p.epochs.retain(|(e, _)| *e <= 4);
+        }
+        log.lock().unwrap().clear();
+        drop(s);
+        let mut s = slow_sink::<64, 2>(&cfg, &shared, &log);
+        s.restore(9, &states[8]).unwrap();
+        assert_eq!(s.last_recovery().unwrap().recommitted_epochs, vec![5, 6, 7, 8, 9]);
+        check_published(&shared, &log, 9, 2);
+        h.finish_sink(&mut s).unwrap();
     }
 
     fn encode(r: &u8, out: &mut Vec<u8>) {
