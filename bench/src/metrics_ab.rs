@@ -113,8 +113,11 @@ pub struct AbReport {
     pub warmup_s: f64,
     /// Scrapes per second in on segments (each: `/metrics` and `/api/job`).
     pub scrape_per_s: f64,
-    /// Pairs measured.
+    /// Pairs measured (with a ratio).
     pub pairs: usize,
+    /// Pairs left out because a segment of theirs saw no record emitted
+    /// (the process stopped or starved for the whole segment).
+    pub pairs_dropped: usize,
     /// Mean over pairs of (on throughput / off throughput).
     pub ratio_mean: f64,
     /// 95% confidence interval of that mean (Student's t).
@@ -370,10 +373,17 @@ pub fn report(
     plan: &AbPlan,
     segments: Vec<Segment>,
 ) -> AbReport {
+    // A pair with a segment in which the sources emitted nothing (the
+    // process stopped, SIGSTOP, or starved) has no ratio: left out, counted.
     let mut ratios = Vec::new();
+    let mut pairs_dropped = 0;
     for pair in segments.chunks(2) {
         if let [a, b] = pair {
             let (on, off) = if a.on { (a, b) } else { (b, a) };
+            if on.events == 0 || off.events == 0 {
+                pairs_dropped += 1;
+                continue;
+            }
             ratios.push(on.rate() / off.rate());
         }
     }
@@ -422,6 +432,7 @@ pub fn report(
         warmup_s: plan.warmup.as_secs_f64(),
         scrape_per_s: plan.scrape_per_s,
         pairs: n,
+        pairs_dropped,
         ratio_mean: mean,
         ratio_ci95: [mean - half, mean + half],
         ratio_sd: sd,
@@ -455,9 +466,9 @@ pub fn text(r: &AbReport) -> String {
         r.pipeline, r.parallelism, r.workers, r.keys, r.mode
     );
     t += &format!(
-        "  {} ABBA pairs of segments of {:.0} ms ±25% ({:.1} s on, {:.1} s off, after {:.1} s warm-up); \
-         on: sampler 1/s + {} scrapes/s of /metrics and /api/job over TCP\n",
-        r.pairs, r.segment_ms, r.on_s, r.off_s, r.warmup_s, r.scrape_per_s
+        "  {} ABBA pairs ({} left out: no record in a segment) of segments of {:.0} ms ±25% ({:.1} s on, {:.1} s off, \
+         after {:.1} s warm-up); on: sampler 1/s + {} scrapes/s of /metrics and /api/job over TCP\n",
+        r.pairs, r.pairs_dropped, r.segment_ms, r.on_s, r.off_s, r.warmup_s, r.scrape_per_s
     );
     t += &format!(
         "  throughput: on {:.2} M/s, off {:.2} M/s (all segments)\n",
@@ -626,9 +637,12 @@ mod tests {
             seg(2, true, 500, 1),
             seg(3, true, 3000, 3),
             seg(3, false, 3000, 3),
+            // Stopped for a whole segment: no ratio.
+            seg(4, false, 0, 3),
+            seg(4, true, 3000, 3),
         ];
         let r = report(Kind::Keyed, Mode::None, 2, 2, 10, &plan(2), segments);
-        assert_eq!(r.pairs, 4);
+        assert_eq!((r.pairs, r.pairs_dropped), (4, 1));
         assert!((r.ratio_mean - 1.0).abs() < 1e-12, "{}", r.ratio_mean);
         assert!((r.ratio_median - 1.0).abs() < 1e-12);
         let sd = (2.0f64 * 0.01 * 0.01 / 3.0).sqrt();
@@ -637,11 +651,11 @@ mod tests {
         let half = r.ratio_ci95[1] - r.ratio_mean;
         assert!((half - 3.182 * sd / 2.0).abs() < 0.02 * half, "{half}");
         assert!((r.ratio_mean - r.ratio_ci95[0] - half).abs() < 1e-12);
-        assert_eq!((r.on_s, r.off_s), (0.007, 0.007));
-        assert_eq!(r.samples_on_off, [4, 0]);
-        assert_eq!(r.requests_on_off, [8, 0]);
+        assert_eq!((r.on_s, r.off_s), (0.010, 0.010));
+        assert_eq!(r.samples_on_off, [5, 0]);
+        assert_eq!(r.requests_on_off, [10, 0]);
         assert!(r.off_was_idle);
-        assert!((r.endpoint_cpu_s - 0.004).abs() < 1e-12);
+        assert!((r.endpoint_cpu_s - 0.005).abs() < 1e-12);
         // The geometric mean: exp of the mean of the logarithms.
         let gm = ((0.99f64.ln() + 1.01f64.ln()) / 4.0).exp();
         assert!((r.ratio_geomean - gm).abs() < 1e-12, "{}", r.ratio_geomean);
