@@ -107,6 +107,29 @@ pub struct BenchArgs {
     /// network). Paths: / (live page), /metrics, /api/job.
     #[arg(long, value_parser = crate::metrics_arg::parse)]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Measure what the metrics endpoint costs within one run: one
+    /// unbounded closed-loop job, its endpoint served (on --metrics-addr,
+    /// default any free loopback port), alternating short segments with the
+    /// endpoint on (sampler running, scraped over TCP) and off (nothing of
+    /// it running), in ABBA pairs; prints the on/off throughput ratio with a
+    /// 95% confidence interval (docs/benchmarks.md).
+    #[arg(long)]
+    pub metrics_ab: bool,
+    /// --metrics-ab: measured time, seconds (after the warm-up).
+    #[arg(long, default_value_t = 300.0)]
+    pub ab_seconds: f64,
+    /// --metrics-ab: mean segment length, milliseconds (each pair's is
+    /// jittered ±25%).
+    #[arg(long, default_value_t = 400)]
+    pub ab_segment_ms: u64,
+    /// --metrics-ab: warm-up before the first segment, milliseconds.
+    #[arg(long, default_value_t = 3000)]
+    pub ab_warmup_ms: u64,
+    /// --metrics-ab: scrapes per second in on segments, each fetching
+    /// /metrics and /api/job (1: a dashboard or a Prometheus scraping every
+    /// second; 0: the sampler alone).
+    #[arg(long, default_value_t = 1.0)]
+    pub scrape_per_s: f64,
 }
 
 /// Where `weir bench` reads its records.
@@ -199,6 +222,21 @@ pub enum CliError {
 
 /// Runs `weir bench`.
 pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
+    if args.metrics_ab {
+        let plan = crate::metrics_ab::AbPlan {
+            seconds: args.ab_seconds,
+            segment: Duration::from_millis(args.ab_segment_ms),
+            warmup: Duration::from_millis(args.ab_warmup_ms),
+            scrape_per_s: args.scrape_per_s,
+            seed: args.seed,
+        };
+        let report = crate::metrics_ab::run(args, &plan)?;
+        print!("{}", crate::metrics_ab::text(&report));
+        if let Some(path) = &args.json {
+            append_json(path, &report)?;
+        }
+        return Ok(Vec::new());
+    }
     match (args.source, args.sink) {
         (SourceKind::Kafka, SinkKind::Kafka) => return crate::kafka_bench::run(args).map(|_| Vec::new()),
         (SourceKind::Kafka, _) | (_, SinkKind::Kafka) => {
@@ -251,22 +289,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             Some(d) => (d.clone(), false),
             None => (temp_checkpoint_dir(), true),
         };
-        // One worker per core used: `--parallelism 1,2` compares one core
-        // with two (more workers than tasks would idle).
-        let mut config = runtime_config(
-            args.workers.unwrap_or(parallelism.clamp(1, cores)),
-            args.ring_capacity,
-            args.batch_size,
-            args.mode,
-            args.checkpoint_interval_ms,
-            &dir,
-        );
-        if let Some(c) = config.checkpointing.as_mut() {
-            c.max_concurrent = args.max_concurrent_checkpoints;
-        }
-        if let Some(d) = &args.state_dir {
-            config.state_dir = Some(d.clone());
-        }
+        let mut config = config_for(args, parallelism, &dir);
         // Stateless, closed loop: the copy bandwidth of this moment, to
         // read the job's bytes/s against (measured before the job, on as
         // many threads as it has workers).
@@ -335,6 +358,29 @@ pub struct RunOutput {
     pub visible_latency_ns: hdrhistogram::Histogram<u64>,
     /// What the platform probe measured during the run (`None`: it was off).
     pub platform: Option<PlatformResult>,
+}
+
+/// The runtime configuration of a `weir bench` run of `parallelism`,
+/// checkpointing (if at all) into `dir`.
+pub fn config_for(args: &BenchArgs, parallelism: usize, dir: &std::path::Path) -> RuntimeConfig {
+    // One worker per core used: `--parallelism 1,2` compares one core
+    // with two (more workers than tasks would idle).
+    let cores = weir_core::available_cores();
+    let mut config = runtime_config(
+        args.workers.unwrap_or(parallelism.clamp(1, cores)),
+        args.ring_capacity,
+        args.batch_size,
+        args.mode,
+        args.checkpoint_interval_ms,
+        dir,
+    );
+    if let Some(c) = config.checkpointing.as_mut() {
+        c.max_concurrent = args.max_concurrent_checkpoints;
+    }
+    if let Some(d) = &args.state_dir {
+        config.state_dir = Some(d.clone());
+    }
+    config
 }
 
 /// The runtime configuration of a benchmark run.
@@ -508,7 +554,7 @@ pub fn watch(job: &JobHandle, events: u64) {
     }
 }
 
-fn append_json(path: &std::path::Path, result: &BenchResult) -> Result<(), CliError> {
+fn append_json(path: &std::path::Path, result: &impl serde::Serialize) -> Result<(), CliError> {
     let io = |source| CliError::Io {
         path: path.display().to_string(),
         source,

@@ -7,6 +7,7 @@ mod copy_probe;
 mod disk_probe;
 mod event;
 mod kafka_bench;
+mod metrics_ab;
 mod metrics_arg;
 mod nexmark;
 mod pipelines;

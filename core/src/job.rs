@@ -153,6 +153,38 @@ impl JobHandle {
         self.shared.metrics()
     }
 
+    /// Records the sources have emitted so far, summed over their
+    /// subtasks: one relaxed load per source task and no allocation, cheap
+    /// enough to poll often (unlike [`JobHandle::metrics`], which copies the
+    /// latency histograms).
+    pub fn records_emitted(&self) -> u64 {
+        self.shared
+            .registry
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .records_emitted()
+    }
+
+    /// What the metrics endpoint has done so far (its threads' CPU time,
+    /// samples, requests), if it is on ([`RuntimeConfig::metrics_addr`]).
+    pub fn metrics_endpoint_stats(&self) -> Option<crate::EndpointStats> {
+        self.observer.as_ref().map(|o| o.stats())
+    }
+
+    /// Pauses (`true`) or resumes (`false`) the metrics endpoint's sampler,
+    /// the thread that reads the job's counters once a second for the
+    /// rates and history; returns once a sample in progress has ended.
+    /// Paused, the sampler does not wake at all; the server still answers
+    /// requests, with rates as of the last sample. This exists so that
+    /// `weir bench --metrics-ab` can measure what the endpoint costs by
+    /// turning it off and on within one run; a program serving metrics has
+    /// no reason to call it. Without an endpoint it does nothing.
+    pub fn pause_metrics_sampler(&self, paused: bool) {
+        if let Some(o) = &self.observer {
+            o.pause_sampler(paused);
+        }
+    }
+
     /// The address of the metrics endpoint
     /// ([`RuntimeConfig::metrics_addr`], with the port the system chose for
     /// port 0), if it is on. It keeps answering after the job ends, until

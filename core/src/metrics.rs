@@ -178,6 +178,15 @@ impl MetricsRegistry {
         }
     }
 
+    /// Records emitted by the source tasks (those without input rings).
+    pub(crate) fn records_emitted(&self) -> u64 {
+        self.tasks
+            .iter()
+            .filter(|t| t.input_capacity == 0)
+            .map(|t| t.records_in.load(Ordering::Relaxed))
+            .sum()
+    }
+
     pub(crate) fn snapshot(&self) -> JobMetrics {
         let latency_ns = self.latency.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let visible_latency_ns = self.visible.lock().unwrap_or_else(|p| p.into_inner()).clone();

@@ -12,17 +12,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-/// CPU time consumed by the calling thread so far, in nanoseconds.
-pub(crate) fn thread_cpu_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // SAFETY: `ts` is a valid, writable timespec for the whole call, and
-    // CLOCK_THREAD_CPUTIME_ID is a clock every Linux since 2.6.12 has.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    if rc != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub(crate) use crate::clock::thread_cpu_ns;
 
 /// A shared total of CPU time spent by the threads that [`CpuMeter::track`]
 /// their work.

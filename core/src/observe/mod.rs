@@ -15,20 +15,25 @@
 //! The endpoint lives as long as the [`crate::JobHandle`]: after the job
 //! ends it still answers (with the final figures) until the handle is
 //! joined or dropped.
+//!
+//! The sampler can be paused ([`crate::JobHandle::pause_metrics_sampler`])
+//! so that `weir bench --metrics-ab` can measure what the endpoint costs by
+//! turning it off and on within one run: paused, it does not wake at all
+//! ([`crate::periodic`]).
 
 pub(crate) mod cpu;
 pub(crate) mod http;
 pub(crate) mod registry;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::metrics::JobMetrics;
+use crate::periodic::Periodic;
 use cpu::CpuMeter;
 use http::{Handler, Response, Server};
 use registry::Registry;
@@ -43,12 +48,26 @@ const PAGE: &str = include_str!("page.html");
 /// Reads the job's metrics and whether it has ended.
 pub(crate) type ReadJob = Arc<dyn Fn() -> (JobMetrics, bool) + Send + Sync>;
 
+/// What the endpoint has done so far ([`crate::JobHandle::metrics_endpoint_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EndpointStats {
+    /// CPU time its threads (sampler, accept, handlers) spent.
+    pub cpu: Duration,
+    /// Samples the sampler has taken (one a second while not paused).
+    pub samples: u64,
+    /// Requests for a path (`/`, `/metrics`, `/api/job`, or an unknown
+    /// one), counted when the request head has been read, before the
+    /// answer is written.
+    pub requests: u64,
+}
+
 /// A running endpoint; dropping it stops its threads.
 pub(crate) struct Observer {
     server: Option<Server>,
-    stop: Arc<AtomicBool>,
-    sampler: Option<JoinHandle<()>>,
+    sampler: Option<Periodic>,
     cpu: CpuMeter,
+    samples: Arc<AtomicU64>,
+    requests: Arc<AtomicU64>,
 }
 
 impl Observer {
@@ -56,38 +75,56 @@ impl Observer {
     pub(crate) fn start(addr: SocketAddr, graph: GraphInfo, read: ReadJob) -> Result<Observer> {
         let registry = Arc::new(Mutex::new(Registry::new(graph, clock::now_ns())));
         let cpu = CpuMeter::default();
+        let requests = Arc::new(AtomicU64::new(0));
         let handler: Handler = {
             let registry = Arc::clone(&registry);
             let read = Arc::clone(&read);
             let cpu = cpu.clone();
-            Arc::new(move |path: &str| route(path, &registry, &read, &cpu))
+            let requests = Arc::clone(&requests);
+            Arc::new(move |path: &str| {
+                requests.fetch_add(1, Ordering::Relaxed);
+                route(path, &registry, &read, &cpu)
+            })
         };
         let server = Server::start(addr, handler, cpu.clone()).map_err(|source| Error::Metrics { addr, source })?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&stop);
-        let meter = cpu.clone();
-        let sampler = thread::Builder::new()
-            .name("weir-metrics-sampler".into())
-            .spawn(move || {
-                while !s.load(Ordering::Acquire) {
-                    meter.track(|| {
-                        let (m, _) = read();
-                        lock(&registry).sample(&m, clock::now_ns());
-                    });
-                    thread::park_timeout(SAMPLE_PERIOD);
-                }
-            })
-            .map_err(|source| Error::SpawnHelper {
-                what: "metrics sampler",
-                source,
-            })?;
+        let samples = Arc::new(AtomicU64::new(0));
+        let (meter, count) = (cpu.clone(), Arc::clone(&samples));
+        let sampler = Periodic::spawn("weir-metrics-sampler", SAMPLE_PERIOD, false, move || {
+            count.fetch_add(1, Ordering::Relaxed);
+            meter.track(|| {
+                let (m, _) = read();
+                lock(&registry).sample(&m, clock::now_ns());
+            });
+        })
+        .map_err(|source| Error::SpawnHelper {
+            what: "metrics sampler",
+            source,
+        })?;
         tracing::info!(addr = %server.addr(), "serving metrics");
         Ok(Observer {
             server: Some(server),
-            stop,
             sampler: Some(sampler),
             cpu,
+            samples,
+            requests,
         })
+    }
+
+    /// Pauses or resumes the sampler; returns once a sample in progress
+    /// has ended.
+    pub(crate) fn pause_sampler(&self, paused: bool) {
+        if let Some(s) = &self.sampler {
+            s.pause(paused);
+        }
+    }
+
+    /// What the endpoint has done so far.
+    pub(crate) fn stats(&self) -> EndpointStats {
+        EndpointStats {
+            cpu: self.cpu(),
+            samples: self.samples.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+        }
     }
 
     /// CPU time the endpoint's threads (sampler, accept, handlers) spent
@@ -104,11 +141,8 @@ impl Observer {
 
 impl Drop for Observer {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.sampler.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
+        // The sampler first: it ends (joined) before the server goes.
+        drop(self.sampler.take());
         drop(self.server.take());
     }
 }
