@@ -419,6 +419,11 @@ proptest! {
         let mut many = Store::create(o("many")).unwrap();
         let mut single = Store::create(o("single")).unwrap();
         let mut records = Store::create(o("records")).unwrap();
+        // Both paths of `update_records`: one pass (a small store) and
+        // prefetching groups (forced from the first entry).
+        let mut grouped = Store::create(o("grouped")).unwrap();
+        grouped.set_prefetch_from(0);
+        records.set_prefetch_from(usize::MAX);
         for (n, keys) in batches.iter().enumerate() {
             let mut visited = Vec::new();
             many.update_many(keys, |k, v| {
@@ -427,16 +432,19 @@ proptest! {
                 v[1] = v[1] * 31 + n as u64;
             });
             prop_assert_eq!(&visited, keys);
-            // The same through `update_records`: records carry their keys.
-            let mut batch: Vec<(u64, u64)> = keys.iter().map(|&k| (k, n as u64)).collect();
-            let mut seen = Vec::new();
-            records.update_records(&mut batch, |r| r.0, |k, v, r| {
-                seen.push((*k, r));
-                v[0] += 1;
-                v[1] = v[1] * 31 + r.1;
-            });
-            prop_assert!(batch.is_empty());
-            prop_assert_eq!(seen, keys.iter().map(|&k| (k, (k, n as u64))).collect::<Vec<_>>());
+            // The same through `update_records` (records carry their keys),
+            // on each of its paths.
+            for store in [&mut records, &mut grouped] {
+                let mut batch: Vec<(u64, u64)> = keys.iter().map(|&k| (k, n as u64)).collect();
+                let mut seen = Vec::new();
+                store.update_records(&mut batch, |r| r.0, |k, v, r| {
+                    seen.push((*k, r));
+                    v[0] += 1;
+                    v[1] = v[1] * 31 + r.1;
+                });
+                prop_assert!(batch.is_empty());
+                prop_assert_eq!(seen, keys.iter().map(|&k| (k, (k, n as u64))).collect::<Vec<_>>());
+            }
             for k in keys {
                 let v = single.get_or_default(k);
                 v[0] += 1;
@@ -446,10 +454,12 @@ proptest! {
                 let expected = single.remove(k);
                 prop_assert_eq!(many.remove(k), expected);
                 prop_assert_eq!(records.remove(k), expected);
+                prop_assert_eq!(grouped.remove(k), expected);
             }
         }
         prop_assert_eq!(contents(&many), contents(&single));
         prop_assert_eq!(contents(&records), contents(&single));
+        prop_assert_eq!(contents(&grouped), contents(&single));
     }
 }
 

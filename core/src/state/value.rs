@@ -58,6 +58,16 @@ fn home(h: u64, pages: usize, slots_per_page: usize) -> (usize, usize) {
 /// few enough that the prefetched lines are still in L1 when used.
 pub const UPDATE_AHEAD: usize = 16;
 
+/// The size of a store's entries from which [`ValueStore::update_records`]
+/// prefetches. Below it the slots a batch touches are mostly in the core's
+/// L2 cache (512 KiB on the benchmark machine's EPYC, 1-2 MiB on newer
+/// cores), whose latency the processor's out-of-order window overlaps by
+/// itself, so the two passes of a prefetching group (locate and store every
+/// key's home slot, then load it back) cost more instructions than the
+/// misses they hide. Above it the misses go to L3 or memory and the groups
+/// pay (issue 19, docs/benchmarks.md "Change 4").
+pub(crate) const PREFETCH_FROM_BYTES: usize = 512 << 10;
+
 enum Probe {
     Found(u64),
     Vacant(u64),
@@ -135,6 +145,9 @@ pub struct ValueStore<K, V> {
     /// Tables grown so far: a slot located before a growth may name a
     /// released page.
     grows: u64,
+    /// Entries from which `update_records` prefetches in groups
+    /// ([`PREFETCH_FROM_BYTES`] of slots).
+    prefetch_from: usize,
     _types: PhantomData<fn() -> (K, V)>,
 }
 
@@ -178,9 +191,17 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             slots_per_page: arena.layout.slots_per_page(),
             page_shift: arena.opts.page_size.trailing_zeros(),
             grows: 0,
+            prefetch_from: PREFETCH_FROM_BYTES / Self::SLOT_SIZE,
             arena,
             _types: PhantomData,
         }
+    }
+
+    /// Makes `update_records` prefetch from `entries` entries on (tests:
+    /// both of its paths on small stores).
+    #[cfg(test)]
+    pub(crate) fn set_prefetch_from(&mut self, entries: usize) {
+        self.prefetch_from = entries;
     }
 
     /// The table index of hash `h`.
@@ -404,8 +425,11 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// Calls `f` with each record of `records` (drained, in order), its
     /// key `key_of(&record)` and the key's value (inserted as
     /// `V::default()` if absent): [`ValueStore::update_many`] for a batch
-    /// of records, with no vector of keys. Each key is computed once and
-    /// kept on the stack between its prefetch and its update.
+    /// of records, with no vector of keys. Each key is computed and hashed
+    /// once. A store of more than 512 KiB of entries (beyond a core's L2
+    /// cache) takes the records in prefetching groups, each key kept on the
+    /// stack between its prefetch and its update; a smaller one is updated
+    /// in one pass.
     ///
     /// ```
     /// use weir_core::state::{StoreOptions, ValueStore};
@@ -428,17 +452,30 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         key_of: impl Fn(&T) -> K,
         mut f: impl FnMut(&K, &mut V, T),
     ) {
+        if self.len < self.prefetch_from {
+            // A cache-resident store: one pass, each key hashed, located
+            // and updated in turn (`PREFETCH_FROM_BYTES`).
+            for record in records.drain(..) {
+                let key = key_of(&record);
+                let p = self.get_or_insert_hashed(stable_hash(&key), &key);
+                // SAFETY: as in `get_or_default_hashed`.
+                f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
+            }
+            return;
+        }
         let mut drain = records.drain(..);
         // The keys of the group being applied, taken (not cloned) at the
         // update: `None` outside the group.
         let mut keys: [Option<K>; UPDATE_AHEAD] = [const { None }; UPDATE_AHEAD];
+        // Filled once per call, not per group: each group overwrites the
+        // entries it reads (an array set per group was a 384-byte memset).
+        let mut located = [Located::NONE; UPDATE_AHEAD];
         loop {
             let ahead = drain.as_slice();
             let n = ahead.len().min(UPDATE_AHEAD);
             if n == 0 {
                 break;
             }
-            let mut located = [Located::NONE; UPDATE_AHEAD];
             for ((at, key), record) in located.iter_mut().zip(keys.iter_mut()).zip(&ahead[..n]) {
                 let k = key_of(record);
                 *at = self.locate_key(&k);
