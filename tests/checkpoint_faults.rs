@@ -44,8 +44,11 @@ fn one_fault(point: &str, skip: u32, mode: CheckpointMode, inline_state_max: usi
     let job = Job {
         mode,
         failures: 0,
-        events: 30_000,
-        // Long enough (0.3 s at 5 ms intervals) for the fault to hit.
+        // Long enough for the fault to hit: 1 s at 5 ms intervals. The
+        // points need at most 9 checkpoints; 0.3 s was too short on a
+        // loaded 2-core machine, whose slow fsyncs stretch checkpoints
+        // (the job finished first in 3 of 5 runs there).
+        events: 100_000,
         rate: 100_000.0,
         ..BASE
     };

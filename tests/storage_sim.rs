@@ -450,19 +450,16 @@ fn simulate(sink: SinkKind) {
 }
 
 #[test]
-#[ignore = "open failures (issue 17, docs/checkpointing.md Status): two-phase seed 115 lost a transaction file and WAL seed 11 met a damaged record at a restore (with the three tests at once), WAL seed 339 lost a segment a checkpoint needs (one test at a time), WAL seed 39 once committed duplicates: model or weir, not yet known. Run: cargo test --release --test storage_sim -- --ignored"]
 fn wal_sink_on_a_simulated_disk() {
     simulate(SinkKind::Wal);
 }
 
 #[test]
-#[ignore = "open failures (issue 17, docs/checkpointing.md Status): two-phase seed 115 lost a transaction file and WAL seed 11 met a damaged record at a restore (with the three tests at once), WAL seed 339 lost a segment a checkpoint needs (one test at a time), WAL seed 39 once committed duplicates: model or weir, not yet known. Run: cargo test --release --test storage_sim -- --ignored"]
 fn two_phase_file_sink_on_a_simulated_disk() {
     simulate(SinkKind::TwoPhase);
 }
 
 #[test]
-#[ignore = "open failures (issue 17, docs/checkpointing.md Status): two-phase seed 115 lost a transaction file and WAL seed 11 met a damaged record at a restore (with the three tests at once), WAL seed 339 lost a segment a checkpoint needs (one test at a time), WAL seed 39 once committed duplicates: model or weir, not yet known. Run: cargo test --release --test storage_sim -- --ignored"]
 fn direct_sink_on_a_simulated_disk() {
     simulate(SinkKind::Direct);
 }
