@@ -60,6 +60,13 @@ pub trait Source<T>: Send + 'static {
     }
 
     /// Moves to a position returned earlier by [`Source::offset`].
+    ///
+    /// From the moment `seek` returns, [`Source::offset`] and
+    /// [`Source::checkpoint_offset`] must return that position until a poll
+    /// emits a record past it, even while the source is still connecting
+    /// or setting up on another thread: a checkpoint can be taken before
+    /// the first poll, and a restore from it must resume exactly here, not
+    /// from wherever a fresh source would start.
     fn seek(&mut self, _offset: &[u8]) -> Result<(), BoxError> {
         Err("this source cannot seek: it is not replayable".into())
     }

@@ -131,9 +131,13 @@ transaction.state.log.num.partitions=4
 share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
-# Small segments, little retained data: a test broker.
+# Small segments, little retained data: a test broker. Retention by size only
+# (256 MiB a partition): the tests write records stamped in 1970, which a time
+# limit deletes at the next retention check (every 5 minutes), so that a test
+# reading its topic later found it empty ("No offset to automatically reset to").
 log.segment.bytes=16777216
-log.retention.hours=24
+log.retention.ms=-1
+log.retention.bytes=268435456
 auto.create.topics.enable=false
 EOF
 }

@@ -384,7 +384,10 @@ pub struct KafkaSource<T, P> {
     state: State,
     /// This subtask's partitions, in order; empty until set up.
     parts: Vec<Part>,
-    /// Offsets from a restored checkpoint, until the setup takes them.
+    /// Offsets from a restored checkpoint, kept until the setup is done:
+    /// a checkpoint taken before then holds them again (nothing was read
+    /// since), never "not started", which would restart from the start
+    /// position and read twice what the restored state already counted.
     restored: Option<Vec<(i32, i64, Option<i64>)>>,
     /// The last watermark emitted, and whether the subtask is marked idle.
     emitted_wm: i64,
@@ -451,7 +454,7 @@ impl<T, P> KafkaSource<T, P> {
                     config: self.config.clone(),
                     subtask: self.subtask,
                     parallelism: self.parallelism,
-                    restored: self.restored.take(),
+                    restored: self.restored.clone(),
                 })?;
                 self.state = State::SettingUp(thread);
             }
@@ -464,6 +467,8 @@ impl<T, P> KafkaSource<T, P> {
             return Ok(false);
         };
         self.parts = setup.parts;
+        // From here the offsets are the parts' own.
+        self.restored = None;
         // A topic name has no NUL (the cluster listed it by this name).
         self.topic_c = CString::new(self.config.topic.as_str()).ok();
         // The setup thread is idle now: dropping it joins at once.
@@ -665,18 +670,26 @@ impl<T, P> KafkaSource<T, P> {
         }
     }
 
+    /// The offsets a checkpoint holds: the parts' own once set up; before
+    /// that, the restored ones if any (still exactly where reading starts),
+    /// else "not started" (a restore starts from the configured position).
     fn encode_offset(&self) -> Vec<u8> {
+        let parts: Vec<(i32, i64, Option<i64>)> = match &self.restored {
+            Some(restored) if !self.is_started() => restored.clone(),
+            _ => self.parts.iter().map(|q| (q.partition, q.next, q.end)).collect(),
+        };
+        let started = self.is_started() || self.restored.is_some();
         let topic = self.config.topic.as_bytes();
-        let mut out = Vec::with_capacity(8 + topic.len() + 20 * self.parts.len());
+        let mut out = Vec::with_capacity(8 + topic.len() + 20 * parts.len());
         out.push(OFFSET_VERSION);
-        out.push(u8::from(self.is_started()));
+        out.push(u8::from(started));
         out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
         out.extend_from_slice(topic);
-        out.extend_from_slice(&(self.parts.len() as u32).to_le_bytes());
-        for q in &self.parts {
-            out.extend_from_slice(&q.partition.to_le_bytes());
-            out.extend_from_slice(&q.next.to_le_bytes());
-            out.extend_from_slice(&q.end.unwrap_or(-1).to_le_bytes());
+        out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+        for (partition, next, end) in parts {
+            out.extend_from_slice(&partition.to_le_bytes());
+            out.extend_from_slice(&next.to_le_bytes());
+            out.extend_from_slice(&end.unwrap_or(-1).to_le_bytes());
         }
         out
     }
@@ -952,6 +965,40 @@ mod tests {
         assert!(e.contains("partition 1"), "{e}");
         assert!(source("t", 1, 2).seek_to(&off[..off.len() - 1]).is_err());
         assert!(source("t", 1, 2).seek_to(&[]).is_err());
+    }
+
+    /// A restore hands its offsets to the setup thread; a checkpoint taken
+    /// before the setup is done (the next one may come 10 ms later, the
+    /// setup takes longer) must hold them again. It once held "not
+    /// started", so a second failure restarted the subtask from its start
+    /// position and counted again what the restored state had counted.
+    #[test]
+    fn a_checkpoint_before_the_setup_is_done_holds_the_restored_offsets() {
+        let mut a = source("t", 1, 2);
+        a.parts = vec![Part::new(1, 10, Some(20)), Part::new(3, 5, None)];
+        let mut off = a.encode_offset();
+        off[1] = 1;
+        let config = KafkaSourceConfig::new("127.0.0.1:1", "t").setup_timeout(Duration::from_secs(60));
+        let mut b: Src = KafkaSource::new(config, 1, 2, parse as _);
+        b.seek_to(&off).unwrap();
+        assert_eq!(b.checkpoint_offset(7), off, "restored, not yet polled");
+        // The first poll starts the setup; no broker listens at port 1, so
+        // it is still at work for the rest of this test.
+        let mut h = weir_core::harness::Harness::new(1, 2);
+        let mut out = Vec::new();
+        assert_eq!(h.poll_source(&mut b, &mut out, 100).unwrap(), SourcePoll::Idle);
+        assert!(matches!(b.state, State::SettingUp(_)), "the setup is at work");
+        let during = b.checkpoint_offset(8);
+        assert_eq!(during, off, "restored, setting up");
+        let mut c = source("t", 1, 2);
+        c.seek_to(&during).unwrap();
+        assert_eq!(c.restored, Some(vec![(1, 10, Some(20)), (3, 5, None)]));
+        // Never restored, not started: a restore starts afresh.
+        let mut d = source("t", 1, 2);
+        let fresh = d.checkpoint_offset(1);
+        c = source("t", 1, 2);
+        c.seek_to(&fresh).unwrap();
+        assert_eq!(c.restored, None);
     }
 
     #[test]
