@@ -1018,48 +1018,88 @@ impl<T: Data> Task for InputTask<T> {
             let mut control = None;
             let mut consumed = 0;
             let mut out_of_time = false;
+            let mut failed = None;
             {
-                let chunk = inbox
+                let mut chunk = inbox
                     .ring
                     .read_chunk(n)
                     .expect("slots() promised n readable slots and only this consumer reads");
-                for message in chunk {
-                    consumed += 1;
-                    match message {
-                        Message::Data(record) => {
-                            self.batch.push(record);
-                            if self.batch.len() == SLICE {
-                                // Hand on a slice, then see whether the turn
-                                // has used its time: a slow chain must not
-                                // keep the worker's other tasks waiting.
-                                ctx.records_in += SLICE as u64;
-                                self.chain.collect(&mut self.batch, ctx)?;
-                                self.batch.clear();
-                                if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
-                                    out_of_time = true;
-                                    break;
+                // The chunk is read as its two slices, a run of records at a
+                // time: each message is moved out (an `End` left in its
+                // slot, which has nothing to drop) and the chunk's first
+                // `consumed` slots are committed at the end, so the loop
+                // per record is a tag check, a move and a push (issue 19:
+                // the chunk's iterator cost a branch and an index per item).
+                let (first, second) = chunk.as_mut_slices();
+                'parts: for part in [first, second] {
+                    let mut j = 0;
+                    while j < part.len() {
+                        // Records up to the end of the slice handed on.
+                        let end = part.len().min(j + (SLICE - self.batch.len()));
+                        let start = j;
+                        while j < end {
+                            if !matches!(part[j], Message::Data(_)) {
+                                break;
+                            }
+                            if let Message::Data(record) = std::mem::replace(&mut part[j], Message::End) {
+                                self.batch.push(record);
+                            }
+                            j += 1;
+                        }
+                        consumed += j - start;
+                        if self.batch.len() == SLICE {
+                            // Hand on a slice, then see whether the turn
+                            // has used its time: a slow chain must not
+                            // keep the worker's other tasks waiting.
+                            ctx.records_in += SLICE as u64;
+                            if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
+                                failed = Some(e);
+                                break 'parts;
+                            }
+                            self.batch.clear();
+                            if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
+                                out_of_time = true;
+                                break 'parts;
+                            }
+                            continue;
+                        }
+                        if j == part.len() {
+                            break;
+                        }
+                        let message = std::mem::replace(&mut part[j], Message::End);
+                        j += 1;
+                        consumed += 1;
+                        match message {
+                            Message::Watermark(wm) => {
+                                // In order with the data: hand on the records
+                                // before it, then the watermark, and read on.
+                                if !self.batch.is_empty() {
+                                    ctx.records_in += self.batch.len() as u64;
+                                    if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
+                                        failed = Some(e);
+                                        break 'parts;
+                                    }
+                                    self.batch.clear();
+                                }
+                                let update = self.watermarks.on_watermark(i, wm);
+                                if let Err(e) = forward_watermark(&mut *self.chain, update, ctx) {
+                                    failed = Some(e);
+                                    break 'parts;
                                 }
                             }
-                        }
-                        Message::Watermark(wm) => {
-                            // In order with the data: hand on the records
-                            // before it, then the watermark, and read on.
-                            if !self.batch.is_empty() {
-                                ctx.records_in += self.batch.len() as u64;
-                                self.chain.collect(&mut self.batch, ctx)?;
-                                self.batch.clear();
+                            other => {
+                                // Stop here: what follows the control message
+                                // stays in the ring (an aligned input may block).
+                                control = Some(other);
+                                break 'parts;
                             }
-                            let update = self.watermarks.on_watermark(i, wm);
-                            forward_watermark(&mut *self.chain, update, ctx)?;
-                        }
-                        other => {
-                            // Stop here: what follows the control message
-                            // stays in the ring (an aligned input may block).
-                            control = Some(other);
-                            break;
                         }
                     }
                 }
+                chunk.commit(consumed);
+            }
+            if let Some(e) = failed {
+                return Err(e);
             }
             inbox.scanned = inbox.scanned.saturating_sub(consumed);
             if let Some(w) = &inbox.wake {
