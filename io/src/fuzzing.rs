@@ -27,6 +27,9 @@ pub const DECODERS: &[Decoder] = &[
     FILE_LINES,
     FILE_OFFSET,
     NEXMARK_JSON,
+    KAFKA_OFFSET,
+    KAFKA_RECORDS,
+    KAFKA_MARKER,
 ];
 
 /// A WAL segment file: its header checked (as segment 1 of subtask 0),
@@ -103,6 +106,42 @@ pub const NEXMARK_JSON: Decoder = Decoder {
     decode: nexmark_json,
     fix_checksums: |_| {},
     max_alloc: |len| (64 << 10) + 8 * len,
+};
+
+/// A [`crate::KafkaSource`] offset (as a checkpoint stores it) sought to
+/// by a fresh subtask (0 of 1, topic `t`); a checkpoint taken right after
+/// (before any poll: no broker is contacted) must hold the same offsets,
+/// and read back the same again. Bound: 64 KiB + 8 x the input.
+pub const KAFKA_OFFSET: Decoder = Decoder {
+    name: "kafka_offset",
+    decode: kafka_offset,
+    fix_checksums: |_| {},
+    max_alloc: |len| (64 << 10) + 8 * len,
+};
+
+/// Kafka records framed for the exactly-once sink's log and buffers
+/// ([`crate::kafka::framing`]): split, and framed again to the same
+/// bytes. Bound: 4 KiB + 2 x the input.
+pub const KAFKA_RECORDS: Decoder = Decoder {
+    name: "kafka_records",
+    decode: kafka_records,
+    fix_checksums: |_| {},
+    max_alloc: |len| (4 << 10) + 2 * len,
+};
+
+/// The exactly-once Kafka sink's marker record value (`WKM2`, CRC-32):
+/// verified, and encoded again to the same bytes. Bound: 4 KiB (error
+/// messages only).
+pub const KAFKA_MARKER: Decoder = Decoder {
+    name: "kafka_marker",
+    decode: kafka_marker,
+    fix_checksums: |b| {
+        if b.len() == crate::kafka::target::MARKER_BYTES {
+            let crc = crc32fast::hash(&b[..28]);
+            b[28..].copy_from_slice(&crc.to_le_bytes());
+        }
+    },
+    max_alloc: |_| 4 << 10,
 };
 
 /// Segment number and subtask the segment decoder expects (the seeds'
@@ -292,6 +331,55 @@ fn file_offset(bytes: &[u8]) -> Result<(), String> {
     read_all(&mut src, 2, 32).map(|_| ()).map_err(|e| e.to_string())
 }
 
+type KafkaParse = fn(&[u8], &crate::KafkaRecordInfo<'_>) -> Result<u64, ParseError>;
+
+fn kafka_subtask() -> crate::KafkaSource<u64, KafkaParse> {
+    let parse: KafkaParse = |_, _| Ok(0);
+    crate::KafkaSource::new(crate::KafkaSourceConfig::new("127.0.0.1:1", "t"), 0, 1, parse)
+}
+
+fn kafka_offset(bytes: &[u8]) -> Result<(), String> {
+    use weir_core::Source;
+    let mut src = kafka_subtask();
+    src.seek(bytes).map_err(|e| e.to_string())?;
+    let again = src.checkpoint_offset(1);
+    if bytes[1] != 0 {
+        // Started: the same offsets (the flag written back as 1).
+        assert_eq!(
+            again[2..],
+            bytes[2..],
+            "a restored offset checkpointed before the first poll"
+        );
+    }
+    let mut back = kafka_subtask();
+    back.seek(&again)
+        .unwrap_or_else(|e| panic!("an offset the source wrote is refused: {e}"));
+    assert_eq!(
+        back.checkpoint_offset(2),
+        again,
+        "an offset read back and written again"
+    );
+    Ok(())
+}
+
+fn kafka_records(bytes: &[u8]) -> Result<(), String> {
+    use crate::kafka::framing::{encode, Records};
+    let mut again = Vec::with_capacity(bytes.len());
+    for r in Records::new(bytes) {
+        let (key, value) = r.map_err(|at| format!("a record runs past the end, from byte {at}"))?;
+        encode(key, value, &mut again);
+    }
+    assert_eq!(again, bytes, "records framed again");
+    Ok(())
+}
+
+fn kafka_marker(bytes: &[u8]) -> Result<(), String> {
+    use crate::kafka::target::{decode_marker, encode_marker};
+    let c = decode_marker(bytes).map_err(|(at, reason)| format!("byte {at}: {reason}"))?;
+    assert_eq!(encode_marker(c)[..], bytes[..], "a marker encoded again");
+    Ok(())
+}
+
 fn nexmark_json(bytes: &[u8]) -> Result<(), String> {
     // As `read_events_file` reads a file: no line after the last `\n`.
     let body = bytes.strip_suffix(b"\n").unwrap_or(bytes);
@@ -409,6 +497,29 @@ pub fn seeds(dir: &Path) -> Result<Vec<weir_core::fuzzing::Seed>, String> {
     for (i, (offset, _)) in offsets.iter().enumerate() {
         out.push(("file_offset", format!("poll-{i}"), offset.clone()));
     }
+    // Kafka: source offsets (restored, and never started), framed sink
+    // records, a marker.
+    let parts = [(0, 120, Some(500)), (1, 0, None), (2, 7, Some(7))];
+    out.push((
+        "kafka_offset",
+        "started-three-partitions".to_string(),
+        crate::kafka::source::encode_offsets("t", true, &parts),
+    ));
+    out.push((
+        "kafka_offset",
+        "not-started".to_string(),
+        crate::kafka::source::encode_offsets("t", false, &[]),
+    ));
+    let mut records = Vec::new();
+    for (key, value) in [(&b"k1"[..], &b"1,2,3"[..]), (b"", b"v"), (b"key", b"")] {
+        crate::kafka::framing::encode(key, value, &mut records);
+    }
+    out.push(("kafka_records", "three".to_string(), records));
+    let marker = crate::kafka::target::encode_marker(crate::wal::Committed {
+        epoch: 7,
+        pos: codec::WalPos { seg: 3, off: 4096 },
+    });
+    out.push(("kafka_marker", "epoch-7".to_string(), marker.to_vec()));
     // Nexmark: one event of each kind, and three lines together.
     let cfg = crate::nexmark::NexmarkConfig::default();
     let mut all = Vec::new();

@@ -678,20 +678,7 @@ impl<T, P> KafkaSource<T, P> {
             Some(restored) if !self.is_started() => restored.clone(),
             _ => self.parts.iter().map(|q| (q.partition, q.next, q.end)).collect(),
         };
-        let started = self.is_started() || self.restored.is_some();
-        let topic = self.config.topic.as_bytes();
-        let mut out = Vec::with_capacity(8 + topic.len() + 20 * parts.len());
-        out.push(OFFSET_VERSION);
-        out.push(u8::from(started));
-        out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
-        out.extend_from_slice(topic);
-        out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
-        for (partition, next, end) in parts {
-            out.extend_from_slice(&partition.to_le_bytes());
-            out.extend_from_slice(&next.to_le_bytes());
-            out.extend_from_slice(&end.unwrap_or(-1).to_le_bytes());
-        }
-        out
+        encode_offsets(&self.config.topic, self.is_started() || self.restored.is_some(), &parts)
     }
 
     fn seek_to(&mut self, offset: &[u8]) -> Result<()> {
@@ -721,18 +708,23 @@ impl<T, P> KafkaSource<T, P> {
             )));
         }
         let n = r.u32().ok_or_else(damaged)? as usize;
-        let mut parts = Vec::with_capacity(n.min(4096));
+        // 20 bytes a partition: a damaged count allocates no more than the
+        // offset's own size says.
+        let mut parts = Vec::with_capacity(n.min(r.0.len() / 20));
         for _ in 0..n {
             let p = r.i32().ok_or_else(damaged)?;
             let next = r.i64().ok_or_else(damaged)?;
             let end = r.i64().ok_or_else(damaged)?;
-            if !self.config.reads(p, self.subtask, self.parallelism) || next < 0 {
+            if p < 0 || !self.config.reads(p, self.subtask, self.parallelism) || next < 0 {
                 let (shards, shard) = self.config.shard;
                 return Err(bad(format!(
                     "partition {p} (next offset {next}) is not subtask {}'s of {} (shard {shard} of {shards}): \
                      restore with the same parallelism and shards",
                     self.subtask, self.parallelism
                 )));
+            }
+            if end < -1 {
+                return Err(damaged());
             }
             parts.push((p, next, (end >= 0).then_some(end)));
         }
@@ -742,6 +734,26 @@ impl<T, P> KafkaSource<T, P> {
         self.restored = started.then_some(parts);
         Ok(())
     }
+}
+
+/// A source's offsets as a checkpoint stores them: version, whether the
+/// source had started (else a restore resolves the start position again),
+/// the topic, then per partition its number, next offset and end (-1:
+/// unbounded), little-endian.
+pub(crate) fn encode_offsets(topic: &str, started: bool, parts: &[(i32, i64, Option<i64>)]) -> Vec<u8> {
+    let topic = topic.as_bytes();
+    let mut out = Vec::with_capacity(8 + topic.len() + 20 * parts.len());
+    out.push(OFFSET_VERSION);
+    out.push(u8::from(started));
+    out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+    out.extend_from_slice(topic);
+    out.extend_from_slice(&(parts.len() as u32).to_le_bytes());
+    for &(partition, next, end) in parts {
+        out.extend_from_slice(&partition.to_le_bytes());
+        out.extend_from_slice(&next.to_le_bytes());
+        out.extend_from_slice(&end.unwrap_or(-1).to_le_bytes());
+    }
+    out
 }
 
 /// Errors after which reading cannot go on correctly.

@@ -77,9 +77,15 @@ pub const MAX_CHECKPOINTS_PER_TRANSACTION: usize = 64;
 /// transaction timeout (60 s by default).
 pub const MAX_TRANSACTION_BYTES: u64 = 16 << 20;
 
-/// Marker record value: magic, then epoch, segment, offset (u64 LE).
-const MARKER_MAGIC: &[u8; 4] = b"WKM1";
-const MARKER_BYTES: usize = 4 + 24;
+/// Marker record value: magic, then epoch, segment, offset (u64 LE), then
+/// a CRC-32 of the 28 bytes before it (u32 LE): a marker decides what a
+/// restore publishes again, so it is verified like every byte weir reads
+/// back, whatever the broker and client checked on the way.
+const MARKER_MAGIC: &[u8; 4] = b"WKM2";
+/// The first format's magic (no checksum), refused with its own message.
+const MARKER_MAGIC_V1: &[u8; 4] = b"WKM1";
+/// Bytes of a marker record's value.
+pub const MARKER_BYTES: usize = 4 + 24 + 4;
 
 /// Encodes a marker record's value.
 pub(crate) fn encode_marker(c: Committed) -> [u8; MARKER_BYTES] {
@@ -88,16 +94,41 @@ pub(crate) fn encode_marker(c: Committed) -> [u8; MARKER_BYTES] {
     v[4..12].copy_from_slice(&c.epoch.to_le_bytes());
     v[12..20].copy_from_slice(&c.pos.seg.to_le_bytes());
     v[20..28].copy_from_slice(&c.pos.off.to_le_bytes());
+    let crc = crc32fast::hash(&v[..28]);
+    v[28..].copy_from_slice(&crc.to_le_bytes());
     v
 }
 
-/// Decodes a marker record's value; `None` if it is not one.
-pub(crate) fn decode_marker(v: &[u8]) -> Option<Committed> {
-    if v.len() != MARKER_BYTES || &v[..4] != MARKER_MAGIC {
-        return None;
+/// Decodes and verifies a marker record's value; why it is not a valid
+/// one otherwise (the byte offset in the value, and the reason).
+pub(crate) fn decode_marker(v: &[u8]) -> std::result::Result<Committed, (usize, String)> {
+    if v.starts_with(MARKER_MAGIC_V1) {
+        return Err((
+            0,
+            "a marker of an earlier weir's format (WKM1, without a checksum): restore with that \
+             version, or start the sink with a new marker topic"
+                .into(),
+        ));
+    }
+    if v.len() != MARKER_BYTES || !v.starts_with(MARKER_MAGIC) {
+        return Err((
+            0,
+            format!(
+                "not a weir marker record ({} bytes, expected {MARKER_BYTES} starting WKM2)",
+                v.len()
+            ),
+        ));
+    }
+    let stored = u32::from_le_bytes(v[28..].try_into().expect("4 bytes"));
+    let computed = crc32fast::hash(&v[..28]);
+    if stored != computed {
+        return Err((
+            28,
+            format!("checksum mismatch (stored {stored:08x}, computed {computed:08x}): the marker is damaged"),
+        ));
     }
     let u = |i: usize| u64::from_le_bytes(v[i..i + 8].try_into().expect("8 bytes"));
-    Some(Committed {
+    Ok(Committed {
         epoch: u(4),
         pos: WalPos { seg: u(12), off: u(20) },
     })
@@ -118,6 +149,9 @@ pub fn read_marker(config: &KafkaSinkConfig, slot: usize) -> Result<Option<Commi
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        // The client verifies the record batches' CRC-32C too (a few
+        // markers: nothing to save by skipping it).
+        .set("check.crcs", "true")
         .create()
         .map_err(|e| config.error(topic, "create the marker reader", e))?;
     let mut tpl = TopicPartitionList::new();
@@ -155,13 +189,12 @@ fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -
             None => {}
             Some(Ok(m)) if m.key() == Some(key.as_bytes()) => {
                 let v = m.payload().unwrap_or_default();
-                let c = decode_marker(v).ok_or_else(|| {
+                let c = decode_marker(v).map_err(|(at, reason)| {
                     config.topic_error(
                         topic,
                         format!(
-                            "partition {slot}, offset {}: not a weir marker record ({} bytes)",
-                            m.offset(),
-                            v.len()
+                            "partition {slot}, offset {}, byte {at} of the record's value: {reason}",
+                            m.offset()
                         ),
                     )
                 })?;
@@ -442,11 +475,20 @@ mod tests {
             epoch: 7,
             pos: WalPos { seg: 3, off: 4096 },
         };
-        assert_eq!(decode_marker(&encode_marker(c)), Some(c));
-        assert_eq!(decode_marker(b"WKM1"), None);
+        assert_eq!(decode_marker(&encode_marker(c)), Ok(c));
+        let e = decode_marker(b"WKM1\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0").unwrap_err();
+        assert!(e.1.contains("earlier weir's format"), "{e:?}");
         let mut bad = encode_marker(c);
         bad[0] = b'X';
-        assert_eq!(decode_marker(&bad), None);
+        assert!(decode_marker(&bad).unwrap_err().1.contains("not a weir marker"));
+        assert!(decode_marker(&bad[..MARKER_BYTES - 1]).is_err());
+        // Every flipped bit is caught by the checksum.
+        for bit in 32..8 * MARKER_BYTES {
+            let mut flipped = encode_marker(c);
+            flipped[bit / 8] ^= 1 << (bit % 8);
+            let e = decode_marker(&flipped).unwrap_err();
+            assert!(e.1.contains("checksum mismatch"), "bit {bit}: {e:?}");
+        }
     }
 
     #[test]
