@@ -324,7 +324,7 @@ mod tests {
                 *seen += 1;
                 out.emit(format!("{}-{}", r.0, r.1[23]));
             })
-            .filter(|s: &String| s.len() % 2 == 0)
+            .filter(|s: &String| s.len().is_multiple_of(2))
             .sink("collect", move |_| crate::CollectSink::new(sink_out.clone()));
         let config = crate::RuntimeConfig {
             batch_size: 64, // many batches, some partial
