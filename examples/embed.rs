@@ -163,11 +163,13 @@ fn main() -> Result<(), BoxError> {
         seconds * 1e3,
         READINGS as f64 / seconds / 1e6
     );
-    println!("records per task:");
+    // Bytes are the records' in-memory size (records x size_of their type),
+    // since nothing is serialized between tasks.
+    println!("records (and bytes) per task:");
     for t in &metrics.tasks {
         println!(
-            "  {:<30} {}/{}  in {:>9}  out {:>9}",
-            t.name, t.subtask, t.parallelism, t.records_in, t.records_out
+            "  {:<30} {}/{}  in {:>9} ({:>10} B)  out {:>9} ({:>10} B)",
+            t.name, t.subtask, t.parallelism, t.records_in, t.bytes_in, t.records_out, t.bytes_out
         );
     }
     // The source runs at full speed, so this latency is mostly time spent

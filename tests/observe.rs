@@ -171,18 +171,22 @@ fn metrics_parse_and_match_job_metrics_at_the_end() {
     assert_eq!(m.tasks.len(), 5);
     for t in &m.tasks {
         let key = Some((t.name.as_str(), t.subtask));
-        assert_eq!(
-            value(sample(&scrape, "weir_task_records_in_total", key)),
-            t.records_in as f64,
-            "{}",
-            t.name
-        );
-        assert_eq!(
-            value(sample(&scrape, "weir_task_records_out_total", key)),
-            t.records_out as f64,
-            "{}",
-            t.name
-        );
+        for (metric, want) in [
+            ("weir_task_records_in_total", t.records_in),
+            ("weir_task_records_out_total", t.records_out),
+            ("weir_task_bytes_in_total", t.bytes_in),
+            ("weir_task_bytes_out_total", t.bytes_out),
+        ] {
+            assert_eq!(
+                value(sample(&scrape, metric, key)),
+                want as f64,
+                "{metric} of {}",
+                t.name
+            );
+        }
+        // Every ring and the sink carry (u64, u64): 16 bytes a record.
+        assert_eq!(t.bytes_in, t.records_in * 16, "{}", t.name);
+        assert_eq!(t.bytes_out, t.records_out * 16, "{}", t.name);
         let busy = value(sample(&scrape, "weir_task_busy_seconds_total", key));
         let bp = value(sample(&scrape, "weir_task_backpressured_seconds_total", key));
         let idle = value(sample(&scrape, "weir_task_idle_seconds_total", key));
@@ -434,6 +438,10 @@ fn live_page_shows_checkpoints_and_every_task_in_chromium() {
         );
         assert!(dom.contains(&attrs), "the graph shows task {} #{}", t.name, t.subtask);
     }
+    // The task table shows bytes in and out (the sources' are above 1 KiB
+    // by the time two checkpoints have completed).
+    assert!(dom.contains("<th>bytes in</th>"), "a bytes column");
+    assert!(dom.contains("iB</td>"), "bytes in KiB or more; last DOM:\n{dom}");
     let shot = out_dir.join("live-page.png");
     let _ = std::fs::remove_file(&shot);
     chromium(

@@ -22,6 +22,11 @@ pub(crate) struct TaskContext {
     pub(crate) current_op: usize,
     pub(crate) records_in: u64,
     pub(crate) records_out: u64,
+    /// In-memory bytes of the records in `records_in` and `records_out`:
+    /// `size_of` the record type each, added with the count
+    /// ([`TaskContext::count_in`], [`TaskContext::count_out`]).
+    pub(crate) bytes_in: u64,
+    pub(crate) bytes_out: u64,
     /// Clock reading of the current turn, taken lazily at most once per turn.
     pub(crate) turn_now_ns: Option<u64>,
     pub(crate) latency: LatencyRecorder,
@@ -64,6 +69,8 @@ impl TaskContext {
             current_op: 0,
             records_in: 0,
             records_out: 0,
+            bytes_in: 0,
+            bytes_out: 0,
             turn_now_ns: None,
             latency: LatencyRecorder::new(),
             visible: LatencyRecorder::new(),
@@ -88,11 +95,29 @@ impl TaskContext {
         *self.turn_now_ns.get_or_insert_with(clock::now_ns)
     }
 
+    /// Counts `n` records of type `T` into the task (emitted, for a
+    /// source): once per batch, never per record.
+    #[inline]
+    pub(crate) fn count_in<T>(&mut self, n: usize) {
+        self.records_in += n as u64;
+        self.bytes_in += (n * std::mem::size_of::<T>()) as u64;
+    }
+
+    /// Counts `n` records of type `T` out of the task (into its output
+    /// rings, or written by its sink): once per batch.
+    #[inline]
+    pub(crate) fn count_out<T>(&mut self, n: usize) {
+        self.records_out += n as u64;
+        self.bytes_out += (n * std::mem::size_of::<T>()) as u64;
+    }
+
     /// Called by the worker at the end of every turn: publish counters.
     #[inline]
     pub(crate) fn end_turn(&mut self) {
         self.counters.records_in.store(self.records_in, Ordering::Relaxed);
         self.counters.records_out.store(self.records_out, Ordering::Relaxed);
+        self.counters.bytes_in.store(self.bytes_in, Ordering::Relaxed);
+        self.counters.bytes_out.store(self.bytes_out, Ordering::Relaxed);
         self.counters.busy_ns.store(self.busy_ns, Ordering::Relaxed);
         self.counters
             .backpressured_ns

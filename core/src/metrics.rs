@@ -1,4 +1,4 @@
-//! Live and final metrics of a job: records per task, ring occupancy
+//! Live and final metrics of a job: records and bytes per task, ring occupancy
 //! (backpressure), where each task spends its time (busy, idle,
 //! backpressured), source backlog and end-to-end latency.
 //!
@@ -35,6 +35,11 @@ pub(crate) struct TaskCounters {
     pub(crate) parallelism: usize,
     pub(crate) records_in: CachePadded<AtomicU64>,
     pub(crate) records_out: CachePadded<AtomicU64>,
+    /// In-memory bytes of the records counted in `records_in` (see
+    /// [`TaskMetrics::bytes_in`]).
+    pub(crate) bytes_in: AtomicU64,
+    /// In-memory bytes of the records counted in `records_out`.
+    pub(crate) bytes_out: AtomicU64,
     /// Messages waiting in this task's input rings when it last looked.
     pub(crate) input_queued: AtomicU64,
     /// Total slots of this task's input rings (0 for a source).
@@ -63,6 +68,8 @@ impl TaskCounters {
             parallelism,
             records_in: CachePadded::new(AtomicU64::new(0)),
             records_out: CachePadded::new(AtomicU64::new(0)),
+            bytes_in: AtomicU64::new(0),
+            bytes_out: AtomicU64::new(0),
             input_queued: AtomicU64::new(0),
             input_capacity: inputs as u64 * ring_capacity,
             channel_queued: (0..inputs).map(|_| AtomicU64::new(0)).collect(),
@@ -80,6 +87,8 @@ impl TaskCounters {
             parallelism: self.parallelism,
             records_in: self.records_in.load(Ordering::Relaxed),
             records_out: self.records_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
             input_queued: self.input_queued.load(Ordering::Relaxed),
             input_capacity: self.input_capacity,
             channel_queued: self.channel_queued.iter().map(|q| q.load(Ordering::Relaxed)).collect(),
@@ -104,6 +113,18 @@ pub struct TaskMetrics {
     pub records_in: u64,
     /// Records that left the task (written, for a sink).
     pub records_out: u64,
+    /// In-memory size of the records counted in `records_in`: each record
+    /// counts `size_of` its type (for a source, the type it emits; else
+    /// the element type of the task's input rings). Records move between
+    /// tasks as typed values, never serialized, so this is the inline size
+    /// of what went through the rings: padding included, heap data a record
+    /// points to (a `String`'s text, a `Vec`'s elements) not. Flink's
+    /// `numBytesIn` counts serialized bytes instead; weir has none.
+    pub bytes_in: u64,
+    /// In-memory size of the records counted in `records_out`, as for
+    /// `bytes_in`: the element type of the task's output rings, or the
+    /// record type its sink writes.
+    pub bytes_out: u64,
     /// Messages queued in the task's input rings when last observed.
     pub input_queued: u64,
     /// Total capacity of the task's input rings (0 for a source).
@@ -277,6 +298,62 @@ mod tests {
         assert_eq!(shared.lock().unwrap().len(), 6);
         r.publish(&shared); // nothing new
         assert_eq!(shared.lock().unwrap().len(), 6);
+    }
+
+    /// Bytes are counted per batch as records times the size of the record
+    /// type at each end of a task: the source's type in, the ring's or the
+    /// sink's type out; a `String` counts its inline 24 bytes, not its text.
+    #[test]
+    fn bytes_are_records_times_the_size_of_their_type() {
+        use std::mem::size_of;
+        use std::sync::{Arc, Mutex};
+        type Wide = (u64, [u8; 24]);
+        assert_eq!((size_of::<u64>(), size_of::<Wide>(), size_of::<String>()), (8, 32, 24));
+        const N: u64 = 5_000;
+        let items: Arc<Vec<u64>> = Arc::new((0..N).collect());
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let sink_out = out.clone();
+        let p = crate::Pipeline::new("bytes");
+        // Two chains: [nums -> map] (u64 in, Wide out to the key_by ring)
+        // and [process -> filter -> collect] (Wide in, String written), two
+        // subtasks each.
+        p.source("nums", 2, move |i, n| crate::VecSource::new(items.clone(), i, n))
+            .map(|v: u64| (v, [v as u8; 24]))
+            .key_by(|r: &Wide| r.0 % 7)
+            .process_heap(|_k: &u64, seen: &mut u64, r: Wide, out| {
+                *seen += 1;
+                out.emit(format!("{}-{}", r.0, r.1[23]));
+            })
+            .filter(|s: &String| s.len().is_multiple_of(2))
+            .sink("collect", move |_| crate::CollectSink::new(sink_out.clone()));
+        let config = crate::RuntimeConfig {
+            batch_size: 64, // many batches, some partial
+            ..crate::RuntimeConfig::default()
+        };
+        let tasks = p.run(config).unwrap().join().unwrap().metrics.tasks;
+        let written = out.lock().unwrap().len() as u64;
+        assert!(written > 0 && written < N, "the filter keeps some: {written}");
+        let (sources, rest): (Vec<_>, Vec<_>) = tasks.iter().partition(|t| t.name.starts_with("nums"));
+        assert_eq!(sources.len(), 2);
+        assert_eq!(sources.iter().map(|t| t.records_in).sum::<u64>(), N);
+        for t in &sources {
+            assert!(t.records_in > 0, "{}", t.name);
+            assert_eq!(t.records_out, t.records_in, "{}", t.name);
+            assert_eq!(t.bytes_in, t.records_in * 8, "{}: u64 emitted", t.name);
+            assert_eq!(t.bytes_out, t.records_out * 32, "{}: Wide into the ring", t.name);
+        }
+        assert_eq!(rest.len(), 2, "two keyed subtasks with their sinks");
+        assert_eq!(rest.iter().map(|t| t.records_in).sum::<u64>(), N);
+        assert_eq!(rest.iter().map(|t| t.records_out).sum::<u64>(), written);
+        for t in &rest {
+            assert_eq!(t.bytes_in, t.records_in * 32, "{}: Wide out of the ring", t.name);
+            assert_eq!(
+                t.bytes_out,
+                t.records_out * 24,
+                "{}: Strings written, inline size only",
+                t.name
+            );
+        }
     }
 
     #[test]

@@ -86,7 +86,7 @@ impl<T, S: Sink<T>> Collector<T> for SinkTail<S> {
             return Ok(());
         }
         ctx.current_op = self.op;
-        ctx.records_out += batch.len() as u64;
+        ctx.count_out::<T>(batch.len());
         // Latency is measured when the sink receives the batch: drop the
         // turn's cached reading (taken before the chain ran) so the sink's
         // first `now_ns` reads the clock afresh, once per batch.

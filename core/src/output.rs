@@ -409,7 +409,7 @@ impl<T, K, KF> HashOutput<T, K, KF> {
 impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K, KF> {
     #[inline]
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        ctx.records_out += batch.len() as u64;
+        ctx.count_out::<T>(batch.len());
         ctx.current_op = self.op;
         let maxp = self.max_parallelism;
         let (routes, outboxes) = (&self.routes[..], &mut self.outboxes[..]);
@@ -441,7 +441,7 @@ pub(crate) struct RebalanceOutput<T> {
 impl<T: Data> Collector<T> for RebalanceOutput<T> {
     #[inline]
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        ctx.records_out += batch.len() as u64;
+        ctx.count_out::<T>(batch.len());
         let q = self.outboxes.len();
         for record in batch.drain(..) {
             self.outboxes[self.next].stage(Message::Data(record));

@@ -309,7 +309,7 @@ impl<T: Send, S: Source<T>> Task for SourceTask<T, S> {
                 std::sync::atomic::Ordering::Relaxed,
             );
         }
-        ctx.records_in += emitted as u64;
+        ctx.count_in::<T>(emitted);
         if emitted > 0 {
             self.chain.collect(&mut self.batch, ctx)?;
             self.batch.clear();
@@ -919,7 +919,7 @@ impl<T: Data> InputTask<T> {
         if n > 0 {
             self.batch.extend(replay.records.drain(..n));
             replay.fed += n;
-            ctx.records_in += n as u64;
+            ctx.count_in::<T>(n);
             self.chain.collect(&mut self.batch, ctx)?;
             self.batch.clear();
             Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
@@ -1051,7 +1051,7 @@ impl<T: Data> Task for InputTask<T> {
                             // Hand on a slice, then see whether the turn
                             // has used its time: a slow chain must not
                             // keep the worker's other tasks waiting.
-                            ctx.records_in += SLICE as u64;
+                            ctx.count_in::<T>(SLICE);
                             if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
                                 failed = Some(e);
                                 break 'parts;
@@ -1074,7 +1074,7 @@ impl<T: Data> Task for InputTask<T> {
                                 // In order with the data: hand on the records
                                 // before it, then the watermark, and read on.
                                 if !self.batch.is_empty() {
-                                    ctx.records_in += self.batch.len() as u64;
+                                    ctx.count_in::<T>(self.batch.len());
                                     if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
                                         failed = Some(e);
                                         break 'parts;
@@ -1106,7 +1106,7 @@ impl<T: Data> Task for InputTask<T> {
                 w.wake();
             }
             budget -= consumed;
-            ctx.records_in += self.batch.len() as u64;
+            ctx.count_in::<T>(self.batch.len());
             if !self.batch.is_empty() {
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();

@@ -264,7 +264,7 @@ impl Registry {
         let _ = writeln!(o, "weir_uptime_seconds{{job=\"{job}\"}} {uptime}");
 
         type TaskField = (&'static str, &'static str, &'static str, fn(&crate::TaskMetrics) -> f64);
-        let task_fields: [TaskField; 8] = [
+        let task_fields: [TaskField; 10] = [
             (
                 "weir_task_records_in_total",
                 "counter",
@@ -276,6 +276,18 @@ impl Registry {
                 "counter",
                 "Records that left the task (written, for a sink).",
                 |t| t.records_out as f64,
+            ),
+            (
+                "weir_task_bytes_in_total",
+                "counter",
+                "In-memory bytes of the records that entered the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
+                |t| t.bytes_in as f64,
+            ),
+            (
+                "weir_task_bytes_out_total",
+                "counter",
+                "In-memory bytes of the records that left the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
+                |t| t.bytes_out as f64,
             ),
             (
                 "weir_task_busy_seconds_total",
@@ -489,6 +501,8 @@ impl Registry {
                     "parallelism": t.parallelism,
                     "records_in": t.records_in,
                     "records_out": t.records_out,
+                    "bytes_in": t.bytes_in,
+                    "bytes_out": t.bytes_out,
                     "busy_ns": t.busy_ns,
                     "backpressured_ns": t.backpressured_ns,
                     "idle_ns": t.idle_ns,
