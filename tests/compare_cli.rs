@@ -96,7 +96,9 @@ fn compare_writes_tables_json_and_plot() {
     // The sentences, computed from the figures.
     for s in [
         "exactly-once made output visible after",
-        "of throughput against none with the counting sink",
+        // "cost N% of throughput against none ..." or, when the machine's
+        // speed drifts during the short runs, "ran N% faster against none ...".
+        "against none with the counting sink",
         "fsyncs per checkpoint",
         "append + fdatasync",
         "woke an on-time thread late by",
