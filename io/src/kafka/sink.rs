@@ -8,7 +8,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rdkafka::client::ClientContext;
+use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
 
 use super::framing::Records;
 use super::sink_config::{queue_full, KafkaSinkConfig};
@@ -86,7 +90,46 @@ where
 pub struct KafkaAppender {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
-    producer: Option<BaseProducer>,
+    producer: Option<BaseProducer<Deliveries>>,
+}
+
+/// Sees every record's delivery report (on the thread that polls the
+/// producer: the appender's, in `send`'s retries and `flush`). A record
+/// the client gave up on (its `message.timeout.ms` passed, a non-retriable
+/// error) is counted, and the first reason kept: `flush` returns Ok once
+/// the queue is empty whether its records were delivered or not, so
+/// without this an at-least-once sink would lose them silently.
+#[derive(Default)]
+pub(crate) struct Deliveries {
+    failed: AtomicU64,
+    first: Mutex<Option<String>>,
+}
+
+impl ClientContext for Deliveries {}
+
+impl ProducerContext for Deliveries {
+    type DeliveryOpaque = ();
+
+    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
+        if let Err((e, m)) = result {
+            self.failed.fetch_add(1, Ordering::Relaxed);
+            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            if first.is_none() {
+                *first = Some(format!("partition {}: {e}", rdkafka::message::Message::partition(m)));
+            }
+        }
+    }
+}
+
+impl Deliveries {
+    /// Records not delivered so far, and the first one's reason.
+    fn failures(&self) -> Option<(u64, String)> {
+        let n = self.failed.load(Ordering::Relaxed);
+        (n > 0).then(|| {
+            let first = self.first.lock().unwrap_or_else(|p| p.into_inner());
+            (n, first.clone().unwrap_or_default())
+        })
+    }
 }
 
 impl std::fmt::Debug for KafkaAppender {
@@ -130,7 +173,7 @@ impl Appender for KafkaAppender {
         let c = &self.config;
         c.validate()?;
         c.ensure_topic(&c.topic, c.partitions, false, false)?;
-        self.producer = Some(c.producer(None)?);
+        self.producer = Some(c.producer_with(None, Deliveries::default())?);
         Ok(())
     }
 
@@ -163,11 +206,54 @@ impl Appender for KafkaAppender {
         }
         producer
             .flush(c.timeout)
-            .map_err(|e| c.error(&c.topic, format!("flush (slot {})", self.slot), e))
+            .map_err(|e| c.error(&c.topic, format!("flush (slot {})", self.slot), e))?;
+        // Every record sent has its delivery report now (flush polled them).
+        if let Some((n, first)) = producer.context().failures() {
+            return Err(c.topic_error(
+                &c.topic,
+                format!(
+                    "slot {}: {n} record(s) were not delivered (first: {first}); the job fails and restarts from its \
+                     last checkpoint, which sends them again",
+                    self.slot
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn sync(&mut self) -> Result<()> {
         // Every append was flushed (acknowledged by all in-sync replicas).
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kafka::framing::encode;
+
+    /// A record the client gives up on fails the append: `flush` alone
+    /// returns Ok once the queue is empty, delivered or not.
+    #[test]
+    fn an_undelivered_record_fails_the_append() {
+        let mut config = KafkaSinkConfig::new("127.0.0.1:1", "out");
+        config.timeout = Duration::from_secs(20);
+        // No broker listens at port 1: each record times out after 300 ms.
+        config.properties.push(("message.timeout.ms".into(), "300".into()));
+        let config = Arc::new(config);
+        let mut a = KafkaAppender::new(config.clone(), 0);
+        // As `open` does, without its topic check (it needs a broker).
+        a.producer = Some(config.producer_with(None, Deliveries::default()).unwrap());
+        let mut buf = Vec::new();
+        encode(b"k", b"1,1", &mut buf);
+        encode(b"k", b"1,2", &mut buf);
+        let start = Instant::now();
+        let e = a.append(&buf).unwrap_err().to_string();
+        assert!(e.contains("2 record(s) were not delivered"), "{e}");
+        assert!(e.contains("slot 0"), "{e}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "failed at the records' timeout, not the flush's"
+        );
     }
 }

@@ -130,6 +130,16 @@ impl KafkaSinkConfig {
     /// clients), acks from all replicas; `transactional_id` for
     /// exactly-once.
     pub(crate) fn producer(&self, transactional_id: Option<&str>) -> Result<BaseProducer> {
+        self.producer_with(transactional_id, rdkafka::producer::DefaultProducerContext)
+    }
+
+    /// [`KafkaSinkConfig::producer`] with a context of the caller's (one
+    /// that sees each record's delivery report).
+    pub(crate) fn producer_with<C: rdkafka::producer::ProducerContext>(
+        &self,
+        transactional_id: Option<&str>,
+        context: C,
+    ) -> Result<BaseProducer<C>> {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers)
             .set("enable.idempotence", "true")
@@ -149,7 +159,8 @@ impl KafkaSinkConfig {
         for (k, v) in &self.properties {
             c.set(k, v);
         }
-        c.create().map_err(|e| self.error(&self.topic, "create a producer", e))
+        c.create_with_context(context)
+            .map_err(|e| self.error(&self.topic, "create a producer", e))
     }
 
     /// Creates `topic` with `partitions` partitions (compacted if
