@@ -385,21 +385,50 @@ where
 }
 
 /// Length of the file up to and including its last `\n` (0 if none).
+///
+/// The file is the user's output and has no checksum, so the answer is
+/// read twice: the bytes it rests on (from that `\n` to the end; bytes
+/// before it are never used) must come back the same both times, or the
+/// open fails with an error naming the file and the bytes (the disk
+/// returned damaged bytes; a cut in the wrong place would drop a whole
+/// line or keep part of one). Once per open, never per record.
 fn whole_lines_len(f: &mut File) -> std::io::Result<u64> {
     let len = f.metadata()?.len();
-    let mut end = len;
     let mut chunk = Vec::new();
+    let first = last_line_end(f, len, &mut chunk)?;
+    let second = last_line_end(f, len, &mut chunk)?;
+    if first != second {
+        let from = first.0.min(second.0).saturating_sub(1);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "bytes {from}..{len} (the end of its last whole line and what follows) read differently twice: \
+                 the disk returned damaged bytes; nothing was cut"
+            ),
+        ));
+    }
+    Ok(first.0)
+}
+
+/// One reading of [`whole_lines_len`]: the length up to and including the
+/// last `\n`, and a CRC32 of the bytes from that `\n` to `len` (fed from
+/// the end, a chunk at a time: two readings of the same bytes agree).
+fn last_line_end(f: &mut File, len: u64, chunk: &mut Vec<u8>) -> std::io::Result<(u64, u32)> {
+    let mut crc = crc32fast::Hasher::new();
+    let mut end = len;
     while end > 0 {
         let start = end.saturating_sub(TAIL_STEP);
         chunk.resize((end - start) as usize, 0);
         f.seek(SeekFrom::Start(start))?;
-        f.read_exact(&mut chunk)?;
-        if let Some(i) = memchr::memrchr(b'\n', &chunk) {
-            return Ok(start + i as u64 + 1);
+        f.read_exact(chunk)?;
+        if let Some(i) = memchr::memrchr(b'\n', chunk) {
+            crc.update(&chunk[i..]);
+            return Ok((start + i as u64 + 1, crc.finalize()));
         }
+        crc.update(chunk);
         end = start;
     }
-    Ok(0)
+    Ok((0, crc.finalize()))
 }
 
 impl<T, F, E, A> Sink<T> for DirectFileSink<T, F, E, A>

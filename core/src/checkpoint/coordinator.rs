@@ -478,7 +478,7 @@ impl Coordinator {
     /// shared files it needs, and its caller deletes none.
     fn shared_files(&mut self, id: u64) -> Result<&[String], String> {
         if !self.shared_of.contains_key(&id) {
-            let files = match storage::read_manifest(&self.root, id) {
+            let files = match storage::read_manifest_located(&self.root, id) {
                 Ok(Some(m)) => m
                     .files
                     .into_iter()
@@ -486,7 +486,19 @@ impl Coordinator {
                     .map(|f| f.path)
                     .collect(),
                 Ok(None) => return Err(format!("checkpoint {id} has no manifest")),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    if let Some((file, at)) = &e.damaged {
+                        crate::corruption::report(
+                            file,
+                            *at,
+                            &format!(
+                                "{}; read to tell which shared state files checkpoint {id} uses: none is deleted",
+                                e.message
+                            ),
+                        );
+                    }
+                    return Err(e.message);
+                }
             };
             self.shared_of.insert(id, files);
         }

@@ -102,6 +102,18 @@ pub struct Injected {
     pub offset: Option<u64>,
 }
 
+/// Damaged bytes weir reported and went on without
+/// ([`crate::corruption::report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Detected {
+    /// The file.
+    pub path: PathBuf,
+    /// The byte the damage starts at, as weir reported it.
+    pub offset: u64,
+    /// Weir's message: which bytes, which check, what it did instead.
+    pub what: String,
+}
+
 /// The message of every operation at or after a crash point.
 pub const CRASHED: &str = "simulated crash: the machine stopped here";
 
@@ -152,6 +164,8 @@ struct State {
     next_ino: u64,
     nodes: HashMap<u64, Node>,
     injected: Vec<Injected>,
+    /// Damaged bytes weir reported, since [`SimFs::take_detected`].
+    detected: Vec<Detected>,
     /// Threads that did operations since the last crash.
     active: HashSet<ThreadId>,
     /// Threads of a crashed machine: they never run again.
@@ -339,6 +353,7 @@ impl SimFs {
                 next_ino: ROOT,
                 nodes,
                 injected: Vec::new(),
+                detected: Vec::new(),
                 active: HashSet::new(),
                 dead: HashSet::new(),
                 trace: std::env::var("WEIR_SIM_TRACE").is_ok_and(|v| v == "1"),
@@ -384,6 +399,11 @@ impl SimFs {
     /// The faults injected since the last call.
     pub fn take_injected(&self) -> Vec<Injected> {
         std::mem::take(&mut self.lock().injected)
+    }
+
+    /// The damaged bytes weir reported on this disk since the last call.
+    pub fn take_detected(&self) -> Vec<Detected> {
+        std::mem::take(&mut self.lock().detected)
     }
 
     /// The machine crashes and restarts: what was not durable is kept,
@@ -786,6 +806,13 @@ impl Fs for SimFs {
             Some(Node::File { cur, .. }) => Metadata::new(cur.len() as u64, false),
             _ => Metadata::new(0, true),
         })
+    }
+    fn corruption_detected(&self, file: &Path, offset: u64, what: &str) {
+        self.lock().detected.push(Detected {
+            path: file.to_path_buf(),
+            offset,
+            what: what.to_string(),
+        });
     }
 }
 
