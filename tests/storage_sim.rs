@@ -41,7 +41,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{assert_exactly_once, assert_no_loss, keyed_counts, parse_rows, row_line, Job, Row, BASE};
-use weir_core::vfs::sim::{Call, Detected, FaultKind, Faults, Injected, SimFs};
+use weir_core::corruption::Report;
+use weir_core::vfs::sim::{Call, FaultKind, Faults, Injected, SimFs};
 use weir_core::vfs::{self};
 use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig};
 use weir_io::{DirectFileSink, WalSink, WalSinkConfig};
@@ -285,13 +286,13 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
         let injected: Vec<Injected> = fs.take_injected();
         let errors = injected.iter().filter(|i| i.kind != FaultKind::BitFlip).count();
         let flips: Vec<&Injected> = injected.iter().filter(|i| i.kind == FaultKind::BitFlip).collect();
-        let detected: Vec<Detected> = fs.take_detected();
+        let detected: Vec<Report> = fs.take_detected();
         t.injected_errors += errors as u64;
         t.flips += flips.len() as u64;
         t.corruption_reports += detected.len() as u64;
         for d in &detected {
             assert!(
-                d.what.contains(&*d.path.to_string_lossy()),
+                d.what.contains(&*d.file.to_string_lossy()),
                 "a report of damaged bytes must name the file: {d:?}"
             );
         }
@@ -426,7 +427,7 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
 /// neither refused nor reported: the test fails, naming it.
 fn judge_flips(
     flips: &[&Injected],
-    detected: &[Detected],
+    detected: &[Report],
     result: &weir_core::Result<weir_core::JobResult>,
     crashed: bool,
     line_ends: &[(PathBuf, u64)],
@@ -446,7 +447,7 @@ fn judge_flips(
         let at = f.offset.expect("a flip has its byte");
         if msg.as_ref().is_some_and(|m| named(f, m)) {
             t.flips_failed_the_run += 1;
-        } else if detected.iter().any(|d| d.path == f.path && d.offset <= at) {
+        } else if detected.iter().any(|d| d.file == f.path && d.offset <= at) {
             t.flips_reported_and_skipped += 1;
         } else if line_ends.iter().any(|(p, end)| *p == f.path && at + 1 < *end) {
             t.flips_in_unused_bytes += 1;

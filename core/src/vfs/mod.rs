@@ -53,11 +53,11 @@ pub trait Fs: Send + Sync {
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Size of file `path`, or whether it is a folder.
     fn metadata(&self, path: &Path) -> io::Result<Metadata>;
-    /// Weir found damaged bytes in `file` at `offset` and went on without
-    /// them ([`crate::corruption::report`] calls it; `what` is its
-    /// message). Nothing by default; a simulated disk records it.
-    fn corruption_detected(&self, file: &Path, offset: u64, what: &str) {
-        let _ = (file, offset, what);
+    /// Weir found damaged bytes in one of this filesystem's files and went
+    /// on without them ([`crate::corruption::report`] calls it). Nothing by
+    /// default; a simulated disk records it.
+    fn corruption_detected(&self, report: &crate::corruption::Report) {
+        let _ = report;
     }
 }
 
@@ -425,11 +425,11 @@ pub fn metadata(path: impl AsRef<Path>) -> io::Result<Metadata> {
     with(p, |fs| fs.metadata(p))
 }
 
-/// Tells the filesystem of `file` that weir found damaged bytes in it at
-/// `offset` and went on without them (see [`Fs::corruption_detected`]).
-pub fn corruption_detected(file: &Path, offset: u64, what: &str) {
-    if let Some(fs) = route(file) {
-        fs.corruption_detected(file, offset, what);
+/// Tells the filesystem of the report's file that weir found damaged bytes
+/// in it and went on without them (see [`Fs::corruption_detected`]).
+pub fn corruption_detected(report: &crate::corruption::Report) {
+    if let Some(fs) = route(&report.file) {
+        fs.corruption_detected(report);
     }
 }
 

@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::{File, FileOps, Fs, Metadata, OpenOptions};
+use crate::corruption::Report;
 
 /// Sector size: the unit a torn write keeps or loses.
 pub const SECTOR: usize = 512;
@@ -102,18 +103,6 @@ pub struct Injected {
     pub offset: Option<u64>,
 }
 
-/// Damaged bytes weir reported and went on without
-/// ([`crate::corruption::report`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Detected {
-    /// The file.
-    pub path: PathBuf,
-    /// The byte the damage starts at, as weir reported it.
-    pub offset: u64,
-    /// Weir's message: which bytes, which check, what it did instead.
-    pub what: String,
-}
-
 /// The message of every operation at or after a crash point.
 pub const CRASHED: &str = "simulated crash: the machine stopped here";
 
@@ -165,7 +154,7 @@ struct State {
     nodes: HashMap<u64, Node>,
     injected: Vec<Injected>,
     /// Damaged bytes weir reported, since [`SimFs::take_detected`].
-    detected: Vec<Detected>,
+    detected: Vec<Report>,
     /// Threads that did operations since the last crash.
     active: HashSet<ThreadId>,
     /// Threads of a crashed machine: they never run again.
@@ -402,7 +391,7 @@ impl SimFs {
     }
 
     /// The damaged bytes weir reported on this disk since the last call.
-    pub fn take_detected(&self) -> Vec<Detected> {
+    pub fn take_detected(&self) -> Vec<Report> {
         std::mem::take(&mut self.lock().detected)
     }
 
@@ -807,12 +796,8 @@ impl Fs for SimFs {
             _ => Metadata::new(0, true),
         })
     }
-    fn corruption_detected(&self, file: &Path, offset: u64, what: &str) {
-        self.lock().detected.push(Detected {
-            path: file.to_path_buf(),
-            offset,
-            what: what.to_string(),
-        });
+    fn corruption_detected(&self, report: &Report) {
+        self.lock().detected.push(report.clone());
     }
 }
 

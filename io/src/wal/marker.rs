@@ -260,6 +260,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let (mut m, v) = Marker::open(path.clone()).unwrap();
         assert_eq!(v, Some(value(2)));
+        assert_slot_reported(&path, SLOT_BYTES as u64);
         // Writing goes on after the torn slot.
         m.write(value(4)).unwrap();
         assert_eq!(Marker::open(path.clone()).unwrap().1, Some(value(4)));
@@ -279,7 +280,20 @@ mod tests {
         let mut bytes = vec![0u8; 2 * SLOT_BYTES];
         bytes[SLOT_BYTES + 3] = 7;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(Marker::open(path).unwrap().1, None);
+        assert_eq!(Marker::open(path.clone()).unwrap().1, None);
+        assert_slot_reported(&path, SLOT_BYTES as u64);
+    }
+
+    /// The slot at byte `at` of the marker at `path` was reported as
+    /// damaged (`weir_core::corruption::report`), naming the file.
+    fn assert_slot_reported(path: &Path, at: u64) {
+        let reports = weir_core::corruption::recent_under(path);
+        let r = reports.last().expect("the damaged slot is reported");
+        assert_eq!(r.offset, at, "{r:?}");
+        assert!(
+            r.what.contains(&*path.to_string_lossy()) && r.what.contains("slot"),
+            "{r:?}"
+        );
     }
 
     /// Found by the storage simulation (WAL seed 8): a marker whose fsync
