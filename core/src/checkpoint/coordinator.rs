@@ -487,16 +487,9 @@ impl Coordinator {
                     .collect(),
                 Ok(None) => return Err(format!("checkpoint {id} has no manifest")),
                 Err(e) => {
-                    if let Some((file, at)) = &e.damaged {
-                        crate::corruption::report(
-                            file,
-                            *at,
-                            &format!(
-                                "{}; read to tell which shared state files checkpoint {id} uses: none is deleted",
-                                e.message
-                            ),
-                        );
-                    }
+                    e.report_damage(&format!(
+                        "read to tell which shared state files checkpoint {id} uses: none is deleted"
+                    ));
                     return Err(e.message);
                 }
             };

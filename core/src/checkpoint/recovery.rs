@@ -139,16 +139,7 @@ pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
             // A manifest that does not parse protects everything: never
             // delete what a checkpoint we cannot read might need.
             Err(e) => {
-                if let Some((file, at)) = &e.damaged {
-                    crate::corruption::report(
-                        file,
-                        *at,
-                        &format!(
-                            "{}; read to find orphaned shared state files at the start: none is deleted",
-                            e.message
-                        ),
-                    );
-                }
+                e.report_damage("read to find orphaned shared state files at the start: none is deleted");
                 return Ok(0);
             }
         }

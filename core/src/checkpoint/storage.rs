@@ -412,6 +412,17 @@ pub(crate) struct CheckFailed {
     pub(crate) damaged: Option<(PathBuf, u64)>,
 }
 
+impl CheckFailed {
+    /// Reports damaged bytes ([`crate::corruption::report`]) that the
+    /// caller goes on without, `instead` saying what it does; an I/O error
+    /// is no damage and is not reported.
+    pub(crate) fn report_damage(&self, instead: &str) {
+        if let Some((file, at)) = &self.damaged {
+            crate::corruption::report(file, *at, &format!("{}; {instead}", self.message));
+        }
+    }
+}
+
 /// [`read_manifest`], telling damaged bytes from I/O errors.
 pub(crate) fn read_manifest_located(root: &Path, id: u64) -> Result<Option<Manifest>, CheckFailed> {
     let path = checkpoint_dir(root, id).join(MANIFEST);
