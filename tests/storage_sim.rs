@@ -16,7 +16,10 @@
 //!   undone); then a new run recovers;
 //! - injected `ENOSPC`/`EIO` on writes and syncs, and bit flips on reads:
 //!   the run must end in an error or go on past declined checkpoints; it
-//!   must never lose or duplicate committed output.
+//!   must never lose or duplicate committed output. Every flipped bit must
+//!   fail the run with an error naming its file, or be reported by weir
+//!   (`weir_core::corruption::report`) and not used, or lie in bytes the
+//!   direct sink's open provably does not use (see `judge_flips`).
 //!
 //! After the seed's last run (which completes) the disk crashes once more
 //! (what a finished job committed must be durable), and the committed
