@@ -225,6 +225,8 @@ fn metrics_parse_and_match_job_metrics_at_the_end() {
         c.latest_completed().unwrap() as f64
     );
     assert_eq!(job_value("weir_job_restarts_total"), 0.0);
+    // Process-wide: at most what the process counted by now.
+    assert!(job_value("weir_corruptions_detected_total") <= weir_core::corruption::detected() as f64);
     assert_eq!(job_value("weir_up"), 0.0, "the job has ended");
     let histogram_count = |name: &str| match &sample(&scrape, name, None).value {
         prometheus_parse::Value::Histogram(buckets) => buckets.last().expect("+Inf bucket").count,

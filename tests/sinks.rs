@@ -558,6 +558,11 @@ fn wal_torn_tail_is_cut_off_and_reported() {
     assert_eq!(torn_file, seg);
     let record = (codec::HEADER_BYTES + 3) as u64; // "29\n"
     assert_eq!(torn_at, len - record, "the torn record's offset");
+    // Damaged bytes weir went on without are reported, with file and byte.
+    let damage = weir_core::corruption::recent_under(&seg);
+    let d = damage.last().expect("the torn record is reported as damage");
+    assert_eq!((&d.file, d.offset), (&seg, torn_at));
+    assert!(d.what.contains(&*seg.to_string_lossy()), "{d:?}");
     assert_eq!(
         std::fs::metadata(&seg).unwrap().len(),
         len - 10 * record,

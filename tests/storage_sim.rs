@@ -16,7 +16,10 @@
 //!   undone); then a new run recovers;
 //! - injected `ENOSPC`/`EIO` on writes and syncs, and bit flips on reads:
 //!   the run must end in an error or go on past declined checkpoints; it
-//!   must never lose or duplicate committed output.
+//!   must never lose or duplicate committed output. Every flipped bit must
+//!   fail the run with an error naming its file, or be reported by weir
+//!   (`weir_core::corruption::report`) and not used, or lie in bytes the
+//!   direct sink's open provably does not use (see `judge_flips`).
 //!
 //! After the seed's last run (which completes) the disk crashes once more
 //! (what a finished job committed must be durable), and the committed
@@ -41,6 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{assert_exactly_once, assert_no_loss, keyed_counts, parse_rows, row_line, Job, Row, BASE};
+use weir_core::corruption::Report;
 use weir_core::vfs::sim::{Call, FaultKind, Faults, Injected, SimFs};
 use weir_core::vfs::{self};
 use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig};
@@ -161,7 +165,20 @@ struct Tally {
     runs_failed_by_errors: u64,
     checkpoints_declined: u64,
     flips: u64,
-    flips_reported: u64,
+    /// Flips the run's error names by file: (a).
+    flips_failed_the_run: u64,
+    /// Flips weir reported (`weir_core::corruption::report`) and went on
+    /// without: (b).
+    flips_reported_and_skipped: u64,
+    /// Flips in bytes the direct sink reads at open and provably does not
+    /// use (before its file's last `\n`): (c).
+    flips_in_unused_bytes: u64,
+    /// Flips in runs the crash point cut short before weir could act on
+    /// them (the run's end says nothing): counted, not judged.
+    flips_in_crashed_runs: u64,
+    /// Reports of damaged bytes, flips or not (torn WAL tails and marker
+    /// slots after crashes too).
+    corruption_reports: u64,
     direct_garbage_lines: u64,
     ops_of_completed_runs: u64,
     finished_then_crashed: u64,
@@ -248,6 +265,14 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
         assert!(runs < 40, "no completed run after {runs} attempts");
         let crash = crashes < CRASHES_PER_SEED;
         let faulty = fault_runs < 3 && rng.below(2) == 0;
+        // Where each direct-sink file's whole lines end before the run
+        // (read with faults off): the sink's open decides on the bytes
+        // from there on only.
+        let line_ends = if sink == SinkKind::Direct {
+            last_line_ends(&root)
+        } else {
+            Vec::new()
+        };
         fs.set_faults(if faulty { faults(&mut rng) } else { Faults::default() });
         fault_runs += u32::from(faulty);
         let at = crash.then(|| 1 + rng.below(OPS_PER_RUN));
@@ -264,13 +289,21 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
         let injected: Vec<Injected> = fs.take_injected();
         let errors = injected.iter().filter(|i| i.kind != FaultKind::BitFlip).count();
         let flips: Vec<&Injected> = injected.iter().filter(|i| i.kind == FaultKind::BitFlip).collect();
+        let detected: Vec<Report> = fs.take_detected();
         t.injected_errors += errors as u64;
         t.flips += flips.len() as u64;
+        t.corruption_reports += detected.len() as u64;
+        for d in &detected {
+            assert!(
+                d.what.contains(&*d.file.to_string_lossy()),
+                "a report of damaged bytes must name the file: {d:?}"
+            );
+        }
         fs.crash_after(None);
         fs.set_faults(Faults::default());
         if verbose() {
             eprintln!(
-                "seed {seed} run {runs}: crash point {at:?}, {} ops, down {}, injected {injected:?}, result {:?}",
+                "seed {seed} run {runs}: crash point {at:?}, {} ops, down {}, injected {injected:?}, damage reported {detected:?}, result {:?}",
                 fs.ops() - before,
                 fs.is_down(),
                 result
@@ -279,6 +312,15 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
                     .map_err(|e| e.to_string())
             );
         }
+        judge_flips(
+            &flips,
+            &detected,
+            &result,
+            fs.is_down(),
+            &line_ends,
+            &root.join("chk"),
+            &mut t,
+        );
         if fs.is_down() {
             // The machine stopped: the job's end says nothing.
             t.crash_points += 1;
@@ -327,11 +369,6 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
                     "run {runs} failed with no fault injected and no crash: {msg}"
                 );
                 t.runs_failed_by_errors += 1;
-                for f in &flips {
-                    if msg.contains(&*f.path.to_string_lossy()) {
-                        t.flips_reported += 1;
-                    }
-                }
                 if errors > 0 {
                     assert!(
                         msg.contains("No space left") || msg.contains("Input/output error") || !flips.is_empty(),
@@ -372,10 +409,82 @@ fn one_seed(sink: SinkKind, seed: u64, tally: &Mutex<Tally>) {
     all.runs_failed_by_errors += t.runs_failed_by_errors;
     all.checkpoints_declined += t.checkpoints_declined;
     all.flips += t.flips;
-    all.flips_reported += t.flips_reported;
+    all.flips_failed_the_run += t.flips_failed_the_run;
+    all.flips_reported_and_skipped += t.flips_reported_and_skipped;
+    all.flips_in_unused_bytes += t.flips_in_unused_bytes;
+    all.flips_in_crashed_runs += t.flips_in_crashed_runs;
+    all.corruption_reports += t.corruption_reports;
     all.direct_garbage_lines += t.direct_garbage_lines;
     all.ops_of_completed_runs += t.ops_of_completed_runs;
     all.finished_then_crashed += t.finished_then_crashed;
+}
+
+/// Every flipped bit of a run is one of: (a) the run failed with an error
+/// naming the flipped file; (b) weir reported damaged bytes in that file,
+/// at or before the flipped byte, and went on without them
+/// (`weir_core::corruption::report`, through `SimFs::take_detected`);
+/// (c) a byte the direct sink's open read and provably did not use (before
+/// the last `\n` of its file, which the open decides on). A flip in a run
+/// the crash point stopped is counted apart: that run's end says nothing
+/// (its error may be the crash's). Anything else is a flipped byte read and
+/// neither refused nor reported: the test fails, naming it.
+fn judge_flips(
+    flips: &[&Injected],
+    detected: &[Report],
+    result: &weir_core::Result<weir_core::JobResult>,
+    crashed: bool,
+    line_ends: &[(PathBuf, u64)],
+    chk: &Path,
+    t: &mut Tally,
+) {
+    let msg = result.as_ref().err().map(|e| e.to_string());
+    // The file as an error names it: its whole path, or (a state file's
+    // `Error::Corrupt`) its path in the checkpoint folder.
+    let named = |f: &Injected, m: &str| {
+        m.contains(&*f.path.to_string_lossy())
+            || f.path
+                .strip_prefix(chk)
+                .is_ok_and(|rel| m.contains(&*rel.to_string_lossy()))
+    };
+    for f in flips {
+        let at = f.offset.expect("a flip has its byte");
+        if msg.as_ref().is_some_and(|m| named(f, m)) {
+            t.flips_failed_the_run += 1;
+        } else if detected.iter().any(|d| d.file == f.path && d.offset <= at) {
+            t.flips_reported_and_skipped += 1;
+        } else if line_ends.iter().any(|(p, end)| *p == f.path && at + 1 < *end) {
+            t.flips_in_unused_bytes += 1;
+        } else if crashed {
+            t.flips_in_crashed_runs += 1;
+        } else {
+            panic!(
+                "a flipped bit was read and neither failed the run nor was reported: {f:?}; run result {:?}; reports {detected:?}",
+                msg
+            );
+        }
+    }
+}
+
+/// Each direct-sink output file and the length of its whole lines (up to
+/// and including its last `\n`), read with faults off.
+fn last_line_ends(root: &Path) -> Vec<(PathBuf, u64)> {
+    let out = root.join("out");
+    let Ok(names) = vfs::read_dir(&out) else {
+        return Vec::new();
+    };
+    names
+        .into_iter()
+        .filter_map(|n| {
+            let p = out.join(n);
+            let bytes = vfs::read(&p).ok()?;
+            let end = memchr_last_newline(&bytes);
+            Some((p, end))
+        })
+        .collect()
+}
+
+fn memchr_last_newline(bytes: &[u8]) -> u64 {
+    bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i as u64 + 1)
 }
 
 /// Deleting what is no longer needed: an error there leaves garbage that

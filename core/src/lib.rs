@@ -35,6 +35,7 @@ pub mod clock;
 mod collector;
 mod config;
 mod context;
+pub mod corruption;
 mod data;
 pub mod disk;
 mod error;

@@ -148,8 +148,8 @@ impl FileAppender {
             if let Some(dir) = self.path.parent().filter(|d| !d.as_os_str().is_empty()) {
                 weir_core::disk::sync_dir(dir).ctx("fsync folder", dir)?;
             }
-            let whole = whole_lines_len(&mut f).ctx("read the end of", &self.path)?;
             let len = f.metadata().ctx("stat", &self.path)?.len();
+            let whole = whole_lines_len(&mut f, len).ctx("read the end of", &self.path)?;
             if whole < len {
                 // A line cut short by a crash: remove it, durably.
                 f.set_len(whole)
@@ -385,21 +385,49 @@ where
 }
 
 /// Length of the file up to and including its last `\n` (0 if none).
-fn whole_lines_len(f: &mut File) -> std::io::Result<u64> {
-    let len = f.metadata()?.len();
-    let mut end = len;
+///
+/// The file is the user's output and has no checksum, so the answer is
+/// read twice: the bytes it rests on (from that `\n` to the end; bytes
+/// before it are never used) must come back the same both times, or the
+/// open fails with an error naming the file and the bytes (the disk
+/// returned damaged bytes; a cut in the wrong place would drop a whole
+/// line or keep part of one). Once per open, never per record.
+fn whole_lines_len<R: Read + Seek>(f: &mut R, len: u64) -> std::io::Result<u64> {
     let mut chunk = Vec::new();
+    let first = last_line_end(f, len, &mut chunk)?;
+    let second = last_line_end(f, len, &mut chunk)?;
+    if first != second {
+        let from = first.0.min(second.0).saturating_sub(1);
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "bytes {from}..{len} (the end of its last whole line and what follows) read differently twice: \
+                 the disk returned damaged bytes; nothing was cut"
+            ),
+        ));
+    }
+    Ok(first.0)
+}
+
+/// One reading of [`whole_lines_len`]: the length up to and including the
+/// last `\n`, and a CRC32 of the bytes from that `\n` to `len` (fed from
+/// the end, a chunk at a time: two readings of the same bytes agree).
+fn last_line_end<R: Read + Seek>(f: &mut R, len: u64, chunk: &mut Vec<u8>) -> std::io::Result<(u64, u32)> {
+    let mut crc = crc32fast::Hasher::new();
+    let mut end = len;
     while end > 0 {
         let start = end.saturating_sub(TAIL_STEP);
         chunk.resize((end - start) as usize, 0);
         f.seek(SeekFrom::Start(start))?;
-        f.read_exact(&mut chunk)?;
-        if let Some(i) = memchr::memrchr(b'\n', &chunk) {
-            return Ok(start + i as u64 + 1);
+        f.read_exact(chunk)?;
+        if let Some(i) = memchr::memrchr(b'\n', chunk) {
+            crc.update(&chunk[i..]);
+            return Ok((start + i as u64 + 1, crc.finalize()));
         }
+        crc.update(chunk);
         end = start;
     }
-    Ok(0)
+    Ok((0, crc.finalize()))
 }
 
 impl<T, F, E, A> Sink<T> for DirectFileSink<T, F, E, A>
@@ -477,5 +505,110 @@ where
         let io = self.io()?;
         io.wait_for(io.last_ticket())?;
         self.take_replies()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    /// A file whose first read returns byte `flip` with one bit flipped
+    /// (rot on the way, as the storage simulation injects it); later reads
+    /// are right.
+    struct FlipFirstRead {
+        inner: Cursor<Vec<u8>>,
+        flip: u64,
+        flipped: bool,
+    }
+
+    impl Read for FlipFirstRead {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let at = self.inner.position();
+            let n = self.inner.read(buf)?;
+            if !self.flipped && (at..at + n as u64).contains(&self.flip) {
+                buf[(self.flip - at) as usize] ^= 0x04;
+                self.flipped = true;
+            }
+            Ok(n)
+        }
+    }
+
+    impl Seek for FlipFirstRead {
+        fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+            self.inner.seek(pos)
+        }
+    }
+
+    fn whole_with_flip(bytes: &[u8], flip: u64) -> std::io::Result<u64> {
+        let mut f = FlipFirstRead {
+            inner: Cursor::new(bytes.to_vec()),
+            flip,
+            flipped: false,
+        };
+        whole_lines_len(&mut f, bytes.len() as u64)
+    }
+
+    #[test]
+    fn the_end_of_the_last_whole_line_is_found() {
+        assert_eq!(whole_with_flip(b"1\n22\n3", u64::MAX).unwrap(), 5);
+        assert_eq!(whole_with_flip(b"1\n22\n", u64::MAX).unwrap(), 5);
+        assert_eq!(whole_with_flip(b"partial", u64::MAX).unwrap(), 0);
+        assert_eq!(whole_with_flip(b"", u64::MAX).unwrap(), 0);
+    }
+
+    /// A flipped bit in the bytes the cut rests on (the last `\n`, or a
+    /// byte after it that reads as `\n`) would drop a whole line or keep
+    /// part of one: the second reading disagrees, and the open fails with
+    /// the bytes to blame. A flip before them is never used.
+    #[test]
+    fn a_byte_read_damaged_where_the_cut_is_decided_fails_the_open() {
+        // '\n' ^ 0x04 = 0x0e: the last newline vanishes on the first read.
+        let e = whole_with_flip(b"1\n22\n3", 4).unwrap_err();
+        assert!(
+            e.to_string().contains("bytes 1..6") && e.to_string().contains("read differently twice"),
+            "{e}"
+        );
+        // 0x0e ^ 0x04 = '\n': a newline appears in the partial line.
+        let e = whole_with_flip(b"1\n22\n3\x0e3", 7).unwrap_err();
+        assert!(e.to_string().contains("read differently twice"), "{e}");
+        // Any other byte of the deciding range differs too.
+        assert!(whole_with_flip(b"1\n22\n3", 5).is_err());
+        // Before the last newline: not used, the answer stands.
+        assert_eq!(whole_with_flip(b"1\n22\n3", 2).unwrap(), 5);
+    }
+
+    /// Through the appender: the error names the file (on a simulated disk
+    /// that flips a bit of every read, so the two readings of a one-line
+    /// file disagree unless they flip the same bit).
+    #[test]
+    fn a_damaged_read_at_open_is_an_error_naming_the_file() {
+        use std::sync::Arc;
+        use weir_core::vfs::sim::{Faults, SimFs};
+        let mut failed = 0;
+        for seed in 0..8 {
+            let root = PathBuf::from(format!("/weir-sim-unit/direct-open-{seed}"));
+            let fs = SimFs::new(&root, seed, Faults::default());
+            weir_core::vfs::mount(&root, Arc::new(fs.clone()));
+            let path = root.join("out/part-000.csv");
+            let mut a = FileAppender::new(path.clone());
+            a.append(b"12,3\n").unwrap();
+            a.sync().unwrap();
+            fs.set_faults(Faults {
+                read_flip: 1,
+                ..Faults::default()
+            });
+            let r = FileAppender::new(path.clone()).open();
+            weir_core::vfs::unmount(&root);
+            if let Err(e) = r {
+                let e = e.to_string();
+                assert!(
+                    e.contains(&*path.to_string_lossy()) && e.contains("read differently twice"),
+                    "{e}"
+                );
+                failed += 1;
+            }
+        }
+        assert!(failed > 0, "no seed's two readings disagreed");
     }
 }

@@ -478,7 +478,7 @@ impl Coordinator {
     /// shared files it needs, and its caller deletes none.
     fn shared_files(&mut self, id: u64) -> Result<&[String], String> {
         if !self.shared_of.contains_key(&id) {
-            let files = match storage::read_manifest(&self.root, id) {
+            let files = match storage::read_manifest_located(&self.root, id) {
                 Ok(Some(m)) => m
                     .files
                     .into_iter()
@@ -486,7 +486,12 @@ impl Coordinator {
                     .map(|f| f.path)
                     .collect(),
                 Ok(None) => return Err(format!("checkpoint {id} has no manifest")),
-                Err(e) => return Err(e),
+                Err(e) => {
+                    e.report_damage(&format!(
+                        "read to tell which shared state files checkpoint {id} uses: none is deleted"
+                    ));
+                    return Err(e.message);
+                }
             };
             self.shared_of.insert(id, files);
         }
@@ -921,6 +926,66 @@ mod tests {
             root.join(&shared.path).exists(),
             "a shared file a retained checkpoint may need was deleted"
         );
+        assert_damage_reported(&manifest, mid as u64);
+    }
+
+    /// Flips one bit of checkpoint `id`'s manifest (in its JSON line);
+    /// returns the manifest's path and the byte flipped.
+    fn damage_manifest(root: &Path, id: u64) -> (std::path::PathBuf, u64) {
+        let manifest = storage::checkpoint_dir(root, id).join(storage::MANIFEST);
+        let mut bytes = std::fs::read(&manifest).unwrap();
+        let at = bytes.iter().position(|&b| b == b'\n').unwrap() / 2;
+        bytes[at] ^= 0x10;
+        std::fs::write(&manifest, bytes).unwrap();
+        (manifest, at as u64)
+    }
+
+    /// The damaged bytes of `file` were reported (`corruption::report`),
+    /// at or before byte `flipped`, the message naming the file.
+    fn assert_damage_reported(file: &Path, flipped: u64) {
+        let reports = crate::corruption::recent_under(file);
+        let r = reports
+            .last()
+            .unwrap_or_else(|| panic!("no damage reported in {}", file.display()));
+        assert!(r.offset <= flipped, "{r:?}");
+        assert!(r.what.contains(&*file.to_string_lossy()), "{r:?}");
+    }
+
+    /// The start's sweep of orphaned shared files reads every complete
+    /// checkpoint's manifest: one that does not verify keeps every file,
+    /// and is reported with its file and position.
+    #[test]
+    fn the_orphan_sweep_reports_a_damaged_manifest_and_deletes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let shared = checkpoint_1_on_a_shared_file(root);
+        let orphan = root.join(storage::SHARED).join("op-c9-s0.full.pages");
+        std::fs::write(&orphan, b"orphan").unwrap();
+        let (manifest, at) = damage_manifest(root, 1);
+        assert_eq!(recovery::remove_orphaned_shared_files(root).unwrap(), 0);
+        assert!(root.join(&shared.path).exists() && orphan.exists());
+        assert_damage_reported(&manifest, at);
+    }
+
+    /// `RestoreFrom::LatestValid` skips a checkpoint that does not verify
+    /// for an older one: the damage it skipped is reported.
+    #[test]
+    fn latest_valid_reports_the_damage_of_the_checkpoint_it_skips() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let (mut c, _signals, _stats) = coordinator(root, 1, |cfg| cfg.retained = 2);
+        for id in 1..=2 {
+            c.trigger(Instant::now(), false).unwrap();
+            c.handle(ack(id, 0)).unwrap();
+            c.handle(ack(id, 1)).unwrap();
+        }
+        let (manifest, at) = damage_manifest(root, 2);
+        assert!(recovery::find(root, RestoreFrom::Latest, "fp", 1).is_err());
+        let restored = recovery::find(root, RestoreFrom::LatestValid, "fp", 1)
+            .unwrap()
+            .unwrap();
+        assert_eq!(restored.manifest.id, 1);
+        assert_damage_reported(&manifest, at);
     }
 
     /// Found by the storage simulation: a manifest found on disk may be an

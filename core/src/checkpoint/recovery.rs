@@ -6,7 +6,7 @@
 //! file and the position, and the job does not start. Falling back to an
 //! older checkpoint happens only with [`RestoreFrom::LatestValid`].
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use super::config::RestoreFrom;
 use super::snapshot::TaskState;
@@ -23,26 +23,42 @@ pub(crate) struct Restored {
 
 /// Loads and verifies checkpoint `id`.
 pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Result<Restored> {
-    let manifest = storage::read_manifest(root, id)
-        .map_err(Error::Restore)?
+    load_located(root, id, fingerprint, groups).map_err(|(e, _)| e)
+}
+
+/// [`load`]; a failure with the damaged file and the byte it starts at, if
+/// damaged bytes (a failed check) were the cause.
+type Damaged = Option<(PathBuf, u64)>;
+
+fn load_located(
+    root: &Path,
+    id: u64,
+    fingerprint: &str,
+    groups: usize,
+) -> std::result::Result<Restored, (Error, Damaged)> {
+    let checked = |e: storage::CheckFailed| (Error::Restore(e.message), e.damaged);
+    let plain = |e: Error| (e, None);
+    let manifest = storage::read_manifest_located(root, id)
+        .map_err(checked)?
         .ok_or_else(|| {
             Error::Restore(format!(
                 "checkpoint {id} in {} is not complete (no manifest)",
                 root.display()
             ))
-        })?;
+        })
+        .map_err(plain)?;
     if manifest.fingerprint != fingerprint {
         let theirs: Vec<String> = manifest.groups.iter().map(|g| g.operators.join(" -> ")).collect();
-        return Err(Error::Restore(format!(
+        return Err(plain(Error::Restore(format!(
             "checkpoint {id} in {} belongs to another job graph (job '{}', fingerprint {}, chains [{}]); \
              this job's fingerprint is {fingerprint}: use another checkpoint directory or start fresh",
             root.display(),
             manifest.job,
             manifest.fingerprint,
             theirs.join("; ")
-        )));
+        ))));
     }
-    storage::verify_files(root, &manifest).map_err(Error::Restore)?;
+    storage::verify_files_located(root, &manifest).map_err(checked)?;
     // The manifest may be the work of an earlier process that stopped, or
     // whose folder fsync failed, between its rename and that sync: found is
     // not durable. Sinks are about to commit through this checkpoint, so
@@ -50,10 +66,10 @@ pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Re
     // file it names was synced before the manifest was written).
     let dir = storage::checkpoint_dir(root, id);
     storage::sync_dir(&dir).map_err(|e| {
-        Error::Restore(format!(
+        plain(Error::Restore(format!(
             "checkpoint {id}: cannot fsync its folder {} before restoring from it: {e}",
             dir.display()
-        ))
+        )))
     })?;
     let mut states: Vec<Vec<TaskState>> = (0..groups).map(|_| Vec::new()).collect();
     for t in &manifest.tasks {
@@ -64,11 +80,21 @@ pub(crate) fn load(root: &Path, id: u64, fingerprint: &str, groups: usize) -> Re
         };
         let bytes = t
             .state_bytes_in(root, &manifest)
-            .map_err(|e| Error::Restore(format!("{what}: {e}")))?;
-        let state = TaskState::decode(&bytes, &what).map_err(Error::Restore)?;
-        let g = states
-            .get_mut(t.group)
-            .ok_or_else(|| Error::Restore(format!("checkpoint {id}: chain {} does not exist in this job", t.group)))?;
+            .map_err(|e| plain(Error::Restore(format!("{what}: {e}"))))?;
+        // Its bytes were verified above (whole-file CRC, or the manifest's
+        // inline CRC), but a task file is read again here: its own CRC
+        // checks this read. (Inline bytes are not read again: a frame that
+        // passed its CRC and does not decode is no damage on disk.)
+        let state = TaskState::decode(&bytes, &what).map_err(|e| {
+            let damaged = t.inline_offset.is_none().then(|| (path.clone(), 0));
+            (Error::Restore(e), damaged)
+        })?;
+        let g = states.get_mut(t.group).ok_or_else(|| {
+            plain(Error::Restore(format!(
+                "checkpoint {id}: chain {} does not exist in this job",
+                t.group
+            )))
+        })?;
         g.push(state);
     }
     Ok(Restored { manifest, states })
@@ -107,12 +133,15 @@ pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
     };
     let mut referenced = std::collections::HashSet::new();
     for id in completed_ids(root)? {
-        match storage::read_manifest(root, id) {
+        match storage::read_manifest_located(root, id) {
             Ok(Some(m)) => referenced.extend(m.files.into_iter().map(|f| f.path)),
             Ok(None) => {}
             // A manifest that does not parse protects everything: never
             // delete what a checkpoint we cannot read might need.
-            Err(_) => return Ok(0),
+            Err(e) => {
+                e.report_damage("read to find orphaned shared state files at the start: none is deleted");
+                return Ok(0);
+            }
         }
     }
     let mut removed = 0;
@@ -136,9 +165,16 @@ pub(crate) fn find(root: &Path, from: RestoreFrom, fingerprint: &str, groups: us
         },
         RestoreFrom::LatestValid => {
             for &id in completed_ids(root)?.iter().rev() {
-                match load(root, id, fingerprint, groups) {
+                match load_located(root, id, fingerprint, groups) {
                     Ok(r) => return Ok(Some(r)),
-                    Err(e) => tracing::warn!(checkpoint = id, error = %e, "skipping a checkpoint that does not verify"),
+                    Err((e, Some((file, at)))) => crate::corruption::report(
+                        &file,
+                        at,
+                        &format!("{e}; restoring an older checkpoint instead of {id}"),
+                    ),
+                    Err((e, None)) => {
+                        tracing::warn!(checkpoint = id, error = %e, "skipping a checkpoint that does not verify")
+                    }
                 }
             }
             Ok(None)

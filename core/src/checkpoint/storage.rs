@@ -246,32 +246,56 @@ impl Manifest {
     /// Parses and verifies a manifest's bytes, inline task states included;
     /// `path` names it in errors, with the byte position of what is wrong.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Manifest, String> {
+        Self::decode_located(bytes, path).map_err(|(_, e)| e)
+    }
+
+    /// [`Manifest::decode`], the error with the byte it starts at.
+    pub(crate) fn decode_located(bytes: &[u8], path: &Path) -> Result<Manifest, (u64, String)> {
         let p = path.display();
-        let json_end = bytes
-            .iter()
-            .position(|&b| b == b'\n')
-            .ok_or_else(|| format!("{p}: truncated ({} bytes, no line end)", bytes.len()))?;
-        let json = std::str::from_utf8(&bytes[..json_end])
-            .map_err(|e| format!("{p}: not UTF-8 at byte {}", e.valid_up_to()))?;
+        let json_end = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| {
+            (
+                bytes.len() as u64,
+                format!("{p}: truncated ({} bytes, no line end)", bytes.len()),
+            )
+        })?;
+        let json = std::str::from_utf8(&bytes[..json_end]).map_err(|e| {
+            (
+                e.valid_up_to() as u64,
+                format!("{p}: not UTF-8 at byte {}", e.valid_up_to()),
+            )
+        })?;
         // "crc32 " + 8 hex digits + "\n"
         let crc_line = bytes
             .get(json_end + 1..json_end + 16)
             .filter(|l| l.starts_with(b"crc32 ") && l[14] == b'\n')
-            .ok_or_else(|| format!("{p}: missing or malformed crc32 line at byte {}", json_end + 1))?;
+            .ok_or_else(|| {
+                let at = json_end as u64 + 1;
+                (at, format!("{p}: missing or malformed crc32 line at byte {at}"))
+            })?;
         let crc_hex = std::str::from_utf8(&crc_line[6..14]).unwrap_or("?");
-        let expected = u32::from_str_radix(crc_hex, 16).map_err(|_| format!("{p}: bad crc32 value '{crc_hex}'"))?;
+        let expected = u32::from_str_radix(crc_hex, 16).map_err(|_| {
+            let at = json_end as u64 + 7;
+            (at, format!("{p}: bad crc32 value '{crc_hex}' at byte {at}"))
+        })?;
         let actual = crc32fast::hash(json.as_bytes());
         if expected != actual {
-            return Err(format!(
-                "{p}: CRC mismatch over bytes 0..{}: expected {expected:08x}, actual {actual:08x}",
-                json.len()
+            return Err((
+                0,
+                format!(
+                    "{p}: CRC mismatch over bytes 0..{}: expected {expected:08x}, actual {actual:08x}",
+                    json.len()
+                ),
             ));
         }
-        let mut m: Manifest = serde_json::from_str(json).map_err(|e| format!("{p}: manifest does not parse: {e}"))?;
+        let mut m: Manifest =
+            serde_json::from_str(json).map_err(|e| (0, format!("{p}: manifest does not parse: {e}")))?;
         if m.version == 0 || m.version > MANIFEST_VERSION {
-            return Err(format!(
-                "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
-                m.version
+            return Err((
+                0,
+                format!(
+                    "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
+                    m.version
+                ),
             ));
         }
         let inline_start = json_end + 16;
@@ -282,28 +306,37 @@ impl Manifest {
             let at = (inline_start as u64).saturating_add(off);
             let end = at.saturating_add(t.file.size);
             let frame = t.inline_frame(&m.inline).ok_or_else(|| {
-                format!(
-                    "{p}: inline state of task {}/{} at bytes {at}..{end} lies past the end ({} bytes): truncated",
-                    t.group,
-                    t.subtask,
-                    bytes.len()
+                (
+                    at,
+                    format!(
+                        "{p}: inline state of task {}/{} at bytes {at}..{end} lies past the end ({} bytes): truncated",
+                        t.group,
+                        t.subtask,
+                        bytes.len()
+                    ),
                 )
             })?;
             let actual = crc32fast::hash(frame);
             if actual != t.file.crc32 {
-                return Err(format!(
-                    "{p}: CRC mismatch in the inline state of task {}/{} at bytes {at}..{end}: expected {:08x}, actual {actual:08x}",
-                    t.group,
-                    t.subtask,
-                    t.file.crc32
+                return Err((
+                    at,
+                    format!(
+                        "{p}: CRC mismatch in the inline state of task {}/{} at bytes {at}..{end}: expected {:08x}, actual {actual:08x}",
+                        t.group,
+                        t.subtask,
+                        t.file.crc32
+                    ),
                 ));
             }
             covered = covered.saturating_add(t.file.size);
         }
         if covered != m.inline.len() as u64 {
-            return Err(format!(
-                "{p}: {} bytes after the CRC line (from byte {inline_start}), the inline states account for {covered}",
-                m.inline.len()
+            return Err((
+                inline_start as u64,
+                format!(
+                    "{p}: {} bytes after the CRC line (from byte {inline_start}), the inline states account for {covered}",
+                    m.inline.len()
+                ),
             ));
         }
         Ok(m)
@@ -367,11 +400,44 @@ pub fn list_ids(root: &Path) -> std::io::Result<Vec<u64>> {
 /// Reads and verifies the manifest of checkpoint `id`; `Ok(None)` if the
 /// folder has no manifest (an unfinished checkpoint).
 pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
+    read_manifest_located(root, id).map_err(|e| e.message)
+}
+
+/// Why a manifest or a checkpoint's file could not be read or verified: the
+/// message, and for damaged bytes (a failed check, not an I/O error) the
+/// file and the byte they start at.
+#[derive(Debug)]
+pub(crate) struct CheckFailed {
+    pub(crate) message: String,
+    pub(crate) damaged: Option<(PathBuf, u64)>,
+}
+
+impl CheckFailed {
+    /// Reports damaged bytes ([`crate::corruption::report`]) that the
+    /// caller goes on without, `instead` saying what it does; an I/O error
+    /// is no damage and is not reported.
+    pub(crate) fn report_damage(&self, instead: &str) {
+        if let Some((file, at)) = &self.damaged {
+            crate::corruption::report(file, *at, &format!("{}; {instead}", self.message));
+        }
+    }
+}
+
+/// [`read_manifest`], telling damaged bytes from I/O errors.
+pub(crate) fn read_manifest_located(root: &Path, id: u64) -> Result<Option<Manifest>, CheckFailed> {
     let path = checkpoint_dir(root, id).join(MANIFEST);
     match vfs::read(&path) {
-        Ok(bytes) => Manifest::decode(&bytes, &path).map(Some),
+        Ok(bytes) => Manifest::decode_located(&bytes, &path)
+            .map(Some)
+            .map_err(|(at, message)| CheckFailed {
+                message,
+                damaged: Some((path, at)),
+            }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(format!("{}: {e}", path.display())),
+        Err(e) => Err(CheckFailed {
+            message: format!("{}: {e}", path.display()),
+            damaged: None,
+        }),
     }
 }
 
@@ -379,52 +445,79 @@ pub fn read_manifest(root: &Path, id: u64) -> Result<Option<Manifest>, String> {
 /// recorded CRC32. The error names the checkpoint, the file and what is
 /// wrong (for a CRC mismatch, the expected and actual values).
 pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
+    verify_files_located(root, manifest).map_err(|e| e.message)
+}
+
+/// [`verify_files`], telling damaged files from I/O errors.
+pub(crate) fn verify_files_located(root: &Path, manifest: &Manifest) -> Result<(), CheckFailed> {
+    let damaged = |path: &Path, at: u64, message: String| CheckFailed {
+        message,
+        damaged: Some((path.to_path_buf(), at)),
+    };
+    let io = |message: String| CheckFailed { message, damaged: None };
     for f in &manifest.files {
         let path = root.join(&f.path);
         let file = vfs::File::open(&path).map_err(|e| {
-            format!(
+            let message = format!(
                 "checkpoint {}: file {} is missing or unreadable: {e}",
                 manifest.id,
                 path.display()
-            )
+            );
+            if e.kind() == std::io::ErrorKind::NotFound {
+                damaged(&path, 0, message)
+            } else {
+                io(message)
+            }
         })?;
         // The size first, from the file system: a size in the manifest is
         // never trusted for an allocation, nor a file read past it.
         let len = file
             .metadata()
-            .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?
+            .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", manifest.id, path.display())))?
             .len();
         if len != f.size {
-            return Err(format!(
-                "checkpoint {}: file {} has {len} bytes, the manifest says {} (truncated or extended at byte {})",
-                manifest.id,
-                path.display(),
-                f.size,
-                len.min(f.size)
+            return Err(damaged(
+                &path,
+                len.min(f.size),
+                format!(
+                    "checkpoint {}: file {} has {len} bytes, the manifest says {} (truncated or extended at byte {})",
+                    manifest.id,
+                    path.display(),
+                    f.size,
+                    len.min(f.size)
+                ),
             ));
         }
         let mut bytes = Vec::with_capacity(len as usize);
         file.take(len)
             .read_to_end(&mut bytes)
-            .map_err(|e| format!("checkpoint {}: reading {}: {e}", manifest.id, path.display()))?;
+            .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", manifest.id, path.display())))?;
         if bytes.len() as u64 != f.size {
-            return Err(format!(
-                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
-                manifest.id,
-                path.display(),
-                bytes.len(),
-                f.size,
-                bytes.len()
+            return Err(damaged(
+                &path,
+                bytes.len() as u64,
+                format!(
+                    "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
+                    manifest.id,
+                    path.display(),
+                    bytes.len(),
+                    f.size,
+                    bytes.len()
+                ),
             ));
         }
         let actual = crc32fast::hash(&bytes);
         if actual != f.crc32 {
-            return Err(format!(
-                "checkpoint {}: file {} (bytes 0..{}) CRC mismatch: expected {:08x}, actual {actual:08x}",
-                manifest.id,
-                path.display(),
-                f.size,
-                f.crc32
+            return Err(damaged(
+                &path,
+                0,
+                format!(
+                    "checkpoint {}: file {} (bytes 0..{}) CRC mismatch: expected {:08x}, actual {actual:08x}",
+                    manifest.id,
+                    path.display(),
+                    f.size,
+                    f.crc32
+                ),
             ));
         }
     }

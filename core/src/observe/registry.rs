@@ -372,7 +372,7 @@ impl Registry {
         }
 
         let c = &m.checkpoints;
-        let job_counters: [(&str, &str, &str, f64); 6] = [
+        let job_counters: [(&str, &str, &str, f64); 7] = [
             (
                 "weir_job_restarts_total",
                 "counter",
@@ -408,6 +408,12 @@ impl Registry {
                 "gauge",
                 "Id of the latest completed checkpoint (0: none).",
                 c.latest_completed().unwrap_or(0) as f64,
+            ),
+            (
+                "weir_corruptions_detected_total",
+                "counter",
+                "Damaged bytes on disk this process detected and went on without (each logged at warn with file and offset).",
+                crate::corruption::detected() as f64,
             ),
         ];
         for (name, kind, help, v) in job_counters {

@@ -53,6 +53,12 @@ pub trait Fs: Send + Sync {
     fn sync_dir(&self, path: &Path) -> io::Result<()>;
     /// Size of file `path`, or whether it is a folder.
     fn metadata(&self, path: &Path) -> io::Result<Metadata>;
+    /// Weir found damaged bytes in one of this filesystem's files and went
+    /// on without them ([`crate::corruption::report`] calls it). Nothing by
+    /// default; a simulated disk records it.
+    fn corruption_detected(&self, report: &crate::corruption::Report) {
+        let _ = report;
+    }
 }
 
 /// What [`metadata`] tells of a path.
@@ -417,6 +423,14 @@ pub fn sync_dir(path: impl AsRef<Path>) -> io::Result<()> {
 pub fn metadata(path: impl AsRef<Path>) -> io::Result<Metadata> {
     let p = path.as_ref();
     with(p, |fs| fs.metadata(p))
+}
+
+/// Tells the filesystem of the report's file that weir found damaged bytes
+/// in it and went on without them (see [`Fs::corruption_detected`]).
+pub fn corruption_detected(report: &crate::corruption::Report) {
+    if let Some(fs) = route(&report.file) {
+        fs.corruption_detected(report);
+    }
 }
 
 /// Whether `path` exists.

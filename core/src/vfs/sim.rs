@@ -38,6 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::ThreadId;
 
 use super::{File, FileOps, Fs, Metadata, OpenOptions};
+use crate::corruption::Report;
 
 /// Sector size: the unit a torn write keeps or loses.
 pub const SECTOR: usize = 512;
@@ -152,6 +153,8 @@ struct State {
     next_ino: u64,
     nodes: HashMap<u64, Node>,
     injected: Vec<Injected>,
+    /// Damaged bytes weir reported, since [`SimFs::take_detected`].
+    detected: Vec<Report>,
     /// Threads that did operations since the last crash.
     active: HashSet<ThreadId>,
     /// Threads of a crashed machine: they never run again.
@@ -339,6 +342,7 @@ impl SimFs {
                 next_ino: ROOT,
                 nodes,
                 injected: Vec::new(),
+                detected: Vec::new(),
                 active: HashSet::new(),
                 dead: HashSet::new(),
                 trace: std::env::var("WEIR_SIM_TRACE").is_ok_and(|v| v == "1"),
@@ -384,6 +388,11 @@ impl SimFs {
     /// The faults injected since the last call.
     pub fn take_injected(&self) -> Vec<Injected> {
         std::mem::take(&mut self.lock().injected)
+    }
+
+    /// The damaged bytes weir reported on this disk since the last call.
+    pub fn take_detected(&self) -> Vec<Report> {
+        std::mem::take(&mut self.lock().detected)
     }
 
     /// The machine crashes and restarts: what was not durable is kept,
@@ -786,6 +795,9 @@ impl Fs for SimFs {
             Some(Node::File { cur, .. }) => Metadata::new(cur.len() as u64, false),
             _ => Metadata::new(0, true),
         })
+    }
+    fn corruption_detected(&self, report: &Report) {
+        self.lock().detected.push(report.clone());
     }
 }
 

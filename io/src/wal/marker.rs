@@ -81,11 +81,22 @@ fn decode_slot(b: &[u8]) -> Slot {
     )
 }
 
-/// Decodes a marker file's bytes: the valid slot with the higher write
-/// counter, as `(counter, committed)`; `None` if no commit was ever
-/// recorded. A wrong size or two damaged slots is an error with the byte
-/// position to blame. Allocates nothing but the error message.
-pub(crate) fn decode_marker(bytes: &[u8]) -> std::result::Result<Option<(u64, Committed)>, (u64, String)> {
+/// What [`decode_marker`] read: the valid slot with the higher write
+/// counter, and a damaged slot it went on without.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Decoded {
+    /// `(counter, committed)`; `None` if no commit was ever recorded.
+    pub(crate) best: Option<(u64, Committed)>,
+    /// A slot that failed its check while the other one was used (or
+    /// never written): the byte it starts at and why. Torn by a crash, or
+    /// damaged; either way it is reported, never used.
+    pub(crate) skipped: Option<(u64, String)>,
+}
+
+/// Decodes a marker file's bytes (see [`Decoded`]). A wrong size or two
+/// damaged slots is an error with the byte position to blame. Allocates
+/// nothing but the messages.
+pub(crate) fn decode_marker(bytes: &[u8]) -> std::result::Result<Decoded, (u64, String)> {
     if bytes.len() != 2 * SLOT_BYTES {
         let size = if bytes.len() > 2 * SLOT_BYTES {
             format!("over {}", 2 * SLOT_BYTES)
@@ -99,12 +110,18 @@ pub(crate) fn decode_marker(bytes: &[u8]) -> std::result::Result<Option<(u64, Co
     }
     let a = decode_slot(&bytes[..SLOT_BYTES]);
     let b = decode_slot(&bytes[SLOT_BYTES..]);
+    let decoded = |best, skipped| Ok(Decoded { best, skipped });
+    let at_b = SLOT_BYTES as u64;
     match (a, b) {
-        (Slot::Valid(ca, va), Slot::Valid(cb, vb)) => Ok(Some(if ca >= cb { (ca, va) } else { (cb, vb) })),
-        (Slot::Valid(c, v), _) | (_, Slot::Valid(c, v)) => Ok(Some((c, v))),
-        // Never written, or the very first write was torn by a crash
-        // before its fsync returned: no commit was recorded.
-        (Slot::Empty, Slot::Empty) | (Slot::Empty, Slot::Bad(_)) | (Slot::Bad(_), Slot::Empty) => Ok(None),
+        (Slot::Valid(ca, va), Slot::Valid(cb, vb)) => decoded(Some(if ca >= cb { (ca, va) } else { (cb, vb) }), None),
+        (Slot::Valid(c, v), Slot::Bad(r)) => decoded(Some((c, v)), Some((at_b, r))),
+        (Slot::Bad(r), Slot::Valid(c, v)) => decoded(Some((c, v)), Some((0, r))),
+        (Slot::Valid(c, v), Slot::Empty) | (Slot::Empty, Slot::Valid(c, v)) => decoded(Some((c, v)), None),
+        (Slot::Empty, Slot::Empty) => decoded(None, None),
+        // The very first write was torn by a crash before its fsync
+        // returned: no commit was recorded.
+        (Slot::Empty, Slot::Bad(r)) => decoded(None, Some((at_b, r))),
+        (Slot::Bad(r), Slot::Empty) => decoded(None, Some((0, r))),
         (Slot::Bad(reason), Slot::Bad(_)) => Err((0, format!("both slots damaged: {reason}"))),
     }
 }
@@ -140,7 +157,23 @@ impl Marker {
             }
             Err(e) => return Err(Error::io("open", &path, e)),
         }
-        let best = decode_marker(&bytes).map_err(|(at, reason)| Error::corrupt("commit marker", &path, at, reason))?;
+        let Decoded { best, skipped } =
+            decode_marker(&bytes).map_err(|(at, reason)| Error::corrupt("commit marker", &path, at, reason))?;
+        if let Some((at, reason)) = skipped {
+            weir_core::corruption::report(
+                &path,
+                at,
+                &format!(
+                    "commit marker {}: the slot at byte {at} does not verify ({reason}), torn by a crash or damaged: {}",
+                    path.display(),
+                    if best.is_some() {
+                        "the other slot's marker is used"
+                    } else {
+                        "the other slot was never written, so no commit is recorded"
+                    }
+                ),
+            );
+        }
         let counter = best.map_or(0, |(c, _)| c);
         Ok((
             Marker {
@@ -227,6 +260,7 @@ mod tests {
         std::fs::write(&path, &bytes).unwrap();
         let (mut m, v) = Marker::open(path.clone()).unwrap();
         assert_eq!(v, Some(value(2)));
+        assert_slot_reported(&path, SLOT_BYTES as u64);
         // Writing goes on after the torn slot.
         m.write(value(4)).unwrap();
         assert_eq!(Marker::open(path.clone()).unwrap().1, Some(value(4)));
@@ -246,7 +280,20 @@ mod tests {
         let mut bytes = vec![0u8; 2 * SLOT_BYTES];
         bytes[SLOT_BYTES + 3] = 7;
         std::fs::write(&path, &bytes).unwrap();
-        assert_eq!(Marker::open(path).unwrap().1, None);
+        assert_eq!(Marker::open(path.clone()).unwrap().1, None);
+        assert_slot_reported(&path, SLOT_BYTES as u64);
+    }
+
+    /// The slot at byte `at` of the marker at `path` was reported as
+    /// damaged (`weir_core::corruption::report`), naming the file.
+    fn assert_slot_reported(path: &Path, at: u64) {
+        let reports = weir_core::corruption::recent_under(path);
+        let r = reports.last().expect("the damaged slot is reported");
+        assert_eq!(r.offset, at, "{r:?}");
+        assert!(
+            r.what.contains(&*path.to_string_lossy()) && r.what.contains("slot"),
+            "{r:?}"
+        );
     }
 
     /// Found by the storage simulation (WAL seed 8): a marker whose fsync

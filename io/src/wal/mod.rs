@@ -936,6 +936,21 @@ where
 
         // 2. Discard everything after the checkpoint's end.
         let (tail_records, _, stopped) = reader.scan_tail(&dir, self.subtask as u32, st.end.seg, st.end.off)?;
+        if let Some(s) = &stopped {
+            // Torn by the crash, or damaged: cut off with the rest of the
+            // tail either way (nothing after the checkpoint's end is used),
+            // and reported.
+            weir_core::corruption::report(
+                &end_path,
+                s.offset,
+                &format!(
+                    "WAL segment {}: the record at byte {} after checkpoint {n}'s end does not verify ({}), torn by a crash or damaged: cut off with the rest of the log after the checkpoint",
+                    end_path.display(),
+                    s.offset,
+                    s.reason
+                ),
+            );
+        }
         let mut report = WalRecovery {
             checkpoint: n,
             committed_before: committed.epoch,
