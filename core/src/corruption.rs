@@ -14,6 +14,11 @@
 //! ([`crate::vfs::Fs::corruption_detected`]; the storage simulation checks
 //! with it that every bit it flipped was either refused with an error or
 //! reported here).
+//!
+//! A crash tears the last write in flight, so after a crash a WAL log tail
+//! or marker slot is reported here too: the check cannot tell a torn write
+//! from rot. The count says "look at the disk" only where no crash came
+//! before.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

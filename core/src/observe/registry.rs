@@ -412,7 +412,7 @@ impl Registry {
             (
                 "weir_corruptions_detected_total",
                 "counter",
-                "Damaged bytes on disk this process detected and went on without (each logged at warn with file and offset).",
+                "Bytes on disk that failed their check and that this process went on without (each logged at warn with file and offset); a start after a crash may count a torn last write of the WAL.",
                 crate::corruption::detected() as f64,
             ),
         ];
