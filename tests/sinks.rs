@@ -24,7 +24,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use weir_core::fault::{self, Action};
 use weir_core::harness::Harness;
@@ -1283,7 +1283,7 @@ fn wal_sink_backpressures_when_its_log_thread_lags() {
         let hi = (pos + batch).min(records);
         let mut b: Vec<Rec> = (pos..hi).map(|s| (s, 0)).collect();
         let batch_bytes: usize = b.iter().map(|r| codec::HEADER_BYTES + r.0.to_string().len() + 1).sum();
-        let t = std::time::Instant::now();
+        let t = Instant::now();
         h.write_sink(&mut sink, &mut b).unwrap();
         write_time += t.elapsed();
         let buffered = sink.buffered_bytes();
@@ -1501,6 +1501,64 @@ fn kafka_checkpoints_completed_during_a_transaction_share_the_next_one() {
     assert_eq!(sink.last_recovery().unwrap().recommitted_epochs, Vec::<u64>::new());
     h.finish_sink(&mut sink).unwrap();
     assert_eq!(values(&read_committed(&topic, 1)), want);
+}
+
+/// Both Kafka sinks make a record visible as soon as the broker
+/// acknowledged it: no fixed wait. (rdkafka's `flush`, and so its
+/// `commit_transaction`, polled for 100 ms whenever records were in flight,
+/// so every hand-over and every checkpoint's transaction took at least
+/// 100 ms; io/src/kafka/delivery.rs.) The median of 15 rounds is held to
+/// 60 ms, far above a loopback broker's acknowledgement and below that
+/// floor, so a stall or two of the machine does not decide it.
+#[test]
+fn kafka_sinks_wait_for_acknowledgements_not_a_poll_interval() {
+    fn median(mut v: Vec<Duration>) -> Duration {
+        v.sort_unstable();
+        v[v.len() / 2]
+    }
+    const FLOOR: Duration = Duration::from_millis(60);
+    let mut h = Harness::new(0, 1);
+    // At least once: each hand-over produced, acknowledged, visible.
+    let topic = common::kafka::unique_topic("alo-prompt");
+    let cfg = kafka_config(&topic);
+    let mut sink = wk::at_least_once(cfg.clone(), 0, kv as fn(&u64, &mut Vec<u8>), |_: &u64| 0);
+    h.write_sink(&mut sink, &mut vec![0]).unwrap();
+    sink.wait_idle().unwrap(); // connected
+    let mut rounds = Vec::new();
+    for i in 1..=15u64 {
+        let t = Instant::now();
+        h.write_sink(&mut sink, &mut vec![i]).unwrap();
+        sink.wait_idle().unwrap();
+        rounds.push(t.elapsed());
+    }
+    h.finish_sink(&mut sink).unwrap();
+    assert_eq!(values(&read_committed(&topic, 1)), (0..=15).collect::<Vec<_>>());
+    let alo = median(rounds);
+    // Exactly once: each checkpoint's transaction committed.
+    let dir = scratch();
+    let topic = common::kafka::unique_topic("eo-prompt");
+    let cfg = kafka_config(&topic);
+    let mut sink = kafka_eo(&cfg, &kafka_wal(&dir, "wal"));
+    h.write_sink(&mut sink, &mut vec![0]).unwrap();
+    let _ = sink.pre_commit(1).unwrap();
+    sink.commit(1).unwrap();
+    sink.wait_idle().unwrap(); // connected, transactions initialized
+    let mut rounds = Vec::new();
+    for c in 2..=16u64 {
+        h.write_sink(&mut sink, &mut vec![c]).unwrap();
+        let _ = sink.pre_commit(c).unwrap();
+        let t = Instant::now();
+        sink.commit(c).unwrap();
+        sink.wait_idle().unwrap();
+        rounds.push(t.elapsed());
+    }
+    h.finish_sink(&mut sink).unwrap();
+    let want: Vec<u64> = std::iter::once(0).chain(2..=16).collect();
+    assert_eq!(values(&read_committed(&topic, 1)), want);
+    let eo = median(rounds);
+    eprintln!("median round: at-least-once hand-over {alo:?}, exactly-once commit {eo:?}");
+    assert!(alo < FLOOR, "an at-least-once hand-over took {alo:?} (median)");
+    assert!(eo < FLOOR, "an exactly-once checkpoint's publish took {eo:?} (median)");
 }
 
 /// A WAL folder `name` in the scratch folder.

@@ -471,6 +471,7 @@ fn read_output(
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("fetch.wait.max.ms", "5")
+        .set("fetch.queue.backoff.ms", "1")
         .create()
         .map_err(|e| kafka_err("the output reader", e))?;
     let mut tpl = TopicPartitionList::new();

@@ -31,6 +31,7 @@
 //!   marker record, [`target`]); [`framing`]: key and value in a sink's
 //!   buffers; [`KafkaSinkConfig`]: their settings. See docs/end-to-end.md.
 
+mod delivery;
 pub mod framing;
 pub mod sink;
 pub mod sink_config;
@@ -324,6 +325,7 @@ impl KafkaSourceConfig {
     /// | `enable.partition.eof` | `true` when bounded | tells a bounded source a partition is read to its end |
     /// | `queued.max.messages.kbytes`, `queued.min.messages` | 16384, 10000 | bounds the client's prefetch buffer |
     /// | `fetch.wait.max.ms` | 100 | a fetch with no data returns within 100 ms |
+    /// | `fetch.queue.backoff.ms` | 5 | how soon the client looks again at a partition whose buffer was above `queued.min.messages`; librdkafka's 1000 ms let each partition fetch about once a second, one `max.partition.fetch.bytes` (1 MiB) at a time: ~40,000 records/s per partition, whatever the machine (docs/benchmarks.md, "the fetch backoff") |
     ///
     /// then `group.id` ([`KafkaSourceConfig::group`], else `weir-unmanaged-TOPIC`,
     /// which the source never commits to), then every [`KafkaSourceConfig::set`].
@@ -342,7 +344,8 @@ impl KafkaSourceConfig {
             .set("enable.partition.eof", if self.bounded { "true" } else { "false" })
             .set("queued.max.messages.kbytes", "16384")
             .set("queued.min.messages", "10000")
-            .set("fetch.wait.max.ms", "100");
+            .set("fetch.wait.max.ms", "100")
+            .set("fetch.queue.backoff.ms", "5");
         // librdkafka's consumer needs a group even for assigned partitions;
         // without one of the user's, a name of its own that nothing
         // commits to (the source never joins a group).

@@ -8,12 +8,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use rdkafka::producer::{BaseRecord, Producer};
 
-use rdkafka::client::ClientContext;
-use rdkafka::producer::{BaseProducer, BaseRecord, DeliveryResult, Producer, ProducerContext};
-
+use super::delivery::{acknowledged, SinkProducer};
 use super::framing::Records;
 use super::sink_config::{queue_full, KafkaSinkConfig};
 use super::target::KafkaTarget;
@@ -31,8 +28,8 @@ pub type KafkaExactlyOnceSink<T, F, E> = WalSink<T, F, E, KafkaTarget>;
 
 /// The at-least-once sink of `subtask`: an idempotent producer on the
 /// sink's own thread. A hand-over of records (at most every 500 µs, or
-/// more at once when the broker is slower) is produced and flushed, and is
-/// visible to readers once the broker acknowledged it; a barrier's
+/// more at once when the broker is slower) is produced, and is visible to
+/// readers once the broker acknowledged it, which the sink waits for; a barrier's
 /// acknowledgement waits for every record before it. After a failure the
 /// source replays from the checkpoint: duplicates, never losses.
 ///
@@ -85,51 +82,15 @@ where
 }
 
 /// Produces a direct sink's hand-overs to a topic: every record sent, then
-/// a flush, so a hand-over is visible (acknowledged by the broker) when
-/// [`Appender::append`] returns.
+/// a wait for their delivery reports as they come (`io/src/kafka/delivery.rs`;
+/// not `rdkafka`'s 100 ms `flush`), so a hand-over is visible
+/// (acknowledged by the broker) when [`Appender::append`] returns.
 pub struct KafkaAppender {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
-    producer: Option<BaseProducer<Deliveries>>,
-}
-
-/// Sees every record's delivery report (on the thread that polls the
-/// producer: the appender's, in `send`'s retries and `flush`). A record
-/// the client gave up on (its `message.timeout.ms` passed, a non-retriable
-/// error) is counted, and the first reason kept: `flush` returns Ok once
-/// the queue is empty whether its records were delivered or not, so
-/// without this an at-least-once sink would lose them silently.
-#[derive(Default)]
-pub(crate) struct Deliveries {
-    failed: AtomicU64,
-    first: Mutex<Option<String>>,
-}
-
-impl ClientContext for Deliveries {}
-
-impl ProducerContext for Deliveries {
-    type DeliveryOpaque = ();
-
-    fn delivery(&self, result: &DeliveryResult<'_>, _: ()) {
-        if let Err((e, m)) = result {
-            self.failed.fetch_add(1, Ordering::Relaxed);
-            let mut first = self.first.lock().unwrap_or_else(|p| p.into_inner());
-            if first.is_none() {
-                *first = Some(format!("partition {}: {e}", rdkafka::message::Message::partition(m)));
-            }
-        }
-    }
-}
-
-impl Deliveries {
-    /// Records not delivered so far, and the first one's reason.
-    fn failures(&self) -> Option<(u64, String)> {
-        let n = self.failed.load(Ordering::Relaxed);
-        (n > 0).then(|| {
-            let first = self.first.lock().unwrap_or_else(|p| p.into_inner());
-            (n, first.clone().unwrap_or_default())
-        })
-    }
+    producer: Option<SinkProducer>,
+    /// Records the producer accepted since it was made.
+    sent: u64,
 }
 
 impl std::fmt::Debug for KafkaAppender {
@@ -148,6 +109,7 @@ impl KafkaAppender {
             config,
             slot,
             producer: None,
+            sent: 0,
         }
     }
 }
@@ -173,7 +135,7 @@ impl Appender for KafkaAppender {
         let c = &self.config;
         c.validate()?;
         c.ensure_topic(&c.topic, c.partitions, false, false)?;
-        self.producer = Some(c.producer_with(None, Deliveries::default())?);
+        self.producer = Some(c.producer(None)?);
         Ok(())
     }
 
@@ -181,6 +143,7 @@ impl Appender for KafkaAppender {
         let c = &self.config;
         let producer = self.producer.as_ref().expect("opened before the first append");
         let deadline = Instant::now() + c.timeout;
+        let mut sent = self.sent;
         for r in Records::new(buf) {
             let (k, v) = r.map_err(|at| {
                 c.topic_error(
@@ -197,17 +160,30 @@ impl Appender for KafkaAppender {
                 match producer.send(record) {
                     Ok(()) => break,
                     Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
+                        // The client's queue is full: its own thread frees
+                        // room as reports arrive.
                         record = back;
-                        producer.poll(Duration::from_millis(10));
+                        std::thread::sleep(Duration::from_millis(1));
                     }
                     Err((e, _)) => return Err(c.error(&c.topic, format!("produce (slot {})", self.slot), e)),
                 }
             }
+            sent += 1;
         }
-        producer
-            .flush(c.timeout)
-            .map_err(|e| c.error(&c.topic, format!("flush (slot {})", self.slot), e))?;
-        // Every record sent has its delivery report now (flush polled them).
+        self.sent = sent;
+        if !acknowledged(producer, sent, deadline) {
+            return Err(c.topic_error(
+                &c.topic,
+                format!(
+                    "slot {}: the broker did not acknowledge {} record(s) within {:?}; the job fails and restarts \
+                     from its last checkpoint, which sends them again",
+                    self.slot,
+                    sent - producer.context().settled(),
+                    c.timeout
+                ),
+            ));
+        }
+        // Every record sent has its delivery report now.
         if let Some((n, first)) = producer.context().failures() {
             return Err(c.topic_error(
                 &c.topic,
@@ -222,7 +198,7 @@ impl Appender for KafkaAppender {
     }
 
     fn sync(&mut self) -> Result<()> {
-        // Every append was flushed (acknowledged by all in-sync replicas).
+        // Every append was acknowledged (by all in-sync replicas).
         Ok(())
     }
 }
@@ -232,8 +208,8 @@ mod tests {
     use super::*;
     use crate::kafka::framing::encode;
 
-    /// A record the client gives up on fails the append: `flush` alone
-    /// returns Ok once the queue is empty, delivered or not.
+    /// A record the client gives up on fails the append: its delivery
+    /// report settles it, delivered or not.
     #[test]
     fn an_undelivered_record_fails_the_append() {
         let mut config = KafkaSinkConfig::new("127.0.0.1:1", "out");
@@ -243,7 +219,7 @@ mod tests {
         let config = Arc::new(config);
         let mut a = KafkaAppender::new(config.clone(), 0);
         // As `open` does, without its topic check (it needs a broker).
-        a.producer = Some(config.producer_with(None, Deliveries::default()).unwrap());
+        a.producer = Some(config.producer(None).unwrap());
         let mut buf = Vec::new();
         encode(b"k", b"1,1", &mut buf);
         encode(b"k", b"1,2", &mut buf);
@@ -253,7 +229,7 @@ mod tests {
         assert!(e.contains("slot 0"), "{e}");
         assert!(
             start.elapsed() < Duration::from_secs(10),
-            "failed at the records' timeout, not the flush's"
+            "failed at the records' timeout, not the call's"
         );
     }
 }

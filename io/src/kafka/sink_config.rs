@@ -7,8 +7,8 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicRe
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::BaseProducer;
 
+use super::delivery::{Deliveries, SinkProducer};
 use crate::{Error, Result};
 
 /// Where and how a Kafka sink writes; shared by all its subtasks.
@@ -128,18 +128,9 @@ impl KafkaSinkConfig {
 
     /// The producer's settings: idempotent, murmur2 partitioning (as Java
     /// clients), acks from all replicas; `transactional_id` for
-    /// exactly-once.
-    pub(crate) fn producer(&self, transactional_id: Option<&str>) -> Result<BaseProducer> {
-        self.producer_with(transactional_id, rdkafka::producer::DefaultProducerContext)
-    }
-
-    /// [`KafkaSinkConfig::producer`] with a context of the caller's (one
-    /// that sees each record's delivery report).
-    pub(crate) fn producer_with<C: rdkafka::producer::ProducerContext>(
-        &self,
-        transactional_id: Option<&str>,
-        context: C,
-    ) -> Result<BaseProducer<C>> {
+    /// exactly-once. Its delivery reports are served on a thread of its
+    /// own into [`Deliveries`] (see [`super::delivery`] for why).
+    pub(crate) fn producer(&self, transactional_id: Option<&str>) -> Result<SinkProducer> {
         let mut c = ClientConfig::new();
         c.set("bootstrap.servers", &self.brokers)
             .set("enable.idempotence", "true")
@@ -159,7 +150,7 @@ impl KafkaSinkConfig {
         for (k, v) in &self.properties {
             c.set(k, v);
         }
-        c.create_with_context(context)
+        c.create_with_context(Deliveries::default())
             .map_err(|e| self.error(&self.topic, "create a producer", e))
     }
 

@@ -53,10 +53,11 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
-use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::clock;
 
+use super::delivery::{acknowledged, SinkProducer};
 use super::framing::Records;
 use super::sink_config::{queue_full, KafkaSinkConfig};
 use crate::wal::codec::WalPos;
@@ -213,7 +214,9 @@ fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -
 pub struct KafkaTarget {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
-    producer: Option<Arc<BaseProducer>>,
+    producer: Option<Arc<SinkProducer>>,
+    /// Records the producer accepted since it was made.
+    sent: u64,
     /// Runs `begin_transaction` with a bound on the wait (`None` before
     /// `open`, and after a call that did not return in time).
     beginner: Option<Beginner>,
@@ -239,6 +242,7 @@ impl KafkaTarget {
             config,
             slot,
             producer: None,
+            sent: 0,
             beginner: None,
             in_transaction: false,
             epochs: Vec::new(),
@@ -246,7 +250,7 @@ impl KafkaTarget {
         }
     }
 
-    fn producer(&self) -> &BaseProducer {
+    fn producer(&self) -> &SinkProducer {
         self.producer
             .as_deref()
             .expect("the target is opened before it is written")
@@ -302,7 +306,7 @@ impl KafkaTarget {
     }
 
     /// Sends one record, waiting (bounded) for room in the producer's queue.
-    fn send(&self, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
+    fn send(&mut self, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
         let producer = self.producer();
         let deadline = Instant::now() + self.config.timeout;
         let mut record = BaseRecord::to(topic).key(key).payload(value);
@@ -311,14 +315,18 @@ impl KafkaTarget {
         }
         loop {
             match producer.send(record) {
-                Ok(()) => return Ok(()),
+                Ok(()) => break,
                 Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
+                    // The client's queue is full: its own thread frees
+                    // room as reports arrive.
                     record = back;
-                    producer.poll(Duration::from_millis(10));
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 Err((e, _)) => return Err(self.config.error(topic, "produce a record", e)),
             }
         }
+        self.sent += 1;
+        Ok(())
     }
 }
 
@@ -406,6 +414,12 @@ impl EpochTarget for KafkaTarget {
         let key = marker_key(self.slot);
         let topic = self.config.marker_topic.clone();
         self.send(&topic, Some(self.slot as i32), key.as_bytes(), &marker)?;
+        // Waits for the records' acknowledgements here, as they arrive:
+        // `commit_transaction` would wait at least 100 ms for them
+        // (super::delivery). Not acknowledged in time: the commit below
+        // flushes and fails or succeeds on its own.
+        let deadline = Instant::now() + self.config.timeout;
+        acknowledged(self.producer(), self.sent, deadline);
         let done = self.producer().commit_transaction(self.config.timeout);
         // Whatever the outcome, this transaction is over for this
         // producer: committed, or failed (the sink fails, and the next
