@@ -176,7 +176,7 @@ fn print_result(r: &KafkaBenchResult) {
     let c = &r.checkpoints;
     println!(
         "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
-         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms (in the job to the sink: p50 {:.1} ms p99 {:.1} ms)  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
+         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms ({} to the sink: p50 {:.1} ms p99 {:.1} ms)  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
         r.mode,
         r.sink,
         r.checkpoint_interval_ms,
@@ -192,6 +192,9 @@ fn print_result(r: &KafkaBenchResult) {
         v.p99 / 1e3,
         v.p999 / 1e3,
         v.max / 1e3,
+        // The records' stamp: open loop, their scheduled send (so this
+        // includes the producer, the broker and the source's fetch).
+        if r.rate.is_some() { "from the scheduled send" } else { "from the source's poll" },
         r.latency_us.p50 / 1e3,
         r.latency_us.p99 / 1e3,
         c.completed,
