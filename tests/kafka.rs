@@ -677,6 +677,57 @@ fn weir_run_reads_a_kafka_topic_and_a_file_together() {
     assert_exact(&rows, &expected(0, 4_000, keys), "weir run");
 }
 
+/// `weir bench --source kafka --sink kafka` end to end on the test broker:
+/// closed loop exactly once (the benchmark checks its own output and fails
+/// on any loss or duplicate), then open loop at least once with the
+/// platform probe's figures beside the visibility latency.
+#[test]
+fn the_kafka_benchmark_runs_and_checks_its_output() {
+    let dir = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str], json: &std::path::Path| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["bench", "--source", "kafka", "--sink", "kafka", "--partitions", "2"])
+            .args([
+                "--brokers",
+                &broker().addr,
+                "--keys",
+                "100",
+                "--checkpoint-interval-ms",
+                "20",
+            ])
+            .args(extra)
+            .arg("--json")
+            .arg(json)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "weir bench: {}\n{text}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let row: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(json).unwrap().lines().last().unwrap()).unwrap();
+        (text, row)
+    };
+    let (text, row) = bench(
+        &["--mode", "aligned", "--events", "20000"],
+        &dir.path().join("closed.json"),
+    );
+    assert!(text.contains("output 20000 (+0 dup)"), "{text}");
+    assert_eq!(row["output_records"], 20000, "{row}");
+    assert!(row["platform_us"].is_null(), "closed loop: no probe by default: {row}");
+    let (text, row) = bench(
+        &["--mode", "at-least-once", "--rate", "4000", "--events", "12000"],
+        &dir.path().join("open.json"),
+    );
+    assert!(text.contains("from the scheduled send to the sink"), "{text}");
+    assert!(text.contains("platform p99"), "{text}");
+    assert!(row["platform_us"]["p99"].as_f64().is_some(), "{row}");
+    assert!(row["visible_latency_us"]["p50"].as_f64().unwrap() > 0.0, "{row}");
+}
+
 /// Polls `src` `max` records at a time until `until(backlog)` holds;
 /// returns the records read meanwhile.
 fn poll_until(h: &mut Harness, src: &mut Src, max: usize, what: &str, until: impl Fn(Option<u64>) -> bool) -> Vec<Rec> {

@@ -49,6 +49,7 @@ use weir_io::{ParseError, WalSinkConfig};
 
 use crate::bench_cmd::{runtime_config, temp_checkpoint_dir, BenchArgs, CliError, Mode};
 use crate::event::Event;
+use crate::platform::PlatformProbe;
 use crate::report::{CheckpointSummary, Machine, Percentiles};
 
 /// The broker script, beside this crate.
@@ -107,6 +108,12 @@ pub struct KafkaBenchResult {
     /// closed loop: the source's poll) to the sink's write, microseconds.
     /// Visible minus this is the sink's publishing and the reader's fetch.
     pub latency_us: Percentiles,
+    /// The platform probe over the run (open loop; `--platform-probe`): how
+    /// late this machine woke a `SCHED_FIFO` thread on the workers' cores,
+    /// microseconds. It preempts every ordinary thread, the broker's
+    /// included, so it holds the machine's own delays (host, hypervisor,
+    /// interrupts), not the wait behind the broker's threads for a core.
+    pub platform_us: Option<Percentiles>,
     /// Checkpoints of the run.
     pub checkpoints: CheckpointSummary,
     /// Where and when.
@@ -176,7 +183,7 @@ fn print_result(r: &KafkaBenchResult) {
     let c = &r.checkpoints;
     println!(
         "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
-         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms ({} to the sink: p50 {:.1} ms p99 {:.1} ms)  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
+         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms ({} to the sink: p50 {:.1} ms p99 {:.1} ms){}  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
         r.mode,
         r.sink,
         r.checkpoint_interval_ms,
@@ -197,6 +204,12 @@ fn print_result(r: &KafkaBenchResult) {
         if r.rate.is_some() { "from the scheduled send" } else { "from the source's poll" },
         r.latency_us.p50 / 1e3,
         r.latency_us.p99 / 1e3,
+        r.platform_us.as_ref().map_or(String::new(), |p| format!(
+            "  platform p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms",
+            p.p99 / 1e3,
+            p.p999 / 1e3,
+            p.max / 1e3
+        )),
         c.completed,
         c.duration_ms.p50,
         c.duration_ms.max,
@@ -698,6 +711,11 @@ impl Run<'_> {
         };
         zero.store(clock::now_ns(), Ordering::Release);
         let job_started = clock::now_ns();
+        // Worker w runs on core w: the probe covers the workers' cores.
+        let probe = args
+            .platform_probe
+            .on_for(open)
+            .then(|| PlatformProbe::start(config.workers.min(cores)));
         let job = pipeline.run(config);
         let producer = match (&job, args.rate) {
             (Ok(_), Some(rate)) => {
@@ -723,6 +741,7 @@ impl Run<'_> {
             job.join()
         });
         stop.store(true, Ordering::Release);
+        let platform = probe.map(PlatformProbe::stop);
         let produced = producer.map(|t| {
             t.join()
                 .unwrap_or_else(|_| Err(CliError::Wrong("producer panicked".into())))
@@ -783,6 +802,7 @@ impl Run<'_> {
             duplicates: seen.records - events.min(seen.records),
             visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
             latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+            platform_us: platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns)),
             checkpoints: CheckpointSummary::from_stats(&result.metrics.checkpoints),
             machine: Machine::here(),
         })

@@ -160,13 +160,15 @@ both = min(ceil["produce_both"], ceil["consume_both"])
 print(f"broker ceiling, records/s: produce alone {ceil['produce_alone']:.0f}, consume alone {ceil['consume_alone']:.0f}, "
       f"produce+consume at once {ceil['produce_both']:.0f} / {ceil['consume_both']:.0f} (min {both:.0f})")
 print(f"{'mode':<14}{'sink':<21}{'interval':>9}{'load':>14}{'events/s':>11}{'% ceiling':>10}"
-      f"{'visible p50':>13}{'p99':>10}{'p99.9':>10}{'ckpts':>7}{'Flink ev/s':>12}{'weir/Flink':>11}")
+      f"{'visible p50':>13}{'p99':>10}{'p99.9':>10}{'platform p99':>13}{'ckpts':>7}{'Flink ev/s':>12}{'weir/Flink':>11}")
 for r in rows:
     load = "closed" if r["rate"] is None else f"{r['rate']:.0f}/s"
     pct = f"{100 * r['events_per_sec'] / both:.0f}%" if r["rate"] is None else ""
     v = r["visible_latency_us"]
-    vis = (f"{v['p50']/1e3:>11.1f}ms{v['p99']/1e3:>8.1f}ms{v['p999']/1e3:>8.1f}ms" if r["rate"] is not None
-           else f"{'(closed)':>13}{'':>10}{'':>10}")
+    p = r.get("platform_us")
+    plat = f"{p['p99']/1e3:>11.2f}ms" if p else f"{'':>13}"
+    vis = (f"{v['p50']/1e3:>11.1f}ms{v['p99']/1e3:>8.1f}ms{v['p999']/1e3:>8.1f}ms{plat}" if r["rate"] is not None
+           else f"{'(closed)':>13}{'':>10}{'':>10}{'':>13}")
     f = flink.get((r["mode"], r["checkpoint_interval_ms"])) if r["rate"] is None else None
     fl = f"{f['events_per_sec']:>12.0f}{r['events_per_sec'] / f['events_per_sec']:>10.1f}x" if f else ""
     print(f"{r['mode']:<14}{r['sink']:<21}{r['checkpoint_interval_ms']:>7}ms{load:>14}{r['events_per_sec']:>11.0f}{pct:>10}"
