@@ -178,7 +178,7 @@ impl Appender for KafkaAppender {
                     "slot {}: the broker did not acknowledge {} record(s) within {:?}; the job fails and restarts \
                      from its last checkpoint, which sends them again",
                     self.slot,
-                    sent - producer.context().settled(),
+                    sent.saturating_sub(producer.context().settled()),
                     c.timeout
                 ),
             ));
