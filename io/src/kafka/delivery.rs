@@ -28,7 +28,11 @@ use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::client::ClientContext;
-use rdkafka::producer::{DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::error::KafkaResult;
+use rdkafka::message::ToBytes;
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+
+use super::sink_config::queue_full;
 
 /// A sink's producer: librdkafka's, with a thread of the `rdkafka` crate's
 /// that serves delivery reports into [`Deliveries`].
@@ -42,6 +46,8 @@ pub(crate) type SinkProducer = ThreadedProducer<Deliveries>;
 pub(crate) struct Deliveries {
     failed: AtomicU64,
     first: Mutex<Option<String>>,
+    /// Records the client accepted ([`send`]).
+    sent: AtomicU64,
     /// Reports seen, delivered or not.
     settled: AtomicU64,
     /// The count a waiter waits for (0: nobody waits).
@@ -88,8 +94,13 @@ impl Deliveries {
     }
 
     /// Reports seen so far, delivered or not.
-    pub(crate) fn settled(&self) -> u64 {
+    fn settled(&self) -> u64 {
         self.settled.load(Ordering::SeqCst)
+    }
+
+    /// Records accepted and not yet reported on.
+    pub(crate) fn unacknowledged(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed).saturating_sub(self.settled())
     }
 
     /// Waits until `sent` reports were seen in all (the producer's count of
@@ -120,11 +131,39 @@ impl Deliveries {
     }
 }
 
-/// Waits until every record `producer` accepted (`sent`, counted by the
-/// caller) has its delivery report, and the client let go of them all
-/// (its queue is empty: a `commit_transaction` then finds nothing to
-/// flush and does not wait). False if `deadline` passed first.
-pub(crate) fn acknowledged(producer: &SinkProducer, sent: u64, deadline: Instant) -> bool {
+/// Sends `record`, waiting until `deadline` for room in the client's
+/// queue (its own thread frees room as reports arrive), and counts it for
+/// [`acknowledged`].
+pub(crate) fn send<K, P>(
+    producer: &SinkProducer,
+    mut record: BaseRecord<'_, K, P>,
+    deadline: Instant,
+) -> KafkaResult<()>
+where
+    K: ToBytes + ?Sized,
+    P: ToBytes + ?Sized,
+{
+    loop {
+        match producer.send(record) {
+            Ok(()) => {
+                producer.context().sent.fetch_add(1, Ordering::Relaxed);
+                return Ok(());
+            }
+            Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
+                record = back;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            Err((e, _)) => return Err(e),
+        }
+    }
+}
+
+/// Waits until every record [`send`] gave `producer` has its delivery
+/// report, and the client let go of them all (its queue is empty: a
+/// `commit_transaction` then finds nothing to flush and does not wait).
+/// False if `deadline` passed first.
+pub(crate) fn acknowledged(producer: &SinkProducer, deadline: Instant) -> bool {
+    let sent = producer.context().sent.load(Ordering::Relaxed);
     if !producer.context().wait_for(sent, deadline) {
         return false;
     }

@@ -6,13 +6,13 @@
 //! writes each record with [`super::framing::encode`] (key and value).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rdkafka::producer::{BaseRecord, Producer};
 
-use super::delivery::{acknowledged, SinkProducer};
+use super::delivery::{self, acknowledged, SinkProducer};
 use super::framing::Records;
-use super::sink_config::{queue_full, KafkaSinkConfig};
+use super::sink_config::KafkaSinkConfig;
 use super::target::KafkaTarget;
 use crate::direct::{Appender, DirectFileSink};
 use crate::wal::{WalSink, WalSinkConfig};
@@ -89,8 +89,6 @@ pub struct KafkaAppender {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
     producer: Option<SinkProducer>,
-    /// Records the producer accepted since it was made.
-    sent: u64,
 }
 
 impl std::fmt::Debug for KafkaAppender {
@@ -109,7 +107,6 @@ impl KafkaAppender {
             config,
             slot,
             producer: None,
-            sent: 0,
         }
     }
 }
@@ -143,7 +140,6 @@ impl Appender for KafkaAppender {
         let c = &self.config;
         let producer = self.producer.as_ref().expect("opened before the first append");
         let deadline = Instant::now() + c.timeout;
-        let mut sent = self.sent;
         for r in Records::new(buf) {
             let (k, v) = r.map_err(|at| {
                 c.topic_error(
@@ -155,30 +151,17 @@ impl Appender for KafkaAppender {
                     ),
                 )
             })?;
-            let mut record = BaseRecord::to(&c.topic).key(k).payload(v);
-            loop {
-                match producer.send(record) {
-                    Ok(()) => break,
-                    Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
-                        // The client's queue is full: its own thread frees
-                        // room as reports arrive.
-                        record = back;
-                        std::thread::sleep(Duration::from_millis(1));
-                    }
-                    Err((e, _)) => return Err(c.error(&c.topic, format!("produce (slot {})", self.slot), e)),
-                }
-            }
-            sent += 1;
+            delivery::send(producer, BaseRecord::to(&c.topic).key(k).payload(v), deadline)
+                .map_err(|e| c.error(&c.topic, format!("produce (slot {})", self.slot), e))?;
         }
-        self.sent = sent;
-        if !acknowledged(producer, sent, deadline) {
+        if !acknowledged(producer, deadline) {
             return Err(c.topic_error(
                 &c.topic,
                 format!(
                     "slot {}: the broker did not acknowledge {} record(s) within {:?}; the job fails and restarts \
                      from its last checkpoint, which sends them again",
                     self.slot,
-                    sent.saturating_sub(producer.context().settled()),
+                    producer.context().unacknowledged(),
                     c.timeout
                 ),
             ));
@@ -207,6 +190,7 @@ impl Appender for KafkaAppender {
 mod tests {
     use super::*;
     use crate::kafka::framing::encode;
+    use std::time::Duration;
 
     /// A record the client gives up on fails the append: its delivery
     /// report settles it, delivered or not.

@@ -57,9 +57,9 @@ use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use weir_core::clock;
 
-use super::delivery::{acknowledged, SinkProducer};
+use super::delivery::{self, acknowledged, SinkProducer};
 use super::framing::Records;
-use super::sink_config::{queue_full, KafkaSinkConfig};
+use super::sink_config::KafkaSinkConfig;
 use crate::wal::codec::WalPos;
 use crate::wal::{Committed, EpochTarget};
 use crate::{Error, Result};
@@ -215,8 +215,6 @@ pub struct KafkaTarget {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
     producer: Option<Arc<SinkProducer>>,
-    /// Records the producer accepted since it was made.
-    sent: u64,
     /// Runs `begin_transaction` with a bound on the wait (`None` before
     /// `open`, and after a call that did not return in time).
     beginner: Option<Beginner>,
@@ -242,7 +240,6 @@ impl KafkaTarget {
             config,
             slot,
             producer: None,
-            sent: 0,
             beginner: None,
             in_transaction: false,
             epochs: Vec::new(),
@@ -306,27 +303,13 @@ impl KafkaTarget {
     }
 
     /// Sends one record, waiting (bounded) for room in the producer's queue.
-    fn send(&mut self, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
-        let producer = self.producer();
-        let deadline = Instant::now() + self.config.timeout;
+    fn send(&self, topic: &str, partition: Option<i32>, key: &[u8], value: &[u8]) -> Result<()> {
         let mut record = BaseRecord::to(topic).key(key).payload(value);
         if let Some(p) = partition {
             record = record.partition(p);
         }
-        loop {
-            match producer.send(record) {
-                Ok(()) => break,
-                Err((e, back)) if queue_full(&e) && Instant::now() < deadline => {
-                    // The client's queue is full: its own thread frees
-                    // room as reports arrive.
-                    record = back;
-                    std::thread::sleep(Duration::from_millis(1));
-                }
-                Err((e, _)) => return Err(self.config.error(topic, "produce a record", e)),
-            }
-        }
-        self.sent += 1;
-        Ok(())
+        delivery::send(self.producer(), record, Instant::now() + self.config.timeout)
+            .map_err(|e| self.config.error(topic, "produce a record", e))
     }
 }
 
@@ -419,7 +402,7 @@ impl EpochTarget for KafkaTarget {
         // (super::delivery). Not acknowledged in time: the commit below
         // flushes and fails or succeeds on its own.
         let deadline = Instant::now() + self.config.timeout;
-        acknowledged(self.producer(), self.sent, deadline);
+        acknowledged(self.producer(), deadline);
         let done = self.producer().commit_transaction(self.config.timeout);
         // Whatever the outcome, this transaction is over for this
         // producer: committed, or failed (the sink fails, and the next
