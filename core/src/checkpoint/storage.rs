@@ -270,13 +270,33 @@ impl Manifest {
             .filter(|l| l.starts_with(b"crc32 ") && l[14] == b'\n')
             .ok_or_else(|| {
                 let at = json_end as u64 + 1;
-                (at, format!("{p}: missing or malformed crc32 line at byte {at}"))
+                // The first line end is the JSON line's own only if that
+                // line parses. If the real one was damaged, the first found
+                // is a later one (the CRC line's), and the damage lies
+                // anywhere in the JSON line: say so from byte 0, not from a
+                // position past the damage.
+                if serde_json::from_str::<serde::de::IgnoredAny>(json).is_ok() {
+                    (at, format!("{p}: missing or malformed crc32 line at byte {at}"))
+                } else {
+                    (
+                        0,
+                        format!(
+                            "{p}: no crc32 line after the first line end (byte {json_end}), and the line before it is not JSON: the manifest line or its end is damaged"
+                        ),
+                    )
+                }
             })?;
         let crc_hex = std::str::from_utf8(&crc_line[6..14]).unwrap_or("?");
-        let expected = u32::from_str_radix(crc_hex, 16).map_err(|_| {
-            let at = json_end as u64 + 7;
-            (at, format!("{p}: bad crc32 value '{crc_hex}' at byte {at}"))
-        })?;
+        // Lowercase only, as written: an upper-case digit is a flipped bit
+        // that `from_str_radix` would let through.
+        let canonical = crc_line[6..14].iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        let expected = u32::from_str_radix(crc_hex, 16)
+            .ok()
+            .filter(|_| canonical)
+            .ok_or_else(|| {
+                let at = json_end as u64 + 7;
+                (at, format!("{p}: bad crc32 value '{crc_hex}' at byte {at}"))
+            })?;
         let actual = crc32fast::hash(json.as_bytes());
         if expected != actual {
             return Err((
@@ -675,10 +695,19 @@ mod tests {
             let bytes = m.encode();
             let p = Path::new("M");
             assert_eq!(Manifest::decode(&bytes, p).unwrap(), m);
+            // Every single-bit flip is refused, and the error's position is
+            // at or before the flipped byte: the position is where the
+            // damage may start, never past it (the storage simulator holds
+            // every reader to this).
             for i in 0..bytes.len() {
-                let mut b = bytes.clone();
-                b[i] ^= 0x01;
-                assert!(Manifest::decode(&b, p).is_err(), "flip at {i}");
+                for bit in 0..8 {
+                    let mut b = bytes.clone();
+                    b[i] ^= 1 << bit;
+                    match Manifest::decode_located(&b, p) {
+                        Ok(_) => panic!("flip of bit {bit} at {i} accepted"),
+                        Err((at, e)) => assert!(at <= i as u64, "flip of bit {bit} at {i} located at {at}: {e}"),
+                    }
+                }
             }
             for len in 0..bytes.len() {
                 assert!(Manifest::decode(&bytes[..len], p).is_err(), "truncated to {len}");
