@@ -55,6 +55,21 @@ impl std::fmt::Debug for Decoder {
     }
 }
 
+/// `bytes` with one bit flipped, for each of the 8 bits of every byte in
+/// turn: `(byte, bit, the flipped bytes)`. For the unit tests (weir-core's
+/// and weir-io's) that hold a decoder to the rule of [`crate::corruption`]:
+/// a flipped bit is refused with a position at or before the flipped byte
+/// (where the damage may start, never past it), or provably not used.
+pub fn bit_flips(bytes: &[u8]) -> impl Iterator<Item = (usize, u32, Vec<u8>)> + '_ {
+    (0..bytes.len()).flat_map(move |i| {
+        (0..8).map(move |bit| {
+            let mut b = bytes.to_vec();
+            b[i] ^= 1 << bit;
+            (i, bit, b)
+        })
+    })
+}
+
 /// 1 MiB: serde's cautious preallocation of one sequence whose length
 /// field is large (postcard sequences; serde caps it at this).
 const SEQ_PREALLOC: usize = 1 << 20;

@@ -181,3 +181,131 @@ pub(crate) fn find(root: &Path, from: RestoreFrom, fingerprint: &str, groups: us
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::checkpoint::snapshot::TaskState;
+    use crate::checkpoint::storage::{DirSync, FileRef, ManifestGroup, ManifestTask, MANIFEST};
+    use crate::fuzzing::bit_flips;
+    use crate::vfs::sim::{Faults, SimFs};
+    use std::io::Write;
+    use std::sync::Arc;
+
+    const ID: u64 = 7;
+
+    fn state(subtask: u32, operator: Vec<u8>) -> TaskState {
+        TaskState {
+            checkpoint: ID,
+            group: 0,
+            subtask,
+            parallelism: 3,
+            source_offset: Some(format!("partition-{subtask}@1042").into_bytes()),
+            operators: vec![(0, operator), (1, vec![])],
+            ..TaskState::default()
+        }
+    }
+
+    /// Checkpoint 7 of a job of one chain of three subtasks: subtasks 0 and
+    /// 1 inline in the manifest, subtask 2 in its own file. Returns the
+    /// states and the two files (manifest, task file).
+    fn write_checkpoint(root: &Path) -> (Vec<TaskState>, [PathBuf; 2]) {
+        let states: Vec<TaskState> = (0..3).map(|s| state(s, vec![s as u8 + 1; 24 << s])).collect();
+        let frames: Vec<Vec<u8>> = states.iter().map(TaskState::encode).collect();
+        storage::create_checkpoint_dir(root, ID).unwrap();
+        let dir = storage::checkpoint_dir(root, ID);
+        let own = storage::write_durable(root, &dir, &storage::task_file_name(0, 2), &frames[2], DirSync::Now).unwrap();
+        let task = |subtask: usize, file: FileRef, inline_offset: Option<u64>| ManifestTask {
+            group: 0,
+            subtask,
+            state_bytes: file.size,
+            file,
+            inline_offset,
+            channel_state_bytes: 0,
+            sync_us: 11,
+            async_us: 0,
+            alignment_us: 3,
+        };
+        let inline = |bytes: &[u8]| FileRef {
+            path: format!("chk-{ID:010}/{MANIFEST}"),
+            size: bytes.len() as u64,
+            crc32: crc32fast::hash(bytes),
+        };
+        let m = Manifest {
+            version: storage::MANIFEST_VERSION,
+            job: "flips".into(),
+            fingerprint: "fp-1".into(),
+            id: ID,
+            mode: crate::checkpoint::CheckpointMode::Aligned,
+            is_final: false,
+            trigger_unix_ms: 1_700_000_000_000,
+            duration_us: 850,
+            groups: vec![ManifestGroup {
+                operators: vec!["0.0:source".into(), "0.1:map".into()],
+                parallelism: 3,
+            }],
+            tasks: vec![
+                task(0, inline(&frames[0]), Some(0)),
+                task(1, inline(&frames[1]), Some(frames[0].len() as u64)),
+                task(2, own.clone(), None),
+            ],
+            files: vec![own.clone()],
+            inline: [&frames[0][..], &frames[1][..]].concat(),
+        };
+        m.commit(root, true, false, true).unwrap();
+        (states, [dir.join(MANIFEST), root.join(&own.path)])
+    }
+
+    fn put(path: &Path, bytes: &[u8]) {
+        let mut f = crate::vfs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(path)
+            .unwrap();
+        f.write_all(bytes).unwrap();
+    }
+
+    /// What `find` with `RestoreFrom::LatestValid` reports for a
+    /// checkpoint that does not load (`corruption::report` of the file and
+    /// the position): every flipped bit of the manifest or of a task file,
+    /// and every cut, is a failure that names the damaged file and a
+    /// position at or before the flipped byte (the cut). A failure without
+    /// a position would be skipped with a log line only, unreported.
+    #[test]
+    fn every_flipped_bit_and_cut_of_a_checkpoint_is_located_at_or_before_it() {
+        let root = Path::new("/weir-recovery-flips");
+        crate::vfs::mount(root, Arc::new(SimFs::new(root, 1, Faults::default())));
+        let (states, files) = write_checkpoint(root);
+        let load = || load_located(root, ID, "fp-1", 1);
+        assert_eq!(load().unwrap().states, vec![states]);
+        for path in &files {
+            let bytes = crate::vfs::read(path).unwrap();
+            let located = |damaged: &[u8], what: &str| -> u64 {
+                put(path, damaged);
+                match load() {
+                    Ok(_) => panic!("{}: {what} accepted", path.display()),
+                    Err((e, None)) => panic!("{}: {what} not located: {e}", path.display()),
+                    Err((e, Some((file, at)))) => {
+                        assert_eq!(&file, path, "{what}: {e}");
+                        at
+                    }
+                }
+            };
+            for (i, bit, b) in bit_flips(&bytes) {
+                let at = located(&b, &format!("flip of bit {bit} at {i}"));
+                assert!(
+                    at <= i as u64,
+                    "{}: flip of bit {bit} at {i} located at {at}",
+                    path.display()
+                );
+            }
+            for len in 0..bytes.len() {
+                let at = located(&bytes[..len], &format!("cut at {len}"));
+                assert!(at <= len as u64, "{}: cut at {len} located at {at}", path.display());
+            }
+            put(path, &bytes);
+        }
+        assert!(load().is_ok());
+        crate::vfs::unmount(root);
+    }
+}

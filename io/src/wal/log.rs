@@ -414,3 +414,82 @@ fn open_segment(path: &Path, seq: u64, subtask: u32) -> Result<(File, u64)> {
     check_segment_header(&header[..n], seq, subtask).map_err(|r| Error::corrupt("WAL segment header", path, 0, r))?;
     Ok((file, len))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a restore does with the log after the restored checkpoint's
+    /// end (`WalSink`'s restore, step 2): `scan_tail` from that end, the
+    /// first frame that does not verify reported at its `Stopped::offset`
+    /// and cut off with everything after it. Every bit of a segment
+    /// flipped, one at a time:
+    ///
+    /// - in the segment header: an error naming the file (the restore
+    ///   fails);
+    /// - in a frame before the restored end: not read by the scan (the same
+    ///   result as without the flip); `read_range` reads those bytes and
+    ///   refuses damage there with an error naming the file;
+    /// - in a frame after it: the scan stops at that frame's first byte
+    ///   (at or before the flipped one), having passed exactly the whole
+    ///   frames before it, which are cut off unused anyway.
+    ///
+    /// Then every cut at or after the restored end (a shorter segment is
+    /// refused before the scan): the scan stops at or before the cut.
+    #[test]
+    fn every_flipped_bit_after_the_restored_end_stops_the_scan_at_or_before_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (seq, subtask) = (2, 1);
+        let path = segment_path(dir.path(), seq);
+        let mut bytes = segment_header(seq, subtask).to_vec();
+        let mut ends = Vec::new();
+        for (epoch, records) in [(3, 2), (3, 0), (3, 5), (4, 1), (4, 12), (5, 3)] {
+            let payload: String = (0..records).map(|r| format!("{epoch},key-{r},{}\n", r * 37)).collect();
+            codec::encode_frame(&mut bytes, epoch, payload.as_bytes()).unwrap();
+            ends.push(bytes.len() as u64);
+        }
+        let (start, len) = (ends[2], bytes.len() as u64);
+        let scan = |b: &[u8]| {
+            std::fs::write(&path, b).unwrap();
+            LogReader::default().scan_tail(dir.path(), subtask, seq, start)
+        };
+        // The end of the last whole frame at or before byte `at` (>= start).
+        let frame_end = |at: u64| ends.iter().copied().filter(|&e| e <= at).max().unwrap_or(start);
+        let whole = scan(&bytes).unwrap();
+        assert_eq!(whole, (3, len - start, None));
+        for (i, bit, b) in weir_core::fuzzing::bit_flips(&bytes) {
+            let flip = format!("flip of bit {bit} at {i}");
+            let i = i as u64;
+            if i < SEGMENT_HEADER_BYTES as u64 {
+                let e = scan(&b).unwrap_err().to_string();
+                assert!(
+                    e.contains(&*path.to_string_lossy()) && e.contains("at byte 0"),
+                    "{flip}: {e}"
+                );
+            } else if i < start {
+                assert_eq!(scan(&b).unwrap(), whole, "{flip}: read before the restored end");
+            } else {
+                let before = ends.iter().filter(|&&e| e > start && e <= i).count() as u64;
+                let frame = frame_end(i);
+                let (frames, valid, stopped) = scan(&b).unwrap();
+                let stopped = stopped.unwrap_or_else(|| panic!("{flip}: not detected"));
+                assert_eq!(
+                    (frames, valid, stopped.offset),
+                    (before, frame - start, frame),
+                    "{flip}: {}",
+                    stopped.reason
+                );
+            }
+        }
+        for cut in start..=len {
+            let (_, valid, stopped) = scan(&bytes[..cut as usize]).unwrap();
+            let whole_end = frame_end(cut);
+            assert_eq!(start + valid, whole_end, "cut at {cut}");
+            assert_eq!(
+                stopped.map(|s| s.offset),
+                (whole_end < cut).then_some(whole_end),
+                "cut at {cut}"
+            );
+        }
+    }
+}

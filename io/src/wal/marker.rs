@@ -284,6 +284,49 @@ mod tests {
         assert_slot_reported(&path, SLOT_BYTES as u64);
     }
 
+    /// Every bit of a marker flipped, one at a time, with both slots
+    /// written (counters 2 and 3) and with one (counter 1, the other slot
+    /// zero). The flipped bit's slot always fails its check (CRC32 catches
+    /// every single-bit error; an all-zero slot with a bit set is not
+    /// zero): it is skipped, reported from its first byte (at or before
+    /// the flipped one), and never used: what is read is exactly what the
+    /// other slot alone gives, as if the damaged one had never been
+    /// written. Then every cut and a byte appended: an error at the cut.
+    #[test]
+    fn every_flipped_bit_is_in_a_slot_reported_at_or_before_it_and_never_used() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("committed");
+        let (mut m, _) = Marker::open(path.clone()).unwrap();
+        m.write(value(1)).unwrap();
+        let one = std::fs::read(&path).unwrap();
+        m.write(value(2)).unwrap();
+        m.write(value(3)).unwrap();
+        let both = std::fs::read(&path).unwrap();
+        assert_eq!(decode_marker(&one).unwrap().best, Some((1, value(1))));
+        assert_eq!(decode_marker(&both).unwrap().best, Some((3, value(3))));
+        for bytes in [one, both] {
+            for (i, bit, b) in weir_core::fuzzing::bit_flips(&bytes) {
+                let slot = i / SLOT_BYTES * SLOT_BYTES;
+                let mut without = bytes.clone();
+                without[slot..slot + SLOT_BYTES].fill(0);
+                let d =
+                    decode_marker(&b).unwrap_or_else(|(at, e)| panic!("flip of bit {bit} at {i}: error at {at}: {e}"));
+                assert_eq!(d.skipped.map(|s| s.0), Some(slot as u64), "flip of bit {bit} at {i}");
+                assert_eq!(
+                    d.best,
+                    decode_marker(&without).unwrap().best,
+                    "flip of bit {bit} at {i}"
+                );
+            }
+            for len in 0..bytes.len() {
+                let (at, _) = decode_marker(&bytes[..len]).unwrap_err();
+                assert_eq!(at, len as u64, "cut at {len}");
+            }
+            let (at, _) = decode_marker(&[&bytes[..], &[0]].concat()).unwrap_err();
+            assert_eq!(at, 2 * SLOT_BYTES as u64, "a byte appended");
+        }
+    }
+
     /// The slot at byte `at` of the marker at `path` was reported as
     /// damaged (`weir_core::corruption::report`), naming the file.
     fn assert_slot_reported(path: &Path, at: u64) {
