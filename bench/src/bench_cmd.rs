@@ -10,8 +10,8 @@ use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, Run
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
-    copy_line, endpoint_line, excess_line, header, platform_row, row, BenchResult, CheckpointSummary, Excess, Machine,
-    Percentiles, ProbeInfo, Syncs,
+    copy_line, endpoint_line, excess_line, header, parts_line, platform_row, row, BenchResult, CheckpointSummary,
+    Excess, Machine, Percentiles, ProbeInfo, Syncs,
 };
 
 /// Arguments of `weir bench`.
@@ -295,6 +295,17 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         // many threads as it has workers).
         let copy = (args.pipeline == Kind::Stateless && args.rate.is_none())
             .then(|| crate::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
+        // Keyed, closed loop: the ceiling its parts give at this moment
+        // (ring and map microbenchmarks, `parts_probe`), measured before
+        // the job like the copy bandwidth.
+        let parts = (args.pipeline == Kind::Keyed && args.rate.is_none()).then(|| {
+            crate::parts_probe::measure(
+                config.workers.min(parallelism),
+                args.keys,
+                args.batch_size,
+                args.ring_capacity,
+            )
+        });
         config.metrics_addr = args.metrics_addr;
         let result = run_one(
             &spec,
@@ -304,6 +315,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         )
         .map(|mut r| {
             r.copy = copy;
+            r.parts = parts;
             r
         });
         if temporary {
@@ -315,6 +327,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             println!("{p}");
         }
         if let Some(c) = copy_line(&result) {
+            println!("    {c}");
+        }
+        if let Some(c) = parts_line(&result) {
             println!("    {c}");
         }
         if let Some(e) = excess_line(&result) {
@@ -486,6 +501,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         events_per_sec: spec.events as f64 / seconds,
         events_per_sec_per_worker: spec.events as f64 / seconds / workers.min(tasks).max(1) as f64,
         copy: None,
+        parts: None,
         latency_us,
         sink: spec.sink,
         visible_latency_us: (spec.sink != SinkKind::Count && !result.metrics.visible_latency_ns.is_empty())

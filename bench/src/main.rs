@@ -10,6 +10,7 @@ mod kafka_bench;
 mod metrics_ab;
 mod metrics_arg;
 mod nexmark;
+mod parts_probe;
 mod pipelines;
 mod platform;
 mod plot;

@@ -225,6 +225,10 @@ pub struct BenchResult {
     /// in the same run, to read weir's bytes/s against.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub copy: Option<crate::copy_probe::CopyBandwidth>,
+    /// Keyed job, closed loop: the ring and map microbenchmarks measured
+    /// just before the job in the same run, and the ceiling they give.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parts: Option<crate::parts_probe::Parts>,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
     /// The sink records went through.
@@ -397,6 +401,30 @@ pub fn row(r: &BenchResult) -> String {
         c50,
         c99
     )
+}
+
+/// The parts line under a keyed closed-loop run's [`row`]: the ring and
+/// map rates measured in the same run, the ceiling they give, and weir's
+/// events/s as a fraction of it; `None` when not measured.
+pub fn parts_line(r: &BenchResult) -> Option<String> {
+    let p = r.parts.as_ref()?;
+    let m = |v: f64| v / 1e6;
+    Some(format!(
+        "parts, measured now: ring {:.0} M rec/s, FxHashMap {:.0} M upd/s, weir's mapped store {:.0} M upd/s \
+         ({} keys): ceiling {:.0} M ev/s on {} core{}; weir reached {:.0}% of it",
+        m(p.ring_items_per_sec),
+        m(p.map_updates_per_sec),
+        m(p.mapped_updates_per_sec),
+        p.keys,
+        m(p.limit_events_per_sec),
+        p.threads,
+        if p.threads == 1 { "" } else { "s" },
+        if p.limit_events_per_sec > 0.0 {
+            100.0 * r.events_per_sec / p.limit_events_per_sec
+        } else {
+            0.0
+        }
+    ))
 }
 
 /// The copy-bandwidth line under a stateless run's [`row`]: weir's bytes/s

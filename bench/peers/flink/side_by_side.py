@@ -67,6 +67,18 @@ def main():
               f"  {ckpts(f):>12} {ckpts(w):>12}")
     print("(latency in µs from emission to sink; ckpts = completed/failed and duration p50;"
           " * = Flink failures only while the bounded job was starting or finishing)")
+    parts = [(k, w) for k, w in weir.items() if w.get("parts")]
+    if parts:
+        print()
+        print("weir against the ceiling of its parts, measured in the same run just before each job"
+              " (ring and map microbenchmarks; bench/src/parts_probe.rs):")
+        for (pipeline, mode, _), w in parts:
+            p = w["parts"]
+            limit = p["limit_events_per_sec"]
+            share = f"{100 * w['events_per_sec'] / limit:.0f}%" if limit else "-"
+            print(f"  {pipeline}/{mode}: {si(w['events_per_sec'])} ev/s = {share} of {si(limit)} ev/s on {p['threads']} cores"
+                  f" (ring {si(p['ring_items_per_sec'])}/s, FxHashMap {si(p['map_updates_per_sec'])}/s,"
+                  f" weir's mapped store {si(p['mapped_updates_per_sec'])}/s, {p['keys']} keys)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,269 @@
+//! The keyed job's ceiling from its parts, measured in the same run as the
+//! job (issue 19: "at least 1/3 of the limit from the ring and hash-map
+//! microbenchmarks run in the same script").
+//!
+//! Three figures, each the best of ten 30 ms windows (twenty for the ring,
+//! which needs both cores at once; a window in which a thread waited for a
+//! core says nothing about the part):
+//! - `ring`: 32-byte records through an `rtrb` ring between two threads
+//!   pinned to cores 0 and 1, written and read in chunks of the job's batch
+//!   size, with the job's ring capacity; the reader sums a field, so every
+//!   record is read;
+//! - `map`: the keyed job's update (a running sum per key) on a
+//!   `FxHashMap` (the heap state backend's map) of the job's number of
+//!   keys, one thread, records in batches, keys spread as the generator
+//!   spreads them;
+//! - `mapped`: the same update through weir's memory-mapped value store
+//!   (`ValueStore::update_records`, what the keyed operator calls), one
+//!   thread, in the default state folder: the state's own cost apart from
+//!   the rest of the job.
+//!
+//! The ceiling counts what every event must do and nothing else: one ring
+//! crossing (a write on one core and a read on another, each taking
+//! `1/ring` of a core, since the two sides ran in parallel at that rate)
+//! and one map update. On `threads` cores:
+//! `threads / (2 / ring + 1 / map)` events/s. Generating, partitioning,
+//! scheduling and the sink are left out, so weir cannot reach it; the
+//! issue's target is a third of it.
+
+use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+use weir_core::state::{StoreOptions, ValueStore};
+
+use crate::event::Event;
+
+/// The parts' rates and the ceiling they give.
+#[derive(Debug, Clone, Copy, Serialize, PartialEq)]
+pub struct Parts {
+    /// Cores the ceiling is for (the job's workers).
+    pub threads: usize,
+    /// Distinct keys in the map figures.
+    pub keys: u64,
+    /// Records per second through one ring, two threads.
+    pub ring_items_per_sec: f64,
+    /// Running-sum updates per second on a `FxHashMap`, one thread.
+    pub map_updates_per_sec: f64,
+    /// The same updates through weir's mapped value store, one thread.
+    pub mapped_updates_per_sec: f64,
+    /// `threads / (2 / ring + 1 / map)`: events/s.
+    pub limit_events_per_sec: f64,
+}
+
+/// Windows per figure, and the time of all of them.
+const WINDOWS: u32 = 10;
+const TIME: Duration = Duration::from_millis(300);
+
+/// Keys for the map figures: a fixed pseudo-random sequence in `0..keys`,
+/// spread as the generator spreads them (multiply-shift of a random word).
+fn key_sequence(keys: u64, n: usize) -> Vec<Event> {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    (0..n as u64)
+        .map(|seq| {
+            // xorshift64*
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            let random = x.wrapping_mul(0x2545_f491_4f6c_dd1d);
+            Event {
+                key: ((u128::from(random) * u128::from(keys)) >> 64) as u64,
+                value: seq & 0xff,
+                emitted_ns: 0,
+                seq,
+            }
+        })
+        .collect()
+}
+
+/// Runs `round` (which handles some records and returns how many) for
+/// `windows` windows of `TIME / WINDOWS`; the best window's records/s.
+fn best_rate(windows: u32, mut round: impl FnMut() -> u64) -> f64 {
+    let window = TIME / WINDOWS;
+    let mut best = 0.0f64;
+    for _ in 0..windows {
+        let start = Instant::now();
+        let mut n = 0u64;
+        loop {
+            n += round();
+            let t = start.elapsed();
+            if t >= window {
+                best = best.max(n as f64 / t.as_secs_f64());
+                break;
+            }
+        }
+    }
+    best
+}
+
+/// One batch of updates per round over the records of `events`, `batch`
+/// at a time, cycling.
+fn update_rate(events: &[Event], batch: usize, mut apply: impl FnMut(&mut Vec<Event>)) -> f64 {
+    let mut buf = Vec::with_capacity(batch);
+    let mut at = 0;
+    best_rate(WINDOWS, || {
+        let end = (at + batch).min(events.len());
+        buf.extend_from_slice(&events[at..end]);
+        apply(&mut buf);
+        buf.clear();
+        let n = end - at;
+        at = if end == events.len() { 0 } else { end };
+        n as u64
+    })
+}
+
+/// Records/s through a ring of `capacity` between two pinned threads, in
+/// chunks of `chunk`.
+fn ring_rate(capacity: usize, chunk: usize) -> f64 {
+    let (mut tx, mut rx) = rtrb::RingBuffer::<Event>::new(capacity);
+    let chunk = chunk.clamp(1, capacity);
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let pin = |i: usize| {
+        if let Some(&c) = cores.get(i) {
+            let _ = core_affinity::set_for_current(c);
+        }
+    };
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin(0);
+            let mut seq = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let n = tx.slots().min(chunk);
+                if n == 0 {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                let w = tx.write_chunk_uninit(n).expect("n slots are free");
+                let written = w.fill_from_iter((seq..).map(|s| Event {
+                    key: s,
+                    value: s,
+                    emitted_ns: 0,
+                    seq: s,
+                }));
+                seq += written as u64;
+            }
+        });
+        // On a thread of its own: pinning the caller would pin the job
+        // that runs after the probe.
+        let reader = s.spawn(|| {
+            pin(1);
+            let mut sum = 0u64;
+            // Twice the windows: both threads must run at once, and on a
+            // shared machine fewer windows find both cores free.
+            let r = best_rate(2 * WINDOWS, || {
+                let n = rx.slots().min(chunk);
+                if n == 0 {
+                    std::hint::spin_loop();
+                    return 0;
+                }
+                let c = rx.read_chunk(n).expect("n slots are full");
+                let (a, b) = c.as_slices();
+                sum = a.iter().chain(b).fold(sum, |s, e| s.wrapping_add(e.value));
+                c.commit_all();
+                n as u64
+            });
+            std::hint::black_box(sum);
+            r
+        });
+        let rate = reader.join().unwrap_or(0.0);
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        rate
+    })
+}
+
+/// The running-sum update of the keyed job, on a `FxHashMap`.
+fn map_rate(events: &[Event], batch: usize) -> f64 {
+    let mut map: FxHashMap<u64, u64> = FxHashMap::default();
+    let r = update_rate(events, batch, |b| {
+        for e in b.drain(..) {
+            let s = map.entry(e.key).or_default();
+            *s = s.wrapping_add(e.value);
+        }
+    });
+    std::hint::black_box(&map);
+    r
+}
+
+/// The same update through weir's mapped value store; `None` if the store
+/// cannot be created in `dir`.
+fn mapped_rate(events: &[Event], batch: usize, dir: &std::path::Path) -> Option<f64> {
+    let mut store: ValueStore<u64, u64> = ValueStore::create(StoreOptions::new(dir)).ok()?;
+    let r = update_rate(events, batch, |b| {
+        store.update_records(b, |e| e.key, |_, s, e| *s = s.wrapping_add(e.value));
+    });
+    drop(store);
+    let _ = std::fs::remove_dir_all(dir);
+    Some(r)
+}
+
+/// Measures the three parts for a job of `threads` workers, `keys` keys,
+/// batches of `batch` records and rings of `ring_capacity`; the map
+/// figures run pinned to core 0 (after the ring figure, on the main
+/// thread's own affinity restored).
+pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) -> Parts {
+    let threads = threads.max(1);
+    let batch = batch.max(1);
+    let ring = ring_rate(ring_capacity, batch);
+    let events = key_sequence(keys.max(1), 1 << 16);
+    let (map, mapped) = std::thread::scope(|s| {
+        s.spawn(|| {
+            if let Some(c) = core_affinity::get_core_ids().and_then(|c| c.first().copied()) {
+                let _ = core_affinity::set_for_current(c);
+            }
+            let map = map_rate(&events, batch);
+            let dir = weir_core::default_state_dir().join(format!("weir-parts-{}", std::process::id()));
+            (map, mapped_rate(&events, batch, &dir).unwrap_or(0.0))
+        })
+        .join()
+        .unwrap_or((0.0, 0.0))
+    });
+    Parts {
+        threads,
+        keys,
+        ring_items_per_sec: ring,
+        map_updates_per_sec: map,
+        mapped_updates_per_sec: mapped,
+        limit_events_per_sec: limit(threads, ring, map),
+    }
+}
+
+/// `threads / (2 / ring + 1 / map)`, or 0 if a part was not measured.
+pub fn limit(threads: usize, ring: f64, map: f64) -> f64 {
+    if ring <= 0.0 || map <= 0.0 {
+        return 0.0;
+    }
+    threads as f64 / (2.0 / ring + 1.0 / map)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_limit_adds_the_parts_per_event_costs() {
+        // 500 M/s through the ring (2 ns a side) and 250 M/s of updates
+        // (4 ns): 8 ns of core time per event, 2 cores: 250 M ev/s.
+        assert!((limit(2, 500e6, 250e6) - 250e6).abs() < 1.0);
+        assert_eq!(limit(2, 0.0, 1.0), 0.0);
+    }
+
+    #[test]
+    fn keys_spread_over_the_range() {
+        let e = key_sequence(10, 10_000);
+        let mut seen = [0u32; 10];
+        for x in &e {
+            seen[x.key as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| (800..1200).contains(&n)), "{seen:?}");
+    }
+
+    #[test]
+    fn every_part_measures_something() {
+        let events = key_sequence(100, 4096);
+        assert!(map_rate(&events, 256) > 0.0);
+        let dir = tempfile::tempdir().unwrap();
+        assert!(mapped_rate(&events, 256, &dir.path().join("s")).unwrap() > 0.0);
+        assert!(ring_rate(64, 16) > 0.0);
+    }
+}
