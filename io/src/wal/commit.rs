@@ -54,8 +54,12 @@ pub(super) struct Closed {
     /// Log position after its last record; the epoch starts where the
     /// previous one ends (or at the commit marker's position).
     pub(super) end: WalPos,
-    /// Its output bytes, if they were kept in memory.
+    /// Its output bytes, if they were kept in memory (and not handed to
+    /// the committer thread to stage).
     pub(super) payload: Option<Vec<u8>>,
+    /// Bytes of output the target staged for it ahead of its commit
+    /// ([`CommitRequest::Stage`]); `None`: not staged.
+    pub(super) staged: Option<u64>,
     pub(super) stamps: StampRuns,
     /// The log thread's ticket of the sync that makes its records durable
     /// (0: durable already, found by a restore).
@@ -112,33 +116,13 @@ impl<G: EpochTarget> Committer<G> {
         let (mut chunk_epochs, mut chunk_bytes) = (0usize, 0u64);
         for (i, c) in epochs.iter().enumerate() {
             debug_assert!(c.tag <= n && c.tag > self.committed.epoch);
-            self.target.begin(c.tag)?;
-            match &c.payload {
-                Some(bytes) => {
-                    chunk_bytes += bytes.len() as u64;
-                    self.target.write(bytes)?
-                }
-                None => {
-                    // Not in memory: read the epoch back from the log, verified.
-                    let (dir, target, tag) = (&self.dir, &mut self.target, c.tag);
-                    let bytes = &mut chunk_bytes;
-                    self.reader
-                        .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
-                            if t != tag {
-                                let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
-                                return Err(Error::corrupt(
-                                    "WAL record",
-                                    &segment_path(dir, end.seg),
-                                    at,
-                                    format!("a record of epoch {t} among those of epoch {tag}"),
-                                ));
-                            }
-                            *bytes += payload.len() as u64;
-                            target.write(payload)
-                        })?;
-                }
+            if let Some(bytes) = c.staged {
+                // Written and synced by the target ahead of the commit
+                // (`stage`): published below like the others.
+                chunk_bytes += bytes;
+            } else {
+                self.write_epoch(c, start, &mut chunk_bytes)?;
             }
-            self.target.end()?;
             start = c.end;
             chunk_epochs += 1;
             let last = i + 1 == epochs.len();
@@ -155,6 +139,49 @@ impl<G: EpochTarget> Committer<G> {
             }
         }
         Ok(published)
+    }
+
+    /// Writes epoch `payload`'s output to the target ahead of its commit
+    /// (begin, write, end: for files, written and synced under a hidden
+    /// name); a later [`Committer::commit`] of epoch `tag` publishes it.
+    /// For a target with [`EpochTarget::STAGES`] only.
+    pub(super) fn stage(&mut self, tag: u64, payload: &[u8]) -> Result<()> {
+        debug_assert!(G::STAGES && tag > self.committed.epoch);
+        self.target.begin(tag)?;
+        self.target.write(payload)?;
+        self.target.end()
+    }
+
+    /// Begins, writes and ends epoch `c`, which starts at log position
+    /// `start`: from memory, or read back from the log and verified.
+    fn write_epoch(&mut self, c: &Closed, start: WalPos, chunk_bytes: &mut u64) -> Result<()> {
+        self.target.begin(c.tag)?;
+        match &c.payload {
+            Some(bytes) => {
+                *chunk_bytes += bytes.len() as u64;
+                self.target.write(bytes)?
+            }
+            None => {
+                // Not in memory: read the epoch back from the log, verified.
+                let (dir, target, tag) = (&self.dir, &mut self.target, c.tag);
+                let bytes = chunk_bytes;
+                self.reader
+                    .read_range(dir, self.subtask as u32, start, c.end, |t, payload, end| {
+                        if t != tag {
+                            let at = end.off - (codec::HEADER_BYTES + payload.len()) as u64;
+                            return Err(Error::corrupt(
+                                "WAL record",
+                                &segment_path(dir, end.seg),
+                                at,
+                                format!("a record of epoch {t} among those of epoch {tag}"),
+                            ));
+                        }
+                        *bytes += payload.len() as u64;
+                        target.write(payload)
+                    })?;
+            }
+        }
+        self.target.end()
     }
 
     /// Publishes done so far (one per chunk of a commit).
@@ -198,6 +225,11 @@ pub(super) enum CommitRequest {
     /// target and refuse ([`Error::TargetAhead`]) if it records committed
     /// output.
     Start,
+    /// Stage epoch `tag` (closed, its checkpoint not complete yet): the
+    /// target writes and syncs `payload` as that epoch's output, which a
+    /// later commit of the epoch only publishes (files: renames). For a
+    /// target with [`EpochTarget::STAGES`].
+    Stage { tag: u64, payload: Vec<u8> },
     /// Commit `epochs` (closed, in log order, the first starting at the
     /// marker's position) and record checkpoint `n` in the marker, once
     /// `after` (the log sync that made their records durable) succeeded.
@@ -211,6 +243,10 @@ pub(super) enum CommitRequest {
 /// What the committer thread hands back, in request order.
 pub(super) enum CommitReply {
     Started,
+    /// An epoch was staged; its buffer comes back.
+    Staged {
+        payload: Vec<u8>,
+    },
     /// The epochs committed, for their buffers and stamps, and when their
     /// output became visible.
     Committed {
@@ -276,6 +312,16 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
                     *self = CommitIo::Ready(Box::new(Self::start(f)?));
                 }
                 Ok(CommitReply::Started)
+            }
+            CommitRequest::Stage { tag, payload } => {
+                let CommitIo::Ready(c) = self else {
+                    return Err("a stage before the committer started".into());
+                };
+                let subtask = c.subtask;
+                c.stage(tag, &payload).map_err(|e| -> BoxError {
+                    format!("WAL sink subtask {subtask}: writing epoch {tag} ahead of its commit failed: {e}").into()
+                })?;
+                Ok(CommitReply::Staged { payload })
             }
             CommitRequest::Commit { n, epochs, after } => {
                 let CommitIo::Ready(c) = self else {

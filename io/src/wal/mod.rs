@@ -37,6 +37,12 @@
 //!    checkpoint stores the log's end position, known on the worker, and
 //!    is acknowledged only once that sync is done (a job of the runtime's
 //!    snapshot pool waits for it, see [`weir_core::PreCommit::with_sync`]).
+//!    An epoch kept in memory also goes to the committer thread now, for a
+//!    target that stages ([`EpochTarget::STAGES`], files): it writes the
+//!    epoch's hidden temporary file (`wal.commit.write`) and fsyncs it
+//!    (`wal.commit.fsync`) while the checkpoint completes, so that step 3
+//!    only renames. At most [`STAGES_IN_FLIGHT`] wait on the thread; an
+//!    epoch beyond them is written at its commit instead.
 //! 3. `commit(n)` (checkpoint `n` complete): the committer thread gets the
 //!    closed epochs up to `n` as one request (the worker does not wait);
 //!    while the target's commits in flight are at their bound, completed
@@ -49,7 +55,8 @@
 //!    from the log and verified: its records are durable, since the
 //!    checkpoint completed after their sync) is written, one file per
 //!    epoch, to hidden temporary files in the target folder
-//!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), renamed to
+//!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), unless it
+//!    was staged at step 2; then each is renamed to
 //!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`), and the
 //!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
 //!    records `n` and the log position where its records end
@@ -243,6 +250,14 @@ const LOG_QUEUE: usize = 64;
 /// checkpoints in flight.
 const SPARE_BUFFERS: usize = 4;
 
+/// Epochs handed to the committer thread to stage ahead of their commit
+/// ([`EpochTarget::STAGES`]) and not yet done, at most: 4. Staging runs
+/// while checkpoints complete, so a few in flight cover a 10 ms interval
+/// with completions 20-40 ms late; beyond them an epoch is written at its
+/// commit, as without staging, and the committer's queue never fills
+/// (its capacity counts these).
+pub const STAGES_IN_FLIGHT: usize = 4;
+
 /// A started sink subtask: its two threads and the worker's bookkeeping.
 ///
 /// The worker encodes frames into `buf` and keeps the log position
@@ -279,6 +294,8 @@ struct Running<G: EpochTarget> {
     /// [`EpochTarget::COMMITS_IN_FLIGHT`] commits are in flight.
     commit_through: u64,
     commits_in_flight: usize,
+    /// Epochs handed to the committer thread to stage, not yet replied.
+    stages_in_flight: usize,
     /// Publishes the committer thread reported (one per chunk of a commit).
     publishes: u64,
     /// The last epoch known committed (the last commit reported done).
@@ -479,10 +496,12 @@ impl<G: EpochTarget> Running<G> {
                 None
             };
             let fresh = self.spare_stamps.pop().unwrap_or_default();
+            let (payload, staged) = self.stage(payload)?;
             self.closed.push_back(Closed {
                 tag: self.open_tag,
                 end,
                 payload,
+                staged,
                 stamps: std::mem::replace(&mut self.open_stamps, fresh),
                 sync,
             });
@@ -492,6 +511,26 @@ impl<G: EpochTarget> Running<G> {
         self.open_payload.clear();
         self.open_in_memory = true;
         Ok((end, sync))
+    }
+
+    /// Hands the output of the epoch being closed (`open_tag`), if kept in
+    /// memory, to the committer thread to write ahead of its commit, when
+    /// the target stages and fewer than [`STAGES_IN_FLIGHT`] are in
+    /// flight; returns what the closed epoch keeps: its payload, or the
+    /// bytes staged.
+    fn stage(&mut self, payload: Option<Vec<u8>>) -> Result<(Option<Vec<u8>>, Option<u64>), BoxError> {
+        match payload {
+            Some(p) if G::STAGES && self.stages_in_flight < STAGES_IN_FLIGHT => {
+                let bytes = p.len() as u64;
+                self.committer.submit(CommitRequest::Stage {
+                    tag: self.open_tag,
+                    payload: p,
+                })?;
+                self.stages_in_flight += 1;
+                Ok((None, Some(bytes)))
+            }
+            p => Ok((p, None)),
+        }
     }
 
     /// Submits the commit of every closed epoch up to `commit_through`, as
@@ -525,6 +564,14 @@ impl<G: EpochTarget> Running<G> {
         while let Some(reply) = self.committer.try_reply()? {
             match reply {
                 CommitReply::Started => self.start_ticket = None,
+                CommitReply::Staged { mut payload } => {
+                    self.stages_in_flight -= 1;
+                    self.memory_used -= payload.len();
+                    if self.spare_payloads.len() < SPARE_BUFFERS {
+                        payload.clear();
+                        self.spare_payloads.push(payload);
+                    }
+                }
                 CommitReply::Committed {
                     n,
                     epochs,
@@ -761,11 +808,12 @@ where
                 0,
             ),
         };
-        // Room for the start and every commit in flight: never waits.
+        // Room for the start, every commit and every stage in flight:
+        // never waits.
         let committer = IoThread::spawn(
             &format!("weir-wal-commit-{:03}", self.subtask),
             handler,
-            G::COMMITS_IN_FLIGHT + 1,
+            G::COMMITS_IN_FLIGHT + 1 + if G::STAGES { STAGES_IN_FLIGHT } else { 0 },
         )
         .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
         let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
@@ -785,6 +833,7 @@ where
             start_ticket: None,
             commit_through: 0,
             commits_in_flight: 0,
+            stages_in_flight: 0,
             publishes: 0,
             committed_epoch,
             finishing: false,
@@ -915,6 +964,7 @@ where
                         tag,
                         end,
                         payload: None,
+                        staged: None,
                         stamps: StampRuns::default(),
                         sync: 0,
                     }),
@@ -1168,6 +1218,65 @@ mod tests {
             all.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
         }
         all
+    }
+
+    /// The hidden temporary files in `dir/out`, sorted.
+    fn hidden(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(dir.join("out"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with('.'))
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn epochs_in_memory_are_written_before_their_checkpoint_completes_and_shown_only_by_its_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Harness::new(0, 1);
+        let mut sink = WalSink::new(config(dir.path()), 0, line, |_: &u64| 0);
+        h.write_sink(&mut sink, &mut vec![1, 2]).unwrap();
+        sink.pre_commit(1).unwrap();
+        h.write_sink(&mut sink, &mut vec![3]).unwrap();
+        let state2 = sink.pre_commit(2).unwrap();
+        // Both epochs are staged by the committer thread, in the
+        // background: their files exist, hidden, before either checkpoint
+        // completed.
+        let expected = [".part-000-000000001.csv.tmp", ".part-000-000000002.csv.tmp"];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while hidden(dir.path()) != expected {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "not staged: {:?}",
+                hidden(dir.path())
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(output(dir.path()).is_empty(), "nothing is visible before a commit");
+        // Checkpoint 1 completes: its epoch only, renamed; epoch 2 stays hidden.
+        sink.commit(1).unwrap();
+        sink.wait_idle().unwrap();
+        assert_eq!(output(dir.path()), vec![1, 2]);
+        assert_eq!(hidden(dir.path()), [expected[1]]);
+        sink.commit(2).unwrap();
+        sink.wait_idle().unwrap();
+        assert_eq!(output(dir.path()), vec![1, 2, 3]);
+        assert!(hidden(dir.path()).is_empty());
+        // A staged epoch whose checkpoint never completes is removed by the
+        // next start, never shown.
+        h.write_sink(&mut sink, &mut vec![4]).unwrap();
+        sink.pre_commit(3).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while hidden(dir.path()).is_empty() {
+            assert!(std::time::Instant::now() < deadline, "epoch 3 not staged");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        drop(sink);
+        let mut again = WalSink::new(config(dir.path()), 0, line, |_: &u64| 0);
+        again.restore(2, &state2).unwrap();
+        assert!(hidden(dir.path()).is_empty(), "{:?}", hidden(dir.path()));
+        assert_eq!(output(dir.path()), vec![1, 2, 3]);
     }
 
     #[test]

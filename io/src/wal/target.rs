@@ -21,6 +21,14 @@
 //!    durably records the commit, in that order or atomically. Only once
 //!    `publish` returned may the log before the commit's position be
 //!    deleted.
+//!
+//!    A target with [`EpochTarget::STAGES`] may also get begin, write and
+//!    end for an epoch *before* its checkpoint completes (staging, so that
+//!    the commit only publishes): then its `publish` must make visible
+//!    only the epochs up to the `committed` epoch it is given, and keep
+//!    the later staged ones for a later publish. Staged output that is
+//!    never published (the job failed first) must stay invisible and be
+//!    removed by the next `open`.
 //! 3. Publishing an epoch again (a restore re-commits everything after the
 //!    recorded commit) must leave the output as if it was published once:
 //!    the file target rewrites the same file under the same name; a
@@ -69,6 +77,16 @@ pub trait EpochTarget: Send + 'static {
     /// one epoch whatever its size.
     const MAX_BYTES_PER_COMMIT: u64 = u64::MAX;
 
+    /// Whether an epoch may be written ahead of its commit (default no):
+    /// the sink hands each epoch kept in memory to the committer thread at
+    /// its barrier, the target writes it then (for files: written and
+    /// fsynced under a hidden name), and the commit only publishes it
+    /// (renames), so the checkpoint's completion is followed by the
+    /// publish alone. See the module docs for what `publish` must then do.
+    /// A transactional target, whose output becomes part of a transaction
+    /// at `begin`, leaves it off.
+    const STAGES: bool = false;
+
     /// The kind of sink, for errors (`"wal"` for files).
     fn kind(&self) -> &'static str;
 
@@ -104,11 +122,12 @@ const OUT_CHUNK: usize = 1 << 20;
 /// `part-<subtask>-<epoch><suffix>` in a folder, and a commit marker in
 /// the subtask's log folder records the last commit.
 ///
-/// A commit writes each epoch to a hidden temporary file in the target
-/// folder (`wal.commit.write`), fsyncs it (`wal.commit.fsync`), renames
-/// it into place (`wal.commit.rename`: readers see it from here), fsyncs
-/// the folder once (`wal.commit.dirsync`), and then writes the marker
-/// (`wal.commit.marker`).
+/// Each epoch is written to a hidden temporary file in the target folder
+/// (`wal.commit.write`) and fsynced (`wal.commit.fsync`), ahead of its
+/// commit when it was kept in memory ([`EpochTarget::STAGES`]); a commit
+/// renames its epochs' files into place (`wal.commit.rename`: readers see
+/// them from here), fsyncs the folder once (`wal.commit.dirsync`), and
+/// then writes the marker (`wal.commit.marker`).
 #[derive(Debug)]
 pub struct FileTarget {
     target: PathBuf,
@@ -151,6 +170,8 @@ impl FileTarget {
 }
 
 impl EpochTarget for FileTarget {
+    const STAGES: bool = true;
+
     fn kind(&self) -> &'static str {
         "wal"
     }
@@ -210,20 +231,24 @@ impl EpochTarget for FileTarget {
     }
 
     fn publish(&mut self, committed: Committed) -> Result<Vec<u64>> {
-        for (epoch, temp) in &self.written {
+        // Epochs staged for later commits stay hidden (`STAGES`).
+        let mut published = Vec::new();
+        for (epoch, temp) in self.written.iter().filter(|(e, _)| *e <= committed.epoch) {
             let target = self.target.join(fsutil::part_name(self.subtask, *epoch, &self.suffix));
             fault(FAULT_COMMIT_RENAME, "rename into place", temp)?;
             weir_core::vfs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
+            published.push(*epoch);
         }
         self.published_ns = clock::now_ns();
-        if !self.written.is_empty() {
+        if !published.is_empty() {
             sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
         }
         self.marker
             .as_mut()
             .expect("the target is opened before its first commit")
             .write(committed)?;
-        Ok(self.written.drain(..).map(|(e, _)| e).collect())
+        self.written.retain(|(e, _)| *e > committed.epoch);
+        Ok(published)
     }
 
     fn visible_ns(&self) -> u64 {
