@@ -75,15 +75,22 @@ fn dst_offset(src: usize, room: usize) -> usize {
     (PAGE / 2 + PAGE - apart) % PAGE
 }
 
+/// Pins the calling thread to core `i` (in `core_affinity`'s order), best
+/// effort as the workers' pinning: an unpinned probe measures less, not
+/// wrongly. For the probes that run threads on the workers' cores.
+pub(crate) fn pin_to_core(i: usize) {
+    if let Some(core) = core_affinity::get_core_ids().and_then(|c| c.get(i).copied()) {
+        let _ = core_affinity::set_for_current(core);
+    }
+}
+
 /// Runs `threads` copiers of `bytes`-sized buffers at once; their summed rate.
 fn parallel_rate(threads: usize, bytes: usize, time: Duration) -> f64 {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
                 s.spawn(move || {
-                    if let Some(core) = core_affinity::get_core_ids().and_then(|c| c.get(t).copied()) {
-                        let _ = core_affinity::set_for_current(core);
-                    }
+                    pin_to_core(t);
                     // Touched before timing: fresh pages cost a fault each.
                     let src = vec![1u8; bytes];
                     let mut room = vec![0u8; bytes + PAGE];

@@ -32,6 +32,7 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use weir_core::state::{StoreOptions, ValueStore};
 
+use crate::copy_probe::pin_to_core;
 use crate::event::Event;
 
 /// The parts' rates and the ceiling they give.
@@ -117,16 +118,10 @@ fn update_rate(events: &[Event], batch: usize, mut apply: impl FnMut(&mut Vec<Ev
 fn ring_rate(capacity: usize, chunk: usize) -> f64 {
     let (mut tx, mut rx) = rtrb::RingBuffer::<Event>::new(capacity);
     let chunk = chunk.clamp(1, capacity);
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let pin = |i: usize| {
-        if let Some(&c) = cores.get(i) {
-            let _ = core_affinity::set_for_current(c);
-        }
-    };
     let stop = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|s| {
         s.spawn(|| {
-            pin(0);
+            pin_to_core(0);
             let mut seq = 0u64;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let n = tx.slots().min(chunk);
@@ -147,7 +142,7 @@ fn ring_rate(capacity: usize, chunk: usize) -> f64 {
         // On a thread of its own: pinning the caller would pin the job
         // that runs after the probe.
         let reader = s.spawn(|| {
-            pin(1);
+            pin_to_core(1);
             let mut sum = 0u64;
             // Twice the windows: both threads must run at once, and on a
             // shared machine fewer windows find both cores free.
@@ -198,9 +193,10 @@ fn mapped_rate(events: &[Event], batch: usize, dir: &std::path::Path) -> Option<
 }
 
 /// Measures the three parts for a job of `threads` workers, `keys` keys,
-/// batches of `batch` records and rings of `ring_capacity`; the map
-/// figures run pinned to core 0 (after the ring figure, on the main
-/// thread's own affinity restored).
+/// batches of `batch` records and rings of `ring_capacity`: the ring
+/// first, then the two map figures on one thread pinned to core 0. Every
+/// figure runs on threads of its own: the caller's affinity (the job's,
+/// after the probe) is left alone.
 pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) -> Parts {
     let threads = threads.max(1);
     let batch = batch.max(1);
@@ -208,9 +204,7 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) ->
     let events = key_sequence(keys.max(1), 1 << 16);
     let (map, mapped) = std::thread::scope(|s| {
         s.spawn(|| {
-            if let Some(c) = core_affinity::get_core_ids().and_then(|c| c.first().copied()) {
-                let _ = core_affinity::set_for_current(c);
-            }
+            pin_to_core(0);
             let map = map_rate(&events, batch);
             let dir = weir_core::default_state_dir().join(format!("weir-parts-{}", std::process::id()));
             (map, mapped_rate(&events, batch, &dir).unwrap_or(0.0))

@@ -564,13 +564,9 @@ impl<G: EpochTarget> Running<G> {
         while let Some(reply) = self.committer.try_reply()? {
             match reply {
                 CommitReply::Started => self.start_ticket = None,
-                CommitReply::Staged { mut payload } => {
+                CommitReply::Staged { payload } => {
                     self.stages_in_flight -= 1;
-                    self.memory_used -= payload.len();
-                    if self.spare_payloads.len() < SPARE_BUFFERS {
-                        payload.clear();
-                        self.spare_payloads.push(payload);
-                    }
+                    self.recycle_payload(payload);
                 }
                 CommitReply::Committed {
                     n,
@@ -597,6 +593,16 @@ impl<G: EpochTarget> Running<G> {
         Ok(())
     }
 
+    /// An epoch's output buffer is done with (committed or staged): its
+    /// bytes no longer count as kept in memory; kept for reuse.
+    fn recycle_payload(&mut self, mut p: Vec<u8>) {
+        self.memory_used -= p.len();
+        if self.spare_payloads.len() < SPARE_BUFFERS {
+            p.clear();
+            self.spare_payloads.push(p);
+        }
+    }
+
     /// Committed epochs became visible at `visible_ns`: their latencies are
     /// due, their buffers free.
     fn recycle(&mut self, mut epochs: Vec<Closed>, visible_ns: u64) {
@@ -604,12 +610,8 @@ impl<G: EpochTarget> Running<G> {
             self.visible.add(&c.stamps, visible_ns);
             c.stamps.clear();
             self.spare_stamps.push(c.stamps);
-            if let Some(mut p) = c.payload {
-                self.memory_used -= p.len();
-                if self.spare_payloads.len() < SPARE_BUFFERS {
-                    p.clear();
-                    self.spare_payloads.push(p);
-                }
+            if let Some(p) = c.payload {
+                self.recycle_payload(p);
             }
         }
         if self.spare_epochs.len() < 2 {
