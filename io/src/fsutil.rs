@@ -75,6 +75,19 @@ pub(crate) fn parse_part_name(name: &str, suffix: &str) -> Option<(usize, u64)> 
     Some((s.parse().ok()?, e.parse().ok()?))
 }
 
+/// The newest epoch of `subtask`'s visible output in `target`: the
+/// largest epoch among the names [`part_name`] made for it, hidden
+/// temporaries (a leading `.`) left out; `None` if there is none.
+pub(crate) fn newest_visible_part(target: &Path, suffix: &str, subtask: usize) -> Result<Option<u64>> {
+    Ok(list_names(target)?
+        .iter()
+        .filter(|n| !n.starts_with('.'))
+        .filter_map(|n| parse_part_name(n, suffix))
+        .filter(|&(s, _)| s == subtask)
+        .map(|(_, e)| e)
+        .max())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -215,13 +215,7 @@ where
 
     /// The highest epoch of this subtask's committed files in the target.
     fn newest_committed(&self) -> Result<Option<u64>> {
-        Ok(fsutil::list_names(&self.target)?
-            .iter()
-            .filter(|n| !n.starts_with('.'))
-            .filter_map(|n| fsutil::parse_part_name(n, &self.suffix))
-            .filter(|&(s, _)| s == self.subtask)
-            .map(|(_, e)| e)
-            .max())
+        fsutil::newest_visible_part(&self.target, &self.suffix, self.subtask)
     }
 }
 

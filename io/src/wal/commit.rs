@@ -5,8 +5,9 @@
 //! [`Committer`] does one commit: each epoch, in order, goes to the
 //! [`EpochTarget`] (its records kept in memory, or read back from the log
 //! and verified); the target publishes them and records the commit (for
-//! files: renames, one folder fsync, the marker); then segments wholly
-//! before the commit are deleted.
+//! files: renames; the folder fsync and the marker follow lazily, see
+//! [`EpochTarget::LAZY_RECORD`] and [`RECORD_INTERVAL_MS`]); once the
+//! record is durable, segments wholly before it are deleted.
 //!
 //! [`CommitIo`] is the committer thread's handler (see
 //! [`weir_core::io_thread`]), so that the fsyncs of a commit overlap with
@@ -20,7 +21,7 @@
 use std::path::{Path, PathBuf};
 
 use weir_core::io_thread::{IoHandler, Ticket};
-use weir_core::{BoxError, SyncJob};
+use weir_core::{clock, BoxError, SyncJob};
 
 use super::codec::{self, WalPos};
 use super::log::{segment_path, LogReader};
@@ -46,6 +47,16 @@ pub const QUEUED_COMMITS: usize = 4;
 /// work of one publish: enough for 640 ms of checkpoints at a 10 ms
 /// interval, far more than a publish takes.
 pub const MAX_EPOCHS_PER_COMMIT: usize = 64;
+
+/// How long the record of a commit may stay not durable, for a target
+/// with [`EpochTarget::LAZY_RECORD`] (files): 1 s. The committer syncs the
+/// record (files: the folder and the marker, two fsyncs) at the first
+/// commit this long after the last sync, besides when a log segment could
+/// be deleted and at the end; at 100 checkpoints a second that is two
+/// fsyncs a second instead of two per commit. What it bounds: the epochs
+/// a restore publishes again after a crash (a second of output, read
+/// back from the log) and the log kept for them.
+pub const RECORD_INTERVAL_MS: u64 = 1_000;
 
 /// An epoch closed by a barrier, not yet committed.
 #[derive(Debug)]
@@ -75,6 +86,11 @@ pub(super) struct Committer<G> {
     target: G,
     /// What the target records as committed.
     pub(super) committed: Committed,
+    /// The last record known durable: `committed`, or an earlier one while
+    /// the target's record is lazy ([`EpochTarget::LAZY_RECORD`]).
+    recorded: Committed,
+    /// When `recorded` was made durable ([`clock`] nanoseconds).
+    recorded_ns: u64,
     /// Segments before this one were deleted.
     oldest_seg: u64,
     reader: LogReader,
@@ -91,6 +107,8 @@ impl<G: EpochTarget> Committer<G> {
             subtask,
             target,
             committed,
+            recorded: committed,
+            recorded_ns: clock::now_ns(),
             oldest_seg: committed.pos.seg,
             reader: LogReader::default(),
             publishes: 0,
@@ -99,7 +117,8 @@ impl<G: EpochTarget> Committer<G> {
 
     /// Commits `epochs` (closed, in log order, the first starting at the
     /// marker's position) and records `n` in the marker; returns the
-    /// epochs that got output.
+    /// epochs that got output. With `durable`, the record is durable when
+    /// this returns, whatever the target's [`EpochTarget::LAZY_RECORD`].
     ///
     /// The epochs are published in chunks of at most
     /// [`EpochTarget::MAX_EPOCHS_PER_COMMIT`] epochs, a chunk ending at the
@@ -110,7 +129,7 @@ impl<G: EpochTarget> Committer<G> {
     /// published", true when it is written (the chunks go in log order),
     /// and it only grows, so a crash between two chunks leaves a record
     /// that a restore continues from, as after any commit.
-    pub(super) fn commit(&mut self, n: u64, epochs: &[Closed]) -> Result<Vec<u64>> {
+    pub(super) fn commit(&mut self, n: u64, epochs: &[Closed], durable: bool) -> Result<Vec<u64>> {
         let mut published = Vec::new();
         let mut start = self.committed.pos;
         let (mut chunk_epochs, mut chunk_bytes) = (0usize, 0u64);
@@ -134,11 +153,34 @@ impl<G: EpochTarget> Committer<G> {
                 published.extend(self.target.publish(value)?);
                 self.committed = value;
                 self.publishes += 1;
-                self.delete_segments_before(c.end.seg)?;
+                if !G::LAZY_RECORD || self.record_due() {
+                    self.record()?;
+                }
                 (chunk_epochs, chunk_bytes) = (0, 0);
             }
         }
+        if durable {
+            self.record()?;
+        }
         Ok(published)
+    }
+
+    /// Whether a lazy record should be made durable now: a log segment
+    /// could be deleted, or [`RECORD_INTERVAL_MS`] passed since the last.
+    fn record_due(&self) -> bool {
+        self.committed.pos.seg > self.recorded.pos.seg
+            || clock::now_ns().saturating_sub(self.recorded_ns) >= RECORD_INTERVAL_MS * 1_000_000
+    }
+
+    /// Makes the record of the last commit durable (the target's
+    /// [`EpochTarget::sync_record`]), then deletes the segments before it.
+    pub(super) fn record(&mut self) -> Result<()> {
+        if self.recorded != self.committed {
+            self.target.sync_record()?;
+            self.recorded = self.committed;
+        }
+        self.recorded_ns = clock::now_ns();
+        self.delete_segments_before(self.recorded.pos.seg)
     }
 
     /// Writes epoch `payload`'s output to the target ahead of its commit
@@ -238,11 +280,17 @@ pub(super) enum CommitRequest {
         epochs: Vec<Closed>,
         after: Option<SyncJob>,
     },
+    /// Make the record of the last commit durable now (at the end of the
+    /// input: a lazy record, [`EpochTarget::LAZY_RECORD`], is not left
+    /// behind).
+    Record,
 }
 
 /// What the committer thread hands back, in request order.
 pub(super) enum CommitReply {
     Started,
+    /// The record of the last commit is durable.
+    Recorded,
     /// An epoch was staged; its buffer comes back.
     Staged {
         payload: Vec<u8>,
@@ -281,12 +329,15 @@ impl<G: EpochTarget> CommitIo<G> {
     fn start(f: &mut Fresh<G>) -> Result<Committer<G>> {
         let mut target = f.target.take().expect("a fresh start happens once");
         let committed = target.open()?;
-        if let Some(c) = committed.filter(|c| c.epoch > 0) {
+        let newest = committed
+            .map_or(0, |c| c.epoch)
+            .max(target.newest_output().unwrap_or(0));
+        if newest > 0 {
             return Err(Error::TargetAhead {
                 sink: target.kind(),
                 subtask: f.subtask,
                 target: target.describe(),
-                committed: c.epoch,
+                committed: newest,
                 restored: None,
             });
         }
@@ -336,7 +387,7 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
                         .into()
                     })?;
                 }
-                c.commit(n, &epochs).map_err(|e| -> BoxError {
+                c.commit(n, &epochs, false).map_err(|e| -> BoxError {
                     format!("WAL sink subtask {subtask}: commit of checkpoint {n} failed: {e}").into()
                 })?;
                 Ok(CommitReply::Committed {
@@ -345,6 +396,16 @@ impl<G: EpochTarget> IoHandler for CommitIo<G> {
                     visible_ns: c.visible_ns(),
                     publishes: c.publishes(),
                 })
+            }
+            CommitRequest::Record => {
+                let CommitIo::Ready(c) = self else {
+                    return Err("a record before the committer started".into());
+                };
+                let subtask = c.subtask;
+                c.record().map_err(|e| -> BoxError {
+                    format!("WAL sink subtask {subtask}: recording the last commit failed: {e}").into()
+                })?;
+                Ok(CommitReply::Recorded)
             }
         }
     }

@@ -57,13 +57,21 @@
 //!    epoch, to hidden temporary files in the target folder
 //!    (`wal.commit.write`), each fsynced (`wal.commit.fsync`), unless it
 //!    was staged at step 2; then each is renamed to
-//!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`), and the
-//!    folder is fsynced (`wal.commit.dirsync`). Then the commit marker
-//!    records `n` and the log position where its records end
-//!    (`wal.commit.marker`), and segments wholly before it are deleted
-//!    (`wal.commit.delete`), while the log thread writes a later one.
+//!    `part-<subtask>-<epoch><suffix>` (`wal.commit.rename`): readers see
+//!    them from here. The record of the commit is lazy
+//!    ([`EpochTarget::LAZY_RECORD`]): at the first commit
+//!    [`RECORD_INTERVAL_MS`] after the last record, when a log segment
+//!    could be deleted, and at the end of the input, the folder is
+//!    fsynced (`wal.commit.dirsync`), then the commit marker records `n`
+//!    and the log position where its records end (`wal.commit.marker`),
+//!    and segments wholly before it are deleted (`wal.commit.delete`),
+//!    while the log thread writes a later one. A crash before the record
+//!    leaves an older marker: the restore publishes the later epochs
+//!    again, from the log, as the same files.
 //! 4. `restore(n, state)`, on the thread that starts the job, before the
-//!    sink's threads start: the log between the marker and the
+//!    sink's threads start: a target whose marker, or whose newest
+//!    visible file, shows an epoch after `n` is refused
+//!    ([`crate::Error::TargetAhead`]); the log between the marker and the
 //!    checkpoint's end position is verified (any damage there is an error
 //!    naming the segment file and byte offset) and its epochs, all `<= n`,
 //!    are committed again as in step 3. Re-committing an epoch that was
@@ -71,7 +79,8 @@
 //!    name, so output lands exactly once. Everything after the checkpoint's
 //!    end is discarded: the tail of that segment is cut off (a torn record
 //!    there is reported in [`WalRecovery::torn_tail`]), later segments are
-//!    deleted (`wal.restore.truncate`). The log goes on in a new segment.
+//!    deleted (`wal.restore.truncate`). The restore's record is made
+//!    durable before the job goes on. The log goes on in a new segment.
 //!
 //! `abort(n)` keeps epoch `n`: its records are committed with the next
 //! completed checkpoint. Without checkpointing, `finish` commits everything
@@ -79,8 +88,8 @@
 //! the sink is ready once both threads are done. A sink that starts
 //! without a checkpoint finds an empty log: its threads carry the start
 //! out, the committer first (it creates the target folder, removes this
-//! subtask's temporaries and refuses a target whose marker shows committed
-//! output), then the log thread (it deletes leftovers of an attempt that
+//! subtask's temporaries and refuses a target whose marker or visible
+//! files show committed output), then the log thread (it deletes leftovers of an attempt that
 //! never completed a checkpoint, never those of a refused start); no
 //! checkpoint completes before both succeeded.
 //!
@@ -119,7 +128,7 @@ pub use marker::Committed;
 pub(crate) use marker::{decode_marker, Marker};
 pub use target::{EpochTarget, FileTarget};
 
-pub use commit::{MAX_EPOCHS_PER_COMMIT, QUEUED_COMMITS};
+pub use commit::{MAX_EPOCHS_PER_COMMIT, QUEUED_COMMITS, RECORD_INTERVAL_MS};
 pub use log::{FAULT_APPEND, FAULT_FSYNC, FAULT_ROLL};
 pub use marker::FAULT_MARKER;
 
@@ -302,6 +311,9 @@ struct Running<G: EpochTarget> {
     committed_epoch: u64,
     /// `finish` was called: ready once everything is done.
     finishing: bool,
+    /// At the end, the request to make a lazy record durable was sent
+    /// ([`CommitRequest::Record`]).
+    end_recorded: bool,
     /// The worker's waker was handed to the threads.
     waker_set: bool,
     /// Epoch of the records being written: the last barrier plus one.
@@ -438,7 +450,13 @@ impl<G: EpochTarget> Running<G> {
         if self.due() && self.appends_in_flight < APPENDS_IN_FLIGHT {
             self.hand_over()?;
         }
-        self.submit_commits()
+        self.submit_commits()?;
+        if G::LAZY_RECORD && self.finishing && !self.end_recorded && !self.commit_pending() {
+            // After the last commit: the end leaves its record durable.
+            self.committer.submit(CommitRequest::Record)?;
+            self.end_recorded = true;
+        }
+        Ok(())
     }
 
     /// Whether closed epochs wait for a commit that was asked for.
@@ -564,6 +582,7 @@ impl<G: EpochTarget> Running<G> {
         while let Some(reply) = self.committer.try_reply()? {
             match reply {
                 CommitReply::Started => self.start_ticket = None,
+                CommitReply::Recorded => {}
                 CommitReply::Staged { payload } => {
                     self.stages_in_flight -= 1;
                     self.recycle_payload(payload);
@@ -748,9 +767,11 @@ where
 
     /// Waits (blocking) until the sink's threads did everything handed to
     /// them (appends and syncs, commits, also those held back for room),
-    /// and takes their replies; fails with a thread's error. For tests and
-    /// tools, never on a worker. Does not hand over a buffer that is not
-    /// due: what `write` buffered stays buffered until a barrier or the end.
+    /// and the last commit's record is durable (a lazy one too,
+    /// [`EpochTarget::LAZY_RECORD`]), and takes their replies; fails with a
+    /// thread's error. For tests and tools, never on a worker. Does not
+    /// hand over a buffer that is not due: what `write` buffered stays
+    /// buffered until a barrier or the end.
     pub fn wait_idle(&mut self) -> Result<(), BoxError> {
         let Some(run) = self.run.as_mut() else {
             return Ok(());
@@ -764,9 +785,15 @@ where
             commits?;
             run.take_replies()?;
             if !run.commit_pending() && !run.due() {
-                return Ok(());
+                break;
             }
         }
+        if G::LAZY_RECORD {
+            let t = run.committer.submit(CommitRequest::Record)?;
+            run.committer.wait_for(t)?;
+            run.take_replies()?;
+        }
+        Ok(())
     }
 
     /// This subtask's log folder.
@@ -811,12 +838,12 @@ where
                 0,
             ),
         };
-        // Room for the start, every commit and every stage in flight:
-        // never waits.
+        // Room for the start, every commit and every stage in flight, and
+        // the end's record: never waits.
         let committer = IoThread::spawn(
             &format!("weir-wal-commit-{:03}", self.subtask),
             handler,
-            G::COMMITS_IN_FLIGHT + 1 + if G::STAGES { STAGES_IN_FLIGHT } else { 0 },
+            G::COMMITS_IN_FLIGHT + 2 + if G::STAGES { STAGES_IN_FLIGHT } else { 0 },
         )
         .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
         let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
@@ -840,6 +867,7 @@ where
             publishes: 0,
             committed_epoch,
             finishing: false,
+            end_recorded: false,
             waker_set: false,
             open_tag,
             open_records: 0,
@@ -916,12 +944,14 @@ where
                 off: SEGMENT_HEADER_BYTES as u64,
             },
         });
-        if committed.epoch > n {
+        // A lazy record may lag the output: the newest visible epoch counts too.
+        let newest = committed.epoch.max(target.newest_output().unwrap_or(0));
+        if newest > n {
             return Err(Error::TargetAhead {
                 sink: target.kind(),
                 subtask: self.subtask,
                 target: target.describe(),
-                committed: committed.epoch,
+                committed: newest,
                 restored: Some(n),
             });
         }
@@ -1044,7 +1074,8 @@ where
         // 3. Commit again what the checkpoint pre-committed.
         let mut committer = Committer::new(dir, self.subtask, target, committed);
         let closed: Vec<Closed> = closed.into();
-        report.recommitted_epochs = committer.commit(n, &closed)?;
+        // Durable before the job goes on: the restore's record does not lag.
+        report.recommitted_epochs = committer.commit(n, &closed, true)?;
         report.recommitted_records = records;
         Ok((committer, st.end, report))
     }
@@ -1310,6 +1341,7 @@ mod tests {
         let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
         sink.restore(3, &state3).unwrap();
         let r = sink.last_recovery().unwrap();
+        // `wait_idle` made epoch 1's lazy record durable.
         assert_eq!(r.recommitted_epochs, vec![2, 3]);
         assert_eq!(r.recommitted_records, 800);
         assert!(r.discarded_segments >= 1 || r.discarded_records > 0, "{r:?}");
@@ -1351,5 +1383,68 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("segment_bytes"), "{e}");
+    }
+
+    /// The commit marker as a restore would read it.
+    fn marker_epoch(sink_log: &Path) -> Option<u64> {
+        Marker::open(sink_log.join("committed")).unwrap().1.map(|c| c.epoch)
+    }
+
+    #[test]
+    fn a_restore_refuses_output_newer_than_its_checkpoint_even_while_the_record_lags() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Harness::new(0, 1);
+        let mut sink = WalSink::new(config(dir.path()), 0, line, |_: &u64| 0);
+        h.write_sink(&mut sink, &mut vec![1]).unwrap();
+        let state1 = sink.pre_commit(1).unwrap();
+        sink.commit(1).unwrap();
+        h.write_sink(&mut sink, &mut vec![2]).unwrap();
+        sink.pre_commit(2).unwrap();
+        sink.commit(2).unwrap();
+        // Not `wait_idle`, which would make the record durable: the crash
+        // comes once both epochs are visible.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while output(dir.path()) != [1, 2] {
+            assert!(std::time::Instant::now() < deadline, "the commits never showed");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let log = sink.log_dir();
+        drop(sink);
+        // Checkpoint 2 is lost (say, damaged), so the job restores 1: the
+        // output of epoch 2 would be written again, cut differently. The
+        // lazy marker may not show it yet; the visible file does.
+        let lagging = marker_epoch(&log).unwrap_or(0) < 2;
+        let mut again = WalSink::new(config(dir.path()), 0, line, |_: &u64| 0);
+        let e = again.restore(1, &state1).unwrap_err().to_string();
+        assert!(
+            e.contains("committed through epoch 2") && e.contains("restores checkpoint 1"),
+            "{e}"
+        );
+        // Not just the marker's doing, when it lagged (nearly always: the
+        // two commits came well within `RECORD_INTERVAL_MS`).
+        if lagging {
+            assert!(marker_epoch(&log).unwrap_or(0) < 2);
+        }
+    }
+
+    #[test]
+    fn the_end_of_the_input_leaves_the_last_commit_recorded_durably() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = Harness::new(0, 1);
+        let mut sink = WalSink::new(config(dir.path()), 0, line, |_: &u64| 0);
+        h.write_sink(&mut sink, &mut vec![1]).unwrap();
+        sink.pre_commit(1).unwrap();
+        sink.commit(1).unwrap();
+        h.write_sink(&mut sink, &mut vec![2, 3]).unwrap();
+        sink.pre_commit(2).unwrap();
+        sink.commit(2).unwrap();
+        h.write_sink(&mut sink, &mut vec![4]).unwrap();
+        h.finish_sink(&mut sink).unwrap();
+        let log = sink.log_dir();
+        // `finish` commits the open epoch 3; the sink is ready only once
+        // its record is durable, so it is there without waiting further.
+        assert_eq!(marker_epoch(&log), Some(3));
+        drop(sink);
+        assert_eq!(output(dir.path()), vec![1, 2, 3, 4]);
     }
 }

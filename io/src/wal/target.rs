@@ -18,8 +18,11 @@
 //!    records, as the sink's `encode` wrote them, concatenated; a call
 //!    never splits a record), then [`EpochTarget::end`]; then
 //!    [`EpochTarget::publish`], which makes those epochs visible and
-//!    durably records the commit, in that order or atomically. Only once
-//!    `publish` returned may the log before the commit's position be
+//!    records the commit, in that order or atomically. The record is
+//!    durable when `publish` returns, unless the target has
+//!    [`EpochTarget::LAZY_RECORD`]: then it is durable once
+//!    [`EpochTarget::sync_record`] returned. Only once the record of a
+//!    commit is durable may the log before the commit's position be
 //!    deleted.
 //!
 //!    A target with [`EpochTarget::STAGES`] may also get begin, write and
@@ -34,6 +37,12 @@
 //!    the file target rewrites the same file under the same name; a
 //!    transactional target publishes the epochs and its record of the
 //!    commit in one transaction, so a commit is either whole or absent.
+//! 4. A restore from checkpoint `n` refuses a target that shows output of
+//!    an epoch after `n` ([`crate::Error::TargetAhead`]): output the
+//!    restored job would produce again, differently cut into epochs. The
+//!    target's record says so, and a target whose record may lag its
+//!    output ([`EpochTarget::LAZY_RECORD`]) also says, from `open`, the
+//!    newest epoch its output shows ([`EpochTarget::newest_output`]).
 //!
 //! An error fails the sink; the job restarts from its last checkpoint and
 //! the restore publishes again what was not recorded.
@@ -87,6 +96,20 @@ pub trait EpochTarget: Send + 'static {
     /// at `begin`, leaves it off.
     const STAGES: bool = false;
 
+    /// Whether [`EpochTarget::publish`] may leave its record of the commit
+    /// not yet durable (default no), for [`EpochTarget::sync_record`] to
+    /// make durable later: the committer then syncs the record when a log
+    /// segment could be deleted, at least every [`super::RECORD_INTERVAL_MS`],
+    /// at the end of a restore and at the end of the input, instead of at
+    /// every commit. A publish must still make its output visible in full,
+    /// and the target must say the newest epoch its output shows
+    /// ([`EpochTarget::newest_output`]), since its record may lag it.
+    ///
+    /// Sound only where publishing an epoch again is harmless (the
+    /// contract's point 3): a crash before the record is durable leaves
+    /// an older record, and the restore publishes the later epochs again.
+    const LAZY_RECORD: bool = false;
+
     /// The kind of sink, for errors (`"wal"` for files).
     fn kind(&self) -> &'static str;
 
@@ -106,13 +129,29 @@ pub trait EpochTarget: Send + 'static {
     /// Ends the current epoch's output.
     fn end(&mut self) -> Result<()>;
 
-    /// Makes the epochs ended since the last publish visible and durably
-    /// records `committed`; returns the epochs that got output.
+    /// Makes the epochs ended since the last publish visible and records
+    /// `committed`, durably unless the target has
+    /// [`EpochTarget::LAZY_RECORD`]; returns the epochs that got output.
     fn publish(&mut self, committed: Committed) -> Result<Vec<u64>>;
 
     /// When the last publish made its output visible to readers
     /// ([`weir_core::clock`] nanoseconds).
     fn visible_ns(&self) -> u64;
+
+    /// Makes the record of the last publish durable, and the output it
+    /// published with it (for a target with [`EpochTarget::LAZY_RECORD`];
+    /// the default does nothing).
+    fn sync_record(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    /// The newest epoch of this subtask whose output the target showed
+    /// when it was opened, whatever its record says (`None`: none, or the
+    /// record alone says; the default). Required of a target with
+    /// [`EpochTarget::LAZY_RECORD`].
+    fn newest_output(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// Bytes of committed output written to a file at once: 1 MiB.
@@ -126,8 +165,12 @@ const OUT_CHUNK: usize = 1 << 20;
 /// (`wal.commit.write`) and fsynced (`wal.commit.fsync`), ahead of its
 /// commit when it was kept in memory ([`EpochTarget::STAGES`]); a commit
 /// renames its epochs' files into place (`wal.commit.rename`: readers see
-/// them from here), fsyncs the folder once (`wal.commit.dirsync`), and
-/// then writes the marker (`wal.commit.marker`).
+/// them from here). Its record is lazy ([`EpochTarget::LAZY_RECORD`]):
+/// [`EpochTarget::sync_record`] fsyncs the folder once for the renames
+/// since the last (`wal.commit.dirsync`) and then writes the marker
+/// (`wal.commit.marker`). A file published again after a crash is the
+/// same epoch's same bytes under the same name, and `open` reads the
+/// newest epoch among the visible files' names, for the restore's check.
 #[derive(Debug)]
 pub struct FileTarget {
     target: PathBuf,
@@ -142,6 +185,12 @@ pub struct FileTarget {
     written: Vec<(u64, PathBuf)>,
     /// When the last `publish` renamed its files into place.
     published_ns: u64,
+    /// The record of the last publish, not yet written to the marker.
+    unrecorded: Option<Committed>,
+    /// Files were renamed into the folder since its last fsync.
+    renamed: bool,
+    /// The newest epoch among the visible files when opened.
+    newest_output: Option<u64>,
 }
 
 impl FileTarget {
@@ -158,6 +207,9 @@ impl FileTarget {
             current: None,
             written: Vec::new(),
             published_ns: 0,
+            unrecorded: None,
+            renamed: false,
+            newest_output: None,
         }
     }
 
@@ -171,6 +223,7 @@ impl FileTarget {
 
 impl EpochTarget for FileTarget {
     const STAGES: bool = true;
+    const LAZY_RECORD: bool = true;
 
     fn kind(&self) -> &'static str {
         "wal"
@@ -183,6 +236,7 @@ impl EpochTarget for FileTarget {
     fn open(&mut self) -> Result<Option<Committed>> {
         create_dir_durable(&self.target)?;
         super::commit::remove_temporaries(&self.target, &self.suffix, self.subtask)?;
+        self.newest_output = fsutil::newest_visible_part(&self.target, &self.suffix, self.subtask)?;
         let (marker, committed) = Marker::open(self.marker_path.clone())?;
         self.marker = Some(marker);
         Ok(committed)
@@ -240,19 +294,34 @@ impl EpochTarget for FileTarget {
             published.push(*epoch);
         }
         self.published_ns = clock::now_ns();
-        if !published.is_empty() {
-            sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
-        }
-        self.marker
-            .as_mut()
-            .expect("the target is opened before its first commit")
-            .write(committed)?;
+        self.renamed |= !published.is_empty();
+        // The folder fsync and the marker wait for `sync_record`.
+        self.unrecorded = Some(committed);
         self.written.retain(|(e, _)| *e > committed.epoch);
         Ok(published)
     }
 
     fn visible_ns(&self) -> u64 {
         self.published_ns
+    }
+
+    fn sync_record(&mut self) -> Result<()> {
+        // The renames first: a durable marker vouches for the files.
+        if self.renamed {
+            sync_dir(&self.target, FAULT_COMMIT_DIRSYNC)?;
+            self.renamed = false;
+        }
+        if let Some(committed) = self.unrecorded.take() {
+            self.marker
+                .as_mut()
+                .expect("the target is opened before its first commit")
+                .write(committed)?;
+        }
+        Ok(())
+    }
+
+    fn newest_output(&self) -> Option<u64> {
+        self.newest_output
     }
 }
 
