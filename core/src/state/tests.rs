@@ -124,6 +124,51 @@ fn restored_store_keeps_working_and_snapshots_again() {
     assert_eq!(r3.len(), 251);
 }
 
+/// One key group's table grows to many pages while the others have none:
+/// the page directory of the hot path (`ValueStore::locate`) widens its
+/// stride as that table doubles, tables without pages look up in the
+/// empty page, and a restore rebuilds the directory from the pages.
+#[test]
+fn one_table_grown_far_past_the_others_is_found_before_and_after_a_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let maxp = crate::keyed::DEFAULT_MAX_PARALLELISM;
+    let in_group = |g: usize| (0u64..).filter(move |k| key_group(stable_hash(k), maxp) == g);
+    let crowded: Vec<u64> = in_group(5).take(3_000).collect();
+    let mut s = Store::create(opts(dir.path(), "a")).unwrap();
+    for &k in &crowded {
+        *s.get_or_default(&k) = [k, 1];
+    }
+    assert!(s.state_bytes() >= 16 * 4096, "group 5's table spans many pages");
+    let elsewhere: Vec<u64> = (0..maxp)
+        .filter(|&g| g != 5)
+        .map(|g| in_group(g).next().unwrap())
+        .collect();
+    for &k in &elsewhere {
+        assert_eq!(s.get(&k), None, "key {k} of a table without pages");
+    }
+    for &k in &crowded {
+        assert_eq!(s.get(&k), Some(&[k, 1]));
+    }
+    // The other tables get pages now, one each; the crowded one stays.
+    for &k in &elsewhere {
+        s.get_or_default(&k)[1] += 2;
+    }
+    let want = contents(&s);
+    assert_eq!(want.len(), crowded.len() + elsewhere.len());
+    let h = s.snapshot(1).write(&dir.path().join("chk")).unwrap();
+    let mut r = restore_all(dir.path(), "r", &[h]).unwrap();
+    assert_eq!(contents(&r), want);
+    for (&k, v) in &want {
+        assert_eq!(r.get(&k), Some(v));
+        r.get_or_default(&k)[1] += 1;
+    }
+    assert_eq!(
+        r.len(),
+        want.len(),
+        "updates after the restore found every key in place"
+    );
+}
+
 /// Updates every key many times while the snapshot's asynchronous part
 /// runs: the file holds exactly the state at the barrier (copy-on-write),
 /// including with a second snapshot taken while the first is in flight.

@@ -80,7 +80,8 @@ enum Probe {
 struct Located {
     /// The key's stable hash.
     h: u64,
-    /// The home slot's first byte; null when the table has no page yet.
+    /// The home slot's first byte: in the store's `empty` page when the
+    /// table has no page yet (null only in [`Located::NONE`], never looked up).
     slot: *mut u8,
     /// Slots of the home page after the home slot.
     left: u32,
@@ -139,6 +140,18 @@ pub struct ValueStore<K, V> {
     arena: Arena,
     /// Per owned key group (index `kg - key_groups.start`).
     tables: Vec<Table>,
+    /// The page directory of the hot path: `stride` entries per table, at
+    /// `ti * stride + (h & (stride - 1))` the address of the page at
+    /// position `h & (pages - 1)` of table `ti` (a table of fewer pages
+    /// than `stride` repeats them; one without pages names `empty`). One
+    /// load finds a key's home page, with no table descriptor in between.
+    dir: Vec<SegPtr>,
+    /// log2 of the directory's entries per table: a power of two, at least
+    /// every table's page count.
+    dir_shift: u32,
+    /// A zeroed page: every slot vacant. The home page of a table without
+    /// pages, so that a lookup there finds a vacant slot without a branch.
+    empty: Box<[u64]>,
     len: usize,
     slots_per_page: usize,
     page_shift: u32,
@@ -185,8 +198,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             (Self::SLOT_SIZE, Self::VALUE_OFFSET as u32),
             (arena.layout.slot_size as usize, arena.layout.value_offset)
         );
+        let tables: Vec<Table> = arena.opts.key_groups.clone().map(|_| Table::default()).collect();
+        let empty = vec![0u64; arena.opts.page_size / 8].into_boxed_slice();
         ValueStore {
-            tables: arena.opts.key_groups.clone().map(|_| Table::default()).collect(),
+            dir: vec![SegPtr(empty.as_ptr() as *mut u8); tables.len()],
+            dir_shift: 0,
+            empty,
+            tables,
             len: 0,
             slots_per_page: arena.layout.slots_per_page(),
             page_shift: arena.opts.page_size.trailing_zeros(),
@@ -276,24 +294,45 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// The home slot of hash `h` in table `ti`: where a lookup starts.
     #[inline(always)]
     fn locate(&self, h: u64, ti: usize) -> Located {
-        // SAFETY: `table_of` returned `ti < tables.len()`.
-        let t = unsafe { self.tables.get_unchecked(ti) };
-        let n = t.ptrs.len();
-        if n == 0 {
-            return Located {
-                h,
-                slot: std::ptr::null_mut(),
-                left: 0,
-            };
-        }
-        let (pi, i) = home(h, n, self.slots_per_page);
-        // SAFETY: `pi = h & (n - 1) < n`.
-        let (base, _) = unsafe { t.ptrs.get_unchecked(pi) };
+        let stride = 1usize << self.dir_shift;
+        let (pi, i) = home(h, stride, self.slots_per_page);
+        // SAFETY: `table_of` returned `ti < tables.len()`, and `pi < stride`:
+        // the directory holds `tables.len() << dir_shift` entries.
+        let base = unsafe { self.dir.get_unchecked((ti << self.dir_shift) | pi) };
         Located {
             h,
-            // Slot `i < slots_per_page` of a live page (`home`).
+            // Slot `i < slots_per_page` of a live page, or of `empty`
+            // (`home`; `dir`).
             slot: base.0.wrapping_add(i * Self::SLOT_SIZE),
             left: (self.slots_per_page - 1 - i) as u32,
+        }
+    }
+
+    /// Writes table `ti`'s entries of the page directory, after its pages
+    /// changed; first doubles the directory's stride as often as needed
+    /// to cover the table (then every table's entries are written anew).
+    fn index_table(&mut self, ti: usize) {
+        let n = self.tables[ti].ptrs.len();
+        if n > 1usize << self.dir_shift {
+            self.dir_shift = n.trailing_zeros();
+            self.dir = vec![SegPtr(std::ptr::null_mut()); self.tables.len() << self.dir_shift];
+            for t in 0..self.tables.len() {
+                self.fill_dir(t);
+            }
+        } else {
+            self.fill_dir(ti);
+        }
+    }
+
+    fn fill_dir(&mut self, ti: usize) {
+        let stride = 1usize << self.dir_shift;
+        let t = &self.tables[ti];
+        let empty = SegPtr(self.empty.as_ptr() as *mut u8);
+        for (pi, e) in self.dir[ti * stride..(ti + 1) * stride].iter_mut().enumerate() {
+            *e = match t.ptrs.len() {
+                0 => SegPtr(empty.0),
+                n => SegPtr(t.ptrs[pi & (n - 1)].0 .0),
+            };
         }
     }
 
@@ -330,15 +369,15 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     #[inline(always)]
     fn find_located(&self, at: &Located, key: &K) -> Option<*mut u8> {
         let (mut s, mut left) = (at.slot, at.left);
-        if s.is_null() {
-            return None;
-        }
+        debug_assert!(!s.is_null(), "a key located by `locate`");
         loop {
             // SAFETY: `s` is a slot of the home page (`left` counts the
-            // slots after it), a live mapping (segments are never unmapped
-            // while the store lives, and the page is still this table's: no
-            // growth since it was located); reading it races with no writer
-            // (the task, which holds `&self`, is the only one).
+            // slots after it): of a live mapping (segments are never
+            // unmapped while the store lives, and the page is still this
+            // table's: no growth since it was located), or of `empty` (the
+            // table has no pages yet; it lives as long as the store, all
+            // zeros: vacant). Reading it races with no writer (the task,
+            // which holds `&self`, is the only one).
             let occupied = unsafe { s.add(4).cast::<u32>().read() } != 0;
             // SAFETY: as above; the key area lies inside the slot.
             if occupied && key.eq_slot(unsafe { std::slice::from_raw_parts(s.add(SLOT_HEADER), K::SLOT_BYTES) }) {
@@ -652,6 +691,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             count: old.count,
             gen,
         };
+        self.index_table(ti);
         for &page in &old.pages {
             for i in 0..self.slots_per_page {
                 let from = self.arena.slot_offset(page as usize, i);
@@ -845,6 +885,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                 .iter()
                 .map(|&p| (SegPtr(store.arena.page_ptr(p as usize)), p))
                 .collect();
+            store.index_table(ti);
         }
         // Count and check every key, in parallel.
         let maxp = store.arena.opts.max_parallelism;
