@@ -326,12 +326,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
 
     fn fill_dir(&mut self, ti: usize) {
         let stride = 1usize << self.dir_shift;
-        let t = &self.tables[ti];
         let empty = SegPtr(self.empty.as_ptr() as *mut u8);
+        let ptrs = &self.tables[ti].ptrs;
         for (pi, e) in self.dir[ti * stride..(ti + 1) * stride].iter_mut().enumerate() {
-            *e = match t.ptrs.len() {
-                0 => SegPtr(empty.0),
-                n => SegPtr(t.ptrs[pi & (n - 1)].0 .0),
+            *e = if ptrs.is_empty() {
+                empty
+            } else {
+                ptrs[pi & (ptrs.len() - 1)].0
             };
         }
     }
