@@ -20,11 +20,17 @@ fn exactly_once(row: &str) -> bool {
 }
 
 fn weir(args: &[&str], results: &std::path::Path) -> std::process::Output {
+    weir_in(args, results, &std::env::temp_dir())
+}
+
+/// `weir` with its temporary folders (checkpoints, sink output) in `tmp`.
+fn weir_in(args: &[&str], results: &std::path::Path, tmp: &std::path::Path) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_weir"))
         .args(args)
         .arg("--results")
         .arg(results)
         .env("WEIR_LOG", "warn")
+        .env("TMPDIR", tmp)
         .output()
         .unwrap()
 }
@@ -39,7 +45,9 @@ fn percentiles(v: &serde_json::Value, field: &str, qs: &[&str]) {
 fn compare_writes_tables_json_and_plot() {
     let dir = tempfile::tempdir().unwrap();
     let results = dir.path().join("results");
-    let out = weir(
+    let tmp = dir.path().join("tmp");
+    std::fs::create_dir(&tmp).unwrap();
+    let out = weir_in(
         &[
             "compare",
             "--events",
@@ -50,13 +58,34 @@ fn compare_writes_tables_json_and_plot() {
             "10,100",
         ],
         &results,
+        &tmp,
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "weir compare failed: {stderr}\n{stdout}");
+
+    // Every latency (open-loop) run comes before every closed-loop run, so
+    // none follows a closed-loop run's large delete; their output is
+    // removed between the two, and nothing is left behind.
+    let progress: Vec<&str> = stderr.lines().filter(|l| l.contains(" loop")).collect();
+    let last_open = progress.iter().rposition(|l| l.contains("open loop"));
+    let first_closed = progress.iter().position(|l| l.contains("closed loop"));
     assert!(
-        out.status.success(),
-        "weir compare failed: {}\n{stdout}",
-        String::from_utf8_lossy(&out.stderr)
+        matches!((last_open, first_closed), (Some(o), Some(c)) if o < c),
+        "open-loop runs must all come first:\n{stderr}"
     );
+    assert_eq!(progress.len(), 4 + 6 + 10, "one progress line per run:\n{stderr}");
+    let removed = stderr.find("removing the open-loop runs' output").expect(&stderr);
+    assert!(
+        stderr[..removed].contains("open loop") && !stderr[..removed].contains("closed loop"),
+        "{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "left behind in the temporary folder: {left:?}");
 
     // The tables: every row, each exactly-once row at both intervals, the platform row.
     assert!(stdout.contains("measured now on this machine"), "{stdout}");

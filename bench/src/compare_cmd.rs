@@ -9,14 +9,26 @@
 //! the same run; beside the exactly-once figures, the fsyncs per
 //! checkpoint and this disk's own sync latency. Two tables, sentences
 //! computed from them, JSON lines and an SVG figure.
+//!
+//! One run must not measure another's leftovers. A closed-loop run writes
+//! hundreds of megabytes, and deleting them on a file system mounted with
+//! `discard` (this machine's ext4) stalled the fsyncs of the run after it
+//! for 40-65 ms, tripling the WAL rows' visibility p99 (docs/benchmarks.md,
+//! "One run's cleanup in the next run's tail"). So the open-loop (latency)
+//! runs go first, keeping their few megabytes of output each until the
+//! last of them ends ([`Outputs`]), and the closed-loop (throughput) runs
+//! follow, each deleting its output when it ends.
 
+use std::cell::Cell;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::bench_cmd::{run_one_full, runtime_config, temp_checkpoint_dir, CliError, Mode, RunOutput, Switch};
+use crate::bench_cmd::{
+    run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, CliError, Mode, RunOutput, Switch,
+};
 use crate::disk_probe::DiskProbe;
 use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::platform::PlatformResult;
@@ -251,9 +263,63 @@ struct Plan {
     probe: Switch,
 }
 
+/// The folder the open-loop runs of one `weir compare` write their sink
+/// output to, a subfolder per run, removed as a whole after the last of
+/// them (also on an error): no latency run starts right after a delete.
+struct Outputs {
+    dir: PathBuf,
+    runs: Cell<u32>,
+}
+
+impl Outputs {
+    fn new() -> Self {
+        Outputs {
+            dir: temp_sink_dir(),
+            runs: Cell::new(0),
+        }
+    }
+
+    /// A fresh folder for the next run's output.
+    fn next(&self) -> PathBuf {
+        let n = self.runs.get() + 1;
+        self.runs.set(n);
+        self.dir.join(format!("run-{n:02}"))
+    }
+
+    /// Bytes of output kept so far.
+    fn bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let Ok(entries) = std::fs::read_dir(p) else { return 0 };
+            entries
+                .flatten()
+                .map(|e| match e.file_type() {
+                    Ok(t) if t.is_dir() => walk(&e.path()),
+                    _ => e.metadata().map_or(0, |m| m.len()),
+                })
+                .sum()
+        }
+        walk(&self.dir)
+    }
+}
+
+impl Drop for Outputs {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 impl Plan {
-    /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open loop.
-    fn run(&self, mode: Mode, sink: SinkKind, rate: Option<f64>, interval_ms: u64) -> Result<RunOutput, CliError> {
+    /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open
+    /// loop; its output goes to `outputs`, or without, to a temporary
+    /// folder deleted when the run ends.
+    fn run(
+        &self,
+        outputs: Option<&Outputs>,
+        mode: Mode,
+        sink: SinkKind,
+        rate: Option<f64>,
+        interval_ms: u64,
+    ) -> Result<RunOutput, CliError> {
         let spec = Spec {
             kind: self.pipeline,
             events: if rate.is_some() {
@@ -269,7 +335,10 @@ impl Plan {
             slow_ns: self.slow_ns,
             state: self.state,
             sink,
-            sink_dir: PathBuf::new(),
+            sink_dir: match outputs {
+                Some(o) if sink != SinkKind::Count => o.next(),
+                _ => PathBuf::new(),
+            },
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();
@@ -434,35 +503,46 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         done += 1;
         eprintln!("  [{done:>2}/{total_runs}] {what} ...");
     };
+    let outputs = Outputs::new();
+    // The latency runs first: each follows only other latency runs, whose
+    // output of a few megabytes each is kept until the last of them ends,
+    // never a closed-loop run's delete of hundreds.
+    let mut open = Vec::new();
+    for (r, row) in rows.iter().enumerate() {
+        let row_intervals = if row.exactly_once() {
+            intervals.clone()
+        } else {
+            vec![intervals[0]]
+        };
+        for interval_ms in row_intervals {
+            progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
+            let before = weir_core::disk::sync_stats();
+            let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms)?;
+            let syncs = row.exactly_once().then(|| {
+                let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
+                Syncs::of(&weir_core::disk::sync_stats().since(&before), completed)
+            });
+            open.push(OpenRun {
+                row: r,
+                interval_ms,
+                out,
+                syncs,
+            });
+        }
+    }
+    eprintln!(
+        "  removing the open-loop runs' output ({:.0} MB)",
+        outputs.bytes() as f64 / 1e6
+    );
+    drop(outputs);
     let mut count = Vec::new();
     let mut closed = Vec::new();
-    let mut open = Vec::new();
     for mode in MODES {
         progress(format!("{:<22} closed loop", format!("{}·count", mode.name())));
-        count.push(plan.run(mode, SinkKind::Count, None, intervals[0])?);
+        count.push(plan.run(None, mode, SinkKind::Count, None, intervals[0])?);
         for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.mode == mode) {
             progress(format!("{:<22} closed loop", row.label()));
-            closed.push((r, plan.run(mode, row.sink, None, intervals[0])?));
-            let row_intervals = if row.exactly_once() {
-                intervals.clone()
-            } else {
-                vec![intervals[0]]
-            };
-            for interval_ms in row_intervals {
-                progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
-                let before = weir_core::disk::sync_stats();
-                let out = plan.run(mode, row.sink, Some(plan.rate), interval_ms)?;
-                let syncs = row.exactly_once().then(|| {
-                    let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
-                    Syncs::of(&weir_core::disk::sync_stats().since(&before), completed)
-                });
-                open.push(OpenRun {
-                    row: r,
-                    interval_ms,
-                    out,
-                    syncs,
-                });
-            }
+            closed.push((r, plan.run(None, mode, row.sink, None, intervals[0])?));
         }
     }
     closed.sort_by_key(|(r, _)| *r);
