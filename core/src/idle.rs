@@ -131,6 +131,12 @@ impl Parker {
         fence(Ordering::SeqCst);
     }
 
+    /// Whether the thread said it is about to park (tests).
+    #[cfg(test)]
+    pub(crate) fn is_sleeping(&self) -> bool {
+        self.sleeping.load(Ordering::SeqCst)
+    }
+
     /// Worker: awake again.
     pub(crate) fn awake(&self) {
         self.sleeping.store(false, Ordering::Relaxed);
