@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::coordinator::{Coordinator, CoordinatorError, TaskInfo};
 use crate::checkpoint::recovery::{self, Restored};
 use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
+use crate::checkpoint::spawner::SnapshotPool;
 use crate::checkpoint::storage::ManifestGroup;
 use crate::checkpoint::{CheckpointStats, RestartRecord, RestoreFrom};
 use crate::clock;
@@ -296,7 +297,7 @@ fn prepare(
     latency: &LatencyPair,
     root: Option<&Path>,
     next_id: u64,
-    pool: &Arc<rayon::ThreadPool>,
+    pool: &Arc<SnapshotPool>,
     offload: bool,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
@@ -578,7 +579,7 @@ struct JobRun {
     /// Where weir's own threads run (`placement`).
     helpers: HelperCores,
     /// Asynchronous snapshot work of every attempt.
-    pool: Arc<rayon::ThreadPool>,
+    pool: Arc<SnapshotPool>,
     /// The cores the job may use (workers are pinned to them in order).
     cores: Vec<core_affinity::CoreId>,
 }
@@ -812,16 +813,22 @@ fn coordinator_error(e: CoordinatorError) -> Error {
 /// sinks' pre-commits, on the helper cores. Its own pool, so that weir
 /// neither competes with nor re-pins the threads of the application's
 /// global rayon pool.
-fn snapshot_pool(helpers: HelperCores, threads: usize) -> Result<Arc<rayon::ThreadPool>> {
-    rayon::ThreadPoolBuilder::new()
+fn snapshot_pool(helpers: HelperCores, threads: usize) -> Result<Arc<SnapshotPool>> {
+    let on = helpers.clone();
+    let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name(|i| format!("weir-snapshot-{i}"))
-        .start_handler(move |_| placement::enter(helpers.clone()))
+        .start_handler(move |_| placement::enter(on.clone()))
         .build()
-        .map(Arc::new)
         .map_err(|e| Error::SpawnHelper {
             what: "snapshot pool",
             source: std::io::Error::other(e.to_string()),
+        })?;
+    SnapshotPool::new(Arc::new(pool), helpers)
+        .map(Arc::new)
+        .map_err(|source| Error::SpawnHelper {
+            what: "snapshot spawner",
+            source,
         })
 }
 

@@ -65,7 +65,13 @@ impl Harness {
             group: 0,
             root: Arc::from(dir.path()),
             inline_max: DEFAULT_INLINE_STATE_MAX,
-            pool: Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()),
+            pool: Arc::new(
+                crate::checkpoint::spawner::SnapshotPool::new(
+                    Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()),
+                    None,
+                )
+                .unwrap(),
+            ),
             offload: false,
         });
         Harness {

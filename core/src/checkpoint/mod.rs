@@ -19,6 +19,7 @@ pub(crate) mod coordinator;
 pub(crate) mod recovery;
 pub(crate) mod signals;
 pub(crate) mod snapshot;
+pub(crate) mod spawner;
 pub(crate) mod stats;
 pub mod storage;
 

@@ -352,6 +352,7 @@ fn write_off_thread(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
     let pool = Arc::clone(&ck.pool);
     // Counted until it is done: the attempt's end waits for it.
     let counted = ck.signals.snapshot_job();
+    // Through the spawner: a worker never waits on the pool's locks.
     pool.spawn(move || {
         let _counted = counted;
         let id = snapshot.id();

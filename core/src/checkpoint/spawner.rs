@@ -1,0 +1,197 @@
+//! The job's snapshot pool, and a way into it that never makes a worker
+//! wait.
+//!
+//! A task's asynchronous part of a checkpoint (the state jobs, the waits of
+//! the sinks' pre-commits, the task's state file) runs on the job's rayon
+//! pool, on the helper cores. Spawning into a rayon pool wakes a sleeping
+//! pool thread under that thread's own mutex, which the pool thread also
+//! holds as it falls asleep and as it wakes; when another thread on the
+//! helper core preempts it there, the spawning thread waits for the lock.
+//! On a worker that is a stall of every record on its core: with the
+//! two-phase file sink at a 10 ms interval (2 cores, one worker), 17-22
+//! spawns in 5 s took over 150 µs on the worker, up to 1.6 ms, always that
+//! of the second task to reach the barrier (a temporary timer, 2026-12-03).
+//!
+//! So a task does not spawn: [`SnapshotPool::spawn`] pushes the job on a
+//! bounded lock-free queue and wakes the **spawner** thread only if it
+//! parked (a fence and a load otherwise: the protocol of the workers' own
+//! parking, [`Parker`]); the spawner, on the helper cores, moves each job
+//! into the rayon pool. Contract:
+//!
+//! - **Never lost.** Every job handed to `spawn` runs on the pool: if the
+//!   queue is full ([`QUEUE_JOBS`], far more than a job's tasks times the
+//!   checkpoints in flight), `spawn` hands it to the pool itself, as
+//!   before, rather than wait or drop; and dropping the pool moves the
+//!   jobs still queued into the rayon pool before the spawner ends.
+//! - **In order** per spawning thread (one queue, first in, first out).
+//! - **Bounded**: the queue holds at most [`QUEUE_JOBS`] jobs.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crossbeam_queue::ArrayQueue;
+
+use crate::idle::Parker;
+use crate::placement::HelperCores;
+
+/// Jobs the queue holds at most before [`SnapshotPool::spawn`] hands a job
+/// to the pool itself: 1024, against one job per task per checkpoint.
+pub(crate) const QUEUE_JOBS: usize = 1024;
+
+/// How long the spawner parks at most with nothing queued: a bound, not a
+/// latency (a spawn wakes it at once). A minute in this module's tests,
+/// where a lost wake-up must show as a hang.
+const IDLE_PARK: Duration = if cfg!(test) {
+    Duration::from_secs(60)
+} else {
+    Duration::from_millis(100)
+};
+
+type Job = Box<dyn FnOnce() + Send + 'static>;
+
+struct Inbox {
+    jobs: ArrayQueue<Job>,
+    parker: Parker,
+    stop: AtomicBool,
+}
+
+/// The job's snapshot pool and its spawner thread; see the module docs.
+pub(crate) struct SnapshotPool {
+    pool: Arc<rayon::ThreadPool>,
+    inbox: Arc<Inbox>,
+    spawner: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for SnapshotPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SnapshotPool")
+            .field("threads", &self.pool.current_num_threads())
+            .field("queued", &self.inbox.jobs.len())
+            .finish()
+    }
+}
+
+impl SnapshotPool {
+    /// Wraps `pool` and starts its spawner thread on `helpers` (the cores
+    /// of weir's own threads; `None`: unpinned).
+    pub(crate) fn new(pool: Arc<rayon::ThreadPool>, helpers: HelperCores) -> std::io::Result<Self> {
+        let inbox = Arc::new(Inbox {
+            jobs: ArrayQueue::new(QUEUE_JOBS),
+            parker: Parker::default(),
+            stop: AtomicBool::new(false),
+        });
+        let (i, p) = (Arc::clone(&inbox), Arc::clone(&pool));
+        let spawner = std::thread::Builder::new()
+            .name("weir-snapshot-spawner".into())
+            .spawn(move || {
+                crate::placement::enter(helpers);
+                i.parker.register();
+                loop {
+                    while let Some(job) = i.jobs.pop() {
+                        p.spawn(job);
+                    }
+                    if i.stop.load(Ordering::Acquire) {
+                        // Queued before the stop: into the pool, not lost.
+                        while let Some(job) = i.jobs.pop() {
+                            p.spawn(job);
+                        }
+                        break;
+                    }
+                    // No lost wake-up: the flag, then a last look; a spawn
+                    // after the look sees the flag (see `Parker`).
+                    i.parker.prepare_park();
+                    if i.jobs.is_empty() && !i.stop.load(Ordering::Acquire) {
+                        std::thread::park_timeout(IDLE_PARK);
+                    }
+                    i.parker.awake();
+                }
+            })?;
+        Ok(SnapshotPool {
+            pool,
+            inbox,
+            spawner: Some(spawner),
+        })
+    }
+
+    /// Runs `job` on the pool, soon; never waits for a lock or for the
+    /// pool (see the module docs).
+    pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
+        match self.inbox.jobs.push(Box::new(job)) {
+            Ok(()) => self.inbox.parker.wake(),
+            // Full: far beyond any job's need; run it rather than wait.
+            Err(job) => self.pool.spawn(job),
+        }
+    }
+}
+
+impl Drop for SnapshotPool {
+    fn drop(&mut self) {
+        self.inbox.stop.store(true, Ordering::Release);
+        if let Some(t) = self.spawner.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+
+    fn pool(threads: usize) -> SnapshotPool {
+        let rayon = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        SnapshotPool::new(Arc::new(rayon), None).unwrap()
+    }
+
+    #[test]
+    fn a_spawn_wakes_a_parked_spawner_and_every_job_runs() {
+        let p = pool(1);
+        let (tx, rx) = mpsc::channel();
+        for round in 0..10u32 {
+            // Let the spawner park (a minute in tests): only the spawn's
+            // wake-up gets the job into the pool.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while !p.inbox.parker.is_sleeping() {
+                assert!(std::time::Instant::now() < deadline, "the spawner never parked");
+                std::thread::yield_now();
+            }
+            let tx = tx.clone();
+            p.spawn(move || tx.send(round).unwrap());
+            assert_eq!(
+                rx.recv_timeout(Duration::from_secs(30)),
+                Ok(round),
+                "a parked spawner is woken by the spawn"
+            );
+        }
+    }
+
+    #[test]
+    fn a_full_queue_and_a_drop_lose_no_job() {
+        // One pool thread, blocked: the spawner moves jobs into rayon's
+        // queue, where they wait; more than QUEUE_JOBS of them at once
+        // overflow into `spawn`'s direct path.
+        let p = pool(1);
+        let (gate_tx, gate_rx) = mpsc::channel::<()>();
+        p.spawn(move || gate_rx.recv().unwrap());
+        let ran = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let n = 3 * QUEUE_JOBS;
+        for _ in 0..n {
+            let ran = Arc::clone(&ran);
+            p.spawn(move || {
+                ran.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+        let rayon = Arc::clone(&p.pool);
+        drop(p);
+        gate_tx.send(()).unwrap();
+        // Every job reached the rayon pool before the drop returned; a last
+        // job queued behind them runs once they all did.
+        let (done_tx, done_rx) = mpsc::channel();
+        rayon.spawn_fifo(move || done_tx.send(()).unwrap());
+        done_rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(ran.load(Ordering::SeqCst), n);
+    }
+}
