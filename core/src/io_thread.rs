@@ -55,8 +55,8 @@
 //! worker wait for that lock while the I/O thread, on another core, held
 //! it: `strace` of a worker under the two-phase file sink showed 9 such
 //! waits in one second, of 0.6-0.9 ms each (strace slows what it traces),
-//! and none in 9 s with the ring. A completion costs the I/O thread a short lock
-//! and, only if someone waits, a wake-up.
+//! and none in 9 s with the ring. A completion costs the I/O thread a
+//! short lock and, only if someone waits, a wake-up.
 //!
 //! ```
 //! use weir_core::io_thread::{IoHandler, IoThread};

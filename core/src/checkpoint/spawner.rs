@@ -8,9 +8,10 @@
 //! holds as it falls asleep and as it wakes; when another thread on the
 //! helper core preempts it there, the spawning thread waits for the lock.
 //! On a worker that is a stall of every record on its core: with the
-//! two-phase file sink at a 10 ms interval (2 cores, one worker), 17-22
-//! spawns in 5 s took over 150 µs on the worker, up to 1.6 ms, always that
-//! of the second task to reach the barrier (a temporary timer, 2026-12-03).
+//! two-phase file sink at a 10 ms interval (2 cores, one worker), 1-23
+//! spawns in 5 s (five runs) took over 150 µs on the worker, up to 1.6 ms,
+//! always that of the second task to reach the barrier (a temporary timer,
+//! 2026-12-03).
 //!
 //! So a task does not spawn: [`SnapshotPool::spawn`] pushes the job on a
 //! bounded lock-free queue and wakes the **spawner** thread only if it
@@ -23,7 +24,10 @@
 //!   checkpoints in flight), `spawn` hands it to the pool itself, as
 //!   before, rather than wait or drop; and dropping the pool moves the
 //!   jobs still queued into the rayon pool before the spawner ends.
-//! - **In order** per spawning thread (one queue, first in, first out).
+//! - **Handed over in order**: the jobs of one spawning thread reach the
+//!   pool in the order they were spawned, while the queue has room (one
+//!   queue, first in, first out); the pool runs them as its threads come
+//!   free, as before.
 //! - **Bounded**: the queue holds at most [`QUEUE_JOBS`] jobs.
 
 use std::sync::atomic::{AtomicBool, Ordering};
