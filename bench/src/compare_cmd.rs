@@ -14,8 +14,8 @@
 //! hundreds of megabytes, and deleting them on a file system mounted with
 //! `discard` (this machine's ext4) raised the WAL rows' visibility p99 in
 //! the run after it from 13-14 ms to 40-55 ms, through one stall of its
-//! syncs (docs/benchmarks.md, "One run's cleanup in the next run's tail"). So the open-loop (latency)
-//! runs go first, keeping their few megabytes of output each until the
+//! syncs (docs/benchmarks.md, "One run's cleanup in the next run's tail").
+//! So the open-loop (latency) runs go first, keeping their few megabytes of output each until the
 //! last of them ends ([`Outputs`]), and the closed-loop (throughput) runs
 //! follow, each deleting its output when it ends.
 

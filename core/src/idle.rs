@@ -103,6 +103,16 @@ impl Idler {
     }
 }
 
+/// How long a helper thread parks at most in [`Parker::park_unless`]: a
+/// bound, not a latency (a peer's wake-up ends the park at once), so that
+/// it also notices a stop it was not woken for. A minute in this crate's
+/// tests, where a lost wake-up must show as a hang, not as a 100 ms delay.
+pub(crate) const HELPER_IDLE_PARK: Duration = if cfg!(test) {
+    Duration::from_secs(60)
+} else {
+    Duration::from_millis(100)
+};
+
 /// Lets a producer wake a parked consumer (and a consumer a parked,
 /// backpressured producer) instead of leaving it asleep for a whole park
 /// timeout.
@@ -135,6 +145,18 @@ impl Parker {
     #[cfg(test)]
     pub(crate) fn is_sleeping(&self) -> bool {
         self.sleeping.load(Ordering::SeqCst)
+    }
+
+    /// A helper thread with nothing to do (an I/O thread, the snapshot
+    /// spawner): parks until a peer's [`Parker::wake`], or at most
+    /// [`HELPER_IDLE_PARK`], unless `has_work` finds work after the flag
+    /// is set (so a peer's update is either seen here or sees the flag).
+    pub(crate) fn park_unless(&self, has_work: impl Fn() -> bool) {
+        self.prepare_park();
+        if !has_work() {
+            std::thread::park_timeout(HELPER_IDLE_PARK);
+        }
+        self.awake();
     }
 
     /// Worker: awake again.

@@ -97,16 +97,6 @@ use std::time::Duration;
 use crate::error::BoxError;
 use crate::idle::{Parker, Waker};
 
-/// How long the thread parks at most when it has no request: a bound, not
-/// a latency (a submit wakes it at once), so that it also notices a drop
-/// it was not woken for. A minute in this module's tests, where a lost
-/// wake-up must show as a hang, not as a 100 ms delay.
-const IDLE_PARK: Duration = if cfg!(test) {
-    Duration::from_secs(60)
-} else {
-    Duration::from_millis(100)
-};
-
 /// The position of a request in submission order: 1 for the first.
 pub type Ticket = u64;
 
@@ -262,13 +252,9 @@ impl<H: IoHandler> IoThread<H> {
                     // The sink's side is gone: nothing more will come.
                     Err(_) if req_rx.is_abandoned() && req_rx.is_empty() => break,
                     Err(_) => {
-                        // No lost wake-up: the flag, then a last look (see
-                        // `Parker`); a submit after the look sees the flag.
-                        park.prepare_park();
-                        if req_rx.is_empty() && !req_rx.is_abandoned() && !s.stop.load(Ordering::Acquire) {
-                            std::thread::park_timeout(IDLE_PARK);
-                        }
-                        park.awake();
+                        park.park_unless(|| {
+                            !req_rx.is_empty() || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire)
+                        });
                         continue;
                     }
                 };

@@ -33,7 +33,6 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
 
 use crossbeam_queue::ArrayQueue;
 
@@ -43,15 +42,6 @@ use crate::placement::HelperCores;
 /// Jobs the queue holds at most before [`SnapshotPool::spawn`] hands a job
 /// to the pool itself: 1024, against one job per task per checkpoint.
 pub(crate) const QUEUE_JOBS: usize = 1024;
-
-/// How long the spawner parks at most with nothing queued: a bound, not a
-/// latency (a spawn wakes it at once). A minute in this module's tests,
-/// where a lost wake-up must show as a hang.
-const IDLE_PARK: Duration = if cfg!(test) {
-    Duration::from_secs(60)
-} else {
-    Duration::from_millis(100)
-};
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -93,23 +83,17 @@ impl SnapshotPool {
                 crate::placement::enter(helpers);
                 i.parker.register();
                 loop {
+                    // The stop first: what was queued before it still goes
+                    // into the pool, not lost.
+                    let stopping = i.stop.load(Ordering::Acquire);
                     while let Some(job) = i.jobs.pop() {
                         p.spawn(job);
                     }
-                    if i.stop.load(Ordering::Acquire) {
-                        // Queued before the stop: into the pool, not lost.
-                        while let Some(job) = i.jobs.pop() {
-                            p.spawn(job);
-                        }
+                    if stopping {
                         break;
                     }
-                    // No lost wake-up: the flag, then a last look; a spawn
-                    // after the look sees the flag (see `Parker`).
-                    i.parker.prepare_park();
-                    if i.jobs.is_empty() && !i.stop.load(Ordering::Acquire) {
-                        std::thread::park_timeout(IDLE_PARK);
-                    }
-                    i.parker.awake();
+                    i.parker
+                        .park_unless(|| !i.jobs.is_empty() || i.stop.load(Ordering::Acquire));
                 }
             })?;
         Ok(SnapshotPool {
@@ -144,6 +128,7 @@ impl Drop for SnapshotPool {
 mod tests {
     use super::*;
     use std::sync::mpsc;
+    use std::time::Duration;
 
     fn pool(threads: usize) -> SnapshotPool {
         let rayon = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();

@@ -874,6 +874,7 @@ where
         )
         .map_err(|e| Error::io("start the committer thread of", &dir, e))?;
         let (buffer_bytes, segment_bytes) = (self.config.buffer_bytes, self.config.segment_bytes);
+        let payload_hint = EPOCH_BUFFER_BYTES.min(self.config.memory_bytes);
         let mut run = Running {
             log,
             committer,
@@ -899,8 +900,8 @@ where
             open_tag,
             open_records: 0,
             open_stamps: StampRuns::default(),
-            open_payload: Vec::with_capacity(EPOCH_BUFFER_BYTES.min(self.config.memory_bytes)),
-            payload_hint: EPOCH_BUFFER_BYTES.min(self.config.memory_bytes),
+            open_payload: Vec::with_capacity(payload_hint),
+            payload_hint,
             open_in_memory: true,
             closed: VecDeque::new(),
             memory_used: 0,
