@@ -167,11 +167,24 @@ impl Parker {
     /// Peer: call after publishing a ring update.
     #[inline]
     pub(crate) fn wake(&self) {
+        if self.wants_wake() {
+            self.unpark();
+        }
+    }
+
+    /// Peer, after publishing an update: whether the thread said it is
+    /// about to park (then it must be woken, by [`Parker::unpark`] or
+    /// through a [`crate::relay::WakeRelay`]).
+    #[inline]
+    pub(crate) fn wants_wake(&self) -> bool {
         fence(Ordering::SeqCst);
-        if self.sleeping.load(Ordering::Relaxed) {
-            if let Some(t) = self.thread.get() {
-                t.unpark();
-            }
+        self.sleeping.load(Ordering::Relaxed)
+    }
+
+    /// Unparks the thread (a `futex` call if it sleeps).
+    pub(crate) fn unpark(&self) {
+        if let Some(t) = self.thread.get() {
+            t.unpark();
         }
     }
 }

@@ -48,7 +48,9 @@
 //! No allocation and no lock on the worker per request: requests go
 //! through a lock-free single-producer ring ([`rtrb`]) of `capacity`
 //! slots, and the worker wakes the thread only if it parked (a fence and a
-//! load otherwise, the protocol of the workers' own parking); replies come
+//! load otherwise, the protocol of the workers' own parking), and then
+//! through the job's wake-up relay (`core/src/relay.rs`: one wake-up of the
+//! relay thread covers a burst of them across sinks); replies come
 //! back through a bounded channel the worker polls without blocking. A
 //! channel with a lock on its wake-up path (the standard library's
 //! `sync_channel` locks a mutex to wake a receiver that sleeps) made the
@@ -96,6 +98,7 @@ use std::time::Duration;
 
 use crate::error::BoxError;
 use crate::idle::{Parker, Waker};
+use crate::relay::Doorbell;
 
 /// The position of a request in submission order: 1 for the first.
 pub type Ticket = u64;
@@ -199,8 +202,9 @@ pub struct IoThread<H: IoHandler> {
     name: Arc<str>,
     /// `None` once dropping.
     requests: Option<rtrb::Producer<H::Request>>,
-    /// Wakes the thread when it parked for want of requests.
-    parker: Arc<Parker>,
+    /// Wakes the thread when it parked for want of requests (through the
+    /// job's wake-up relay, on a job's thread: see [`crate::relay`]).
+    doorbell: Doorbell,
     replies: Receiver<H::Reply>,
     /// Replies received while `submit` waited for room, not yet taken.
     backlog: VecDeque<H::Reply>,
@@ -239,6 +243,7 @@ impl<H: IoHandler> IoThread<H> {
         let label: Arc<str> = Arc::from(name);
         // On the job's helper cores, like every weir thread but the workers.
         let helpers = crate::placement::current();
+        let relay = crate::relay::current();
         let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
             crate::placement::enter(helpers);
             park.register();
@@ -296,7 +301,7 @@ impl<H: IoHandler> IoThread<H> {
         Ok(IoThread {
             name: label,
             requests: Some(req_tx),
-            parker,
+            doorbell: Doorbell::new(parker, relay),
             replies: rep_rx,
             backlog: VecDeque::with_capacity(capacity),
             shared,
@@ -361,7 +366,7 @@ impl<H: IoHandler> IoThread<H> {
                 self.name
             );
         }
-        self.parker.wake();
+        self.doorbell.ring();
         self.submitted += 1;
         Ok(self.submitted)
     }
@@ -476,7 +481,7 @@ mod tests {
             // Let the thread run out of requests and park (its park lasts a
             // minute in tests): only the submit's wake-up gets it going.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !io.parker.is_sleeping() {
+            while !io.doorbell.parker().is_sleeping() {
                 assert!(std::time::Instant::now() < deadline, "the thread never parked");
                 std::thread::yield_now();
             }

@@ -39,6 +39,7 @@ use crate::idle::{IdleStrategy, Idler, Parker};
 use crate::metrics::{JobMetrics, LatencyPair, MetricsRegistry, TaskCounters};
 use crate::pipeline::{BuildCtx, Plan};
 use crate::placement::{self, HelperCores};
+use crate::relay::{self, WakeRelay};
 use crate::task::{Task, TaskPoll};
 
 /// How a job ended.
@@ -494,11 +495,18 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         config.pin_workers,
         &core_ids,
     )?;
-    let pool = snapshot_pool(helpers.clone(), cores.len().max(1))?;
+    // Workers wake helper threads through it (`relay`).
+    let relay = WakeRelay::start(helpers.clone()).map_err(|source| Error::SpawnHelper {
+        what: "wake-up relay",
+        source,
+    })?;
+    let pool = snapshot_pool(helpers.clone(), cores.len().max(1), &relay)?;
     // The first attempt is built and restored on the caller's thread: the
-    // threads its sinks start there follow the helper cores too.
-    let callers = placement::current();
+    // threads its sinks start there follow the helper cores too, and are
+    // woken through the relay.
+    let callers = (placement::current(), relay::current());
     placement::set_current(helpers.clone());
+    relay::set_current(Some(relay.clone()));
     let prepared = prepare(
         &mut plan,
         &config,
@@ -509,7 +517,8 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         &pool,
         helpers.is_some(),
     );
-    placement::set_current(callers);
+    placement::set_current(callers.0);
+    relay::set_current(callers.1);
     let prepared = prepared?;
     let shared = Arc::new(JobShared {
         cancel: AtomicBool::new(false),
@@ -538,6 +547,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         .name(format!("weir-job-{name}"))
         .spawn(move || {
             placement::enter(helpers.clone());
+            relay::set_current(Some(relay.clone()));
             let mut job = JobRun {
                 plan,
                 config,
@@ -548,6 +558,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
                 retained,
                 next_id: 1,
                 helpers,
+                relay,
                 pool,
                 cores,
             };
@@ -578,6 +589,8 @@ struct JobRun {
     next_id: u64,
     /// Where weir's own threads run (`placement`).
     helpers: HelperCores,
+    /// Wakes helper threads for the workers (`relay`).
+    relay: Arc<WakeRelay>,
     /// Asynchronous snapshot work of every attempt.
     pool: Arc<SnapshotPool>,
     /// The cores the job may use (workers are pinned to them in order).
@@ -699,6 +712,9 @@ impl JobRun {
             )),
             _ => None,
         };
+        if let Some(c) = &mut coordinator {
+            c.set_relay(self.relay.clone());
+        }
         let (events, _keep_sender) = match prepared.checkpointing {
             Some((_, rx, tx)) => (Some(rx), Some(tx)),
             None => (None, None),
@@ -710,6 +726,7 @@ impl JobRun {
             &self.config,
             &attempt,
             &self.helpers,
+            &self.relay,
             &self.cores,
         ) {
             Ok(t) => t,
@@ -813,7 +830,7 @@ fn coordinator_error(e: CoordinatorError) -> Error {
 /// sinks' pre-commits, on the helper cores. Its own pool, so that weir
 /// neither competes with nor re-pins the threads of the application's
 /// global rayon pool.
-fn snapshot_pool(helpers: HelperCores, threads: usize) -> Result<Arc<SnapshotPool>> {
+fn snapshot_pool(helpers: HelperCores, threads: usize, relay: &Arc<WakeRelay>) -> Result<Arc<SnapshotPool>> {
     let on = helpers.clone();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
@@ -824,7 +841,7 @@ fn snapshot_pool(helpers: HelperCores, threads: usize) -> Result<Arc<SnapshotPoo
             what: "snapshot pool",
             source: std::io::Error::other(e.to_string()),
         })?;
-    SnapshotPool::new(Arc::new(pool), helpers)
+    SnapshotPool::new(Arc::new(pool), helpers, Some(relay.clone()))
         .map(Arc::new)
         .map_err(|source| Error::SpawnHelper {
             what: "snapshot spawner",
@@ -847,6 +864,7 @@ fn spawn_workers(
     config: &RuntimeConfig,
     attempt: &Arc<Attempt>,
     helpers: &HelperCores,
+    relay: &Arc<WakeRelay>,
     cores: &[core_affinity::CoreId],
 ) -> Result<Vec<JoinHandle<()>>> {
     let workers = parkers.len();
@@ -870,9 +888,12 @@ fn spawn_workers(
         let a = attempt.clone();
         let parker = parkers[w].clone();
         let h = helpers.clone();
+        let r = relay.clone();
         let spawned = thread::Builder::new().name(format!("weir-worker-{w}")).spawn(move || {
-            // Threads the tasks start (sinks' I/O threads) go to the helper cores.
+            // Threads the tasks start (sinks' I/O threads) go to the helper
+            // cores, and are woken through the relay.
             placement::set_current(h);
+            relay::set_current(Some(r));
             worker_main(tasks, core, idle, &parker, &a)
         });
         match spawned {

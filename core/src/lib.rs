@@ -57,6 +57,7 @@ pub mod periodic;
 mod pipeline;
 mod placement;
 pub mod process;
+mod relay;
 mod sink;
 mod source;
 pub mod state;

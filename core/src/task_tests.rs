@@ -69,6 +69,7 @@ impl Harness {
                 crate::checkpoint::spawner::SnapshotPool::new(
                     Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()),
                     None,
+                    None,
                 )
                 .unwrap(),
             ),

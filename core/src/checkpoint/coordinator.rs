@@ -61,6 +61,8 @@ pub(crate) struct TaskInfo {
 }
 
 pub(crate) struct Coordinator {
+    /// Woken as checkpoints are triggered and completed (`set_relay`).
+    relay: Option<Arc<crate::relay::WakeRelay>>,
     cfg: CheckpointConfig,
     root: PathBuf,
     signals: Arc<Signals>,
@@ -130,6 +132,19 @@ impl Coordinator {
             root_sync_owed: false,
             stats,
             job_start_ns: clock::now_ns(),
+            relay: None,
+        }
+    }
+
+    /// Primes `relay` as each checkpoint is triggered and as it completes
+    /// (`WakeRelay::prime`): the workers' hand-offs for it follow at once.
+    pub(crate) fn set_relay(&mut self, relay: Arc<crate::relay::WakeRelay>) {
+        self.relay = Some(relay);
+    }
+
+    fn prime_relay(&self) {
+        if let Some(r) = &self.relay {
+            r.prime();
         }
     }
 
@@ -207,6 +222,7 @@ impl Coordinator {
             .map_or(0, |d| d.as_millis() as u64);
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
+        self.prime_relay();
         // The folder's entry, synced while the barriers travel and the
         // tasks snapshot (sinks sync their pre-commits meanwhile, so this
         // journal commit often joins theirs): one disk wait fewer after the
@@ -389,6 +405,7 @@ impl Coordinator {
         );
         let duration = p.trigger.elapsed();
         self.signals.complete(id);
+        self.prime_relay();
         self.last_completion = Instant::now();
         self.consecutive_failures = 0;
         tracing::debug!(checkpoint = id, ?duration, "checkpoint complete");

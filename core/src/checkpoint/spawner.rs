@@ -16,7 +16,8 @@
 //! So a task does not spawn: [`SnapshotPool::spawn`] pushes the job on a
 //! bounded lock-free queue and wakes the **spawner** thread only if it
 //! parked (a fence and a load otherwise: the protocol of the workers' own
-//! parking, [`Parker`]); the spawner, on the helper cores, moves each job
+//! parking, [`Parker`]), through the job's wake-up relay
+//! ([`crate::relay`]); the spawner, on the helper cores, moves each job
 //! into the rayon pool. Contract:
 //!
 //! - **Never lost.** Every job handed to `spawn` runs on the pool: if the
@@ -38,6 +39,7 @@ use crossbeam_queue::ArrayQueue;
 
 use crate::idle::Parker;
 use crate::placement::HelperCores;
+use crate::relay::{Doorbell, WakeRelay};
 
 /// Jobs the queue holds at most before [`SnapshotPool::spawn`] hands a job
 /// to the pool itself: 1024, against one job per task per checkpoint.
@@ -47,7 +49,6 @@ type Job = Box<dyn FnOnce() + Send + 'static>;
 
 struct Inbox {
     jobs: ArrayQueue<Job>,
-    parker: Parker,
     stop: AtomicBool,
 }
 
@@ -55,6 +56,8 @@ struct Inbox {
 pub(crate) struct SnapshotPool {
     pool: Arc<rayon::ThreadPool>,
     inbox: Arc<Inbox>,
+    /// Wakes the spawner (through the job's wake-up relay, if any).
+    doorbell: Doorbell,
     spawner: Option<JoinHandle<()>>,
 }
 
@@ -69,19 +72,24 @@ impl std::fmt::Debug for SnapshotPool {
 
 impl SnapshotPool {
     /// Wraps `pool` and starts its spawner thread on `helpers` (the cores
-    /// of weir's own threads; `None`: unpinned).
-    pub(crate) fn new(pool: Arc<rayon::ThreadPool>, helpers: HelperCores) -> std::io::Result<Self> {
+    /// of weir's own threads; `None`: unpinned), woken through `relay`
+    /// (`None`: directly).
+    pub(crate) fn new(
+        pool: Arc<rayon::ThreadPool>,
+        helpers: HelperCores,
+        relay: Option<Arc<WakeRelay>>,
+    ) -> std::io::Result<Self> {
         let inbox = Arc::new(Inbox {
             jobs: ArrayQueue::new(QUEUE_JOBS),
-            parker: Parker::default(),
             stop: AtomicBool::new(false),
         });
-        let (i, p) = (Arc::clone(&inbox), Arc::clone(&pool));
+        let parker = Arc::new(Parker::default());
+        let (i, p, park) = (Arc::clone(&inbox), Arc::clone(&pool), Arc::clone(&parker));
         let spawner = std::thread::Builder::new()
             .name("weir-snapshot-spawner".into())
             .spawn(move || {
                 crate::placement::enter(helpers);
-                i.parker.register();
+                park.register();
                 loop {
                     // The stop first: what was queued before it still goes
                     // into the pool, not lost.
@@ -92,13 +100,13 @@ impl SnapshotPool {
                     if stopping {
                         break;
                     }
-                    i.parker
-                        .park_unless(|| !i.jobs.is_empty() || i.stop.load(Ordering::Acquire));
+                    park.park_unless(|| !i.jobs.is_empty() || i.stop.load(Ordering::Acquire));
                 }
             })?;
         Ok(SnapshotPool {
             pool,
             inbox,
+            doorbell: Doorbell::new(parker, relay),
             spawner: Some(spawner),
         })
     }
@@ -107,7 +115,7 @@ impl SnapshotPool {
     /// pool (see the module docs).
     pub(crate) fn spawn(&self, job: impl FnOnce() + Send + 'static) {
         match self.inbox.jobs.push(Box::new(job)) {
-            Ok(()) => self.inbox.parker.wake(),
+            Ok(()) => self.doorbell.ring(),
             // Full: far beyond any job's need; run it rather than wait.
             Err(job) => self.pool.spawn(job),
         }
@@ -132,7 +140,7 @@ mod tests {
 
     fn pool(threads: usize) -> SnapshotPool {
         let rayon = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
-        SnapshotPool::new(Arc::new(rayon), None).unwrap()
+        SnapshotPool::new(Arc::new(rayon), None, None).unwrap()
     }
 
     #[test]
@@ -143,7 +151,7 @@ mod tests {
             // Let the spawner park (a minute in tests): only the spawn's
             // wake-up gets the job into the pool.
             let deadline = std::time::Instant::now() + Duration::from_secs(10);
-            while !p.inbox.parker.is_sleeping() {
+            while !p.doorbell.parker().is_sleeping() {
                 assert!(std::time::Instant::now() < deadline, "the spawner never parked");
                 std::thread::yield_now();
             }
