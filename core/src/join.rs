@@ -155,6 +155,13 @@ where
     TB: Fn(&B) -> i64,
     F: FnMut(&A, &B) -> O,
 {
+    /// A step of the paced state copy (`StoreLifecycle::advance`).
+    #[cold]
+    fn copy_step(&mut self, all: bool) {
+        let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.left, &mut self.right];
+        self.lifecycle.advance(&mut stores, all);
+    }
+
     /// When a kept record can no longer match anything: `None` for never.
     fn expires(&self, is_left: bool, ts: i64) -> Option<i64> {
         match self.kind {
@@ -268,11 +275,12 @@ where
         }
         self.next.collect(&mut self.out, ctx)
     }
-    crate::collector::forward_flow!();
+    crate::stores::paced_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.left, &mut self.right];
-        self.lifecycle.barrier(&mut stores, barrier.id, self.op, snap);
+        self.lifecycle
+            .barrier(&mut stores, barrier.id, barrier.is_final, self.op, snap);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -316,6 +324,9 @@ where
         self.next.watermark(wm, ctx)
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.lifecycle.copying() {
+            self.copy_step(true);
+        }
         self.next.tick(ctx)
     }
 }
@@ -435,7 +446,7 @@ where
                 seq: 0,
                 expiry: BTreeMap::new(),
                 watermark: MIN_WATERMARK,
-                lifecycle: StoreLifecycle::default(),
+                lifecycle: StoreLifecycle::paced(),
                 matches: Vec::new(),
                 out: Vec::with_capacity(ctx.config.batch_size),
                 next: down,

@@ -274,13 +274,14 @@ where
         store.update_records(batch, &self.key_fn, |key, state, record| f(key, state, record, out));
         self.next.collect(&mut self.out.buf, ctx)
     }
-    crate::collector::forward_flow!();
+    crate::stores::paced_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         // Synchronous part: freeze the pages changed since the last
         // completed snapshot. The rest runs on the snapshot pool.
         let store = self.store.as_mut().expect("the store exists from construction to drop");
-        self.lifecycle.barrier(&mut [store], barrier.id, self.op, snap);
+        self.lifecycle
+            .barrier(&mut [store], barrier.id, barrier.is_final, self.op, snap);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -301,7 +302,24 @@ where
         self.store = Some(crate::state::ValueStore::restore(opts, &root, &handles)?);
         self.next.restore(r, ctx)
     }
-    forward_time!();
+    fn watermark(&mut self, wm: i64, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.next.watermark(wm, ctx)
+    }
+    fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.lifecycle.copying() {
+            self.copy_step(true);
+        }
+        self.next.tick(ctx)
+    }
+}
+
+impl<T, K: crate::state::StateKey, S: crate::state::StateValue, O, KF, F> MappedKeyedProcess<T, K, S, O, KF, F> {
+    /// A step of the paced state copy (`StoreLifecycle::advance`).
+    #[cold]
+    fn copy_step(&mut self, all: bool) {
+        let store = self.store.as_mut().expect("the store exists from construction to drop");
+        self.lifecycle.advance(&mut [store], all);
+    }
 }
 
 #[cfg(test)]

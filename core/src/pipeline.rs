@@ -838,7 +838,7 @@ where
                 },
                 next: down,
                 op: 0,
-                lifecycle: crate::stores::StoreLifecycle::default(),
+                lifecycle: crate::stores::StoreLifecycle::paced(),
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)

@@ -354,6 +354,14 @@ where
         Ok(())
     }
 
+    /// A step of the paced state copy (`StoreLifecycle::advance`).
+    #[cold]
+    fn copy_step(&mut self, all: bool) {
+        let mut lifecycle = std::mem::take(&mut self.lifecycle);
+        lifecycle.advance(&mut self.stores(), all);
+        self.lifecycle = lifecycle;
+    }
+
     fn stores(&mut self) -> [&mut dyn Snapshottable; 3] {
         [
             self.state.as_mut().expect("state exists"),
@@ -380,12 +388,12 @@ where
         self.fire_processing()?;
         self.next.collect(&mut self.out, ctx)
     }
-    crate::collector::forward_flow!();
+    crate::stores::paced_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let op = self.op;
         let mut lifecycle = std::mem::take(&mut self.lifecycle);
-        lifecycle.barrier(&mut self.stores(), barrier.id, op, snap);
+        lifecycle.barrier(&mut self.stores(), barrier.id, barrier.is_final, op, snap);
         self.lifecycle = lifecycle;
         self.next.barrier(barrier, snap, ctx)
     }
@@ -433,6 +441,9 @@ where
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
+        if self.lifecycle.copying() {
+            self.copy_step(true);
+        }
         self.fire_processing()?;
         if !self.out.is_empty() {
             self.next.collect(&mut self.out, ctx)?;
@@ -495,7 +506,7 @@ where
                 state_opts,
                 timer_opts,
                 buffer_opts,
-                lifecycle: StoreLifecycle::default(),
+                lifecycle: StoreLifecycle::paced(),
                 watermark: MIN_WATERMARK,
                 out: Vec::with_capacity(ctx.config.batch_size),
                 ops: Vec::new(),

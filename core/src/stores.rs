@@ -11,13 +11,17 @@ use crate::checkpoint::snapshot::{AsyncOutput, TaskSnapshot};
 use crate::checkpoint::storage::FileRef;
 use crate::collector::{Notice, RestoreCtx};
 use crate::error::BoxError;
-use crate::state::arena::InlineCopy;
+use std::sync::Arc;
+
+use crate::state::arena::{Arena, CopySlot, InlineCopy, PACED_COPY_PAGES};
 use crate::state::{ListStore, MapStore, SnapshotJob, StateHandle, StoreOptions, ValueStore};
 
 /// A store of the memory-mapped backend, as its operator's lifecycle sees it.
 pub(crate) trait Snapshottable {
     fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob;
     fn snapshot_inline_copy(&mut self, checkpoint_id: u64) -> InlineCopy;
+    /// The store's pages (for paced copies).
+    fn arena(&mut self) -> &mut Arena;
     fn full_snapshot_bytes(&self) -> usize;
     fn snapshot_done(&mut self, checkpoint_id: u64, completed: bool);
 }
@@ -30,6 +34,9 @@ impl<K: crate::state::StateKey, UK: crate::state::StateKey, V, C: crate::state::
     }
     fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
         MapStore::snapshot_inline_copy(self, id)
+    }
+    fn arena(&mut self) -> &mut Arena {
+        MapStore::arena_mut(self)
     }
     fn full_snapshot_bytes(&self) -> usize {
         MapStore::full_snapshot_bytes(self)
@@ -46,6 +53,9 @@ impl<K: crate::state::StateKey, V, C: crate::state::Codec<V>> Snapshottable for 
     fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
         ListStore::snapshot_inline_copy(self, id)
     }
+    fn arena(&mut self) -> &mut Arena {
+        ListStore::arena_mut(self)
+    }
     fn full_snapshot_bytes(&self) -> usize {
         ListStore::full_snapshot_bytes(self)
     }
@@ -61,6 +71,9 @@ impl<K: crate::state::StateKey, V: crate::state::StateValue> Snapshottable for V
     fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
         ValueStore::snapshot_inline_copy(self, id)
     }
+    fn arena(&mut self) -> &mut Arena {
+        ValueStore::arena_mut(self)
+    }
     fn full_snapshot_bytes(&self) -> usize {
         ValueStore::full_snapshot_bytes(self)
     }
@@ -74,9 +87,78 @@ impl<K: crate::state::StateKey, V: crate::state::StateValue> Snapshottable for V
 #[derive(Debug, Default)]
 pub(crate) struct StoreLifecycle {
     pending: VecDeque<u64>,
+    /// The operator calls [`StoreLifecycle::advance`] at every turn of its
+    /// task ([`StoreLifecycle::paced`]): inline copies are taken in steps.
+    paced: bool,
+    /// A paced copy is going in at least one store.
+    copying: bool,
 }
 
+/// Implements `flush`, `finish` and `open` of an operator whose stores'
+/// lifecycle is the field `lifecycle` ([`StoreLifecycle::paced`]), whose
+/// next collector is the field `next`, and which has a method
+/// `copy_step(&mut self, all: bool)` that calls
+/// [`StoreLifecycle::advance`] with its stores: `flush` runs at every turn
+/// of the task and takes a step of a paced copy going. The operator's
+/// `tick` (a turn without input) calls `copy_step(true)` itself.
+macro_rules! paced_flow {
+    () => {
+        fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
+            if self.lifecycle.copying() {
+                self.copy_step(false);
+            }
+            self.next.flush(ctx)
+        }
+        fn finish(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.finish(ctx)
+        }
+        fn open(&mut self, ctx: &mut crate::context::TaskContext) -> Result<(), crate::error::BoxError> {
+            self.next.open(ctx)
+        }
+    };
+}
+pub(crate) use paced_flow;
+
+/// How long a snapshot job waits for its task's paced copy: the task takes
+/// a step at every turn, so this only bounds a task that stopped taking
+/// turns without dropping its stores (its checkpoint then fails).
+const PACED_COPY_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
 impl StoreLifecycle {
+    /// The lifecycle of an operator that calls [`StoreLifecycle::advance`]
+    /// from its `flush` and `tick` (every turn of its task): its stores'
+    /// inline copies are taken in steps after the barrier instead of whole
+    /// at it ([`crate::state::arena::Arena::begin_paced_copy`]).
+    pub(crate) fn paced() -> Self {
+        StoreLifecycle {
+            paced: true,
+            ..StoreLifecycle::default()
+        }
+    }
+
+    /// Whether a paced copy is going (then call [`StoreLifecycle::advance`]).
+    #[inline]
+    pub(crate) fn copying(&self) -> bool {
+        self.copying
+    }
+
+    /// One step of the paced copies going: [`PACED_COPY_PAGES`] pages in
+    /// all, or every page left with `all` (a turn without input: no record
+    /// waits behind the copy).
+    #[cold]
+    pub(crate) fn advance(&mut self, stores: &mut [&mut dyn Snapshottable], all: bool) {
+        let mut budget = if all { usize::MAX } else { PACED_COPY_PAGES };
+        let mut going = false;
+        for s in stores.iter_mut() {
+            let arena = s.arena();
+            if budget > 0 {
+                budget -= arena.advance_paced_copy(budget);
+            }
+            going |= arena.paced_copy_going();
+        }
+        self.copying = going;
+    }
+
     /// Synchronous part of the barrier. Stores whose full snapshots
     /// together fit the task's inline budget
     /// ([`TaskSnapshot::inline_max`]) have their pages copied whole, now
@@ -89,6 +171,7 @@ impl StoreLifecycle {
         &mut self,
         stores: &mut [&mut dyn Snapshottable],
         id: u64,
+        is_final: bool,
         op: usize,
         snap: &mut TaskSnapshot,
     ) {
@@ -103,13 +186,32 @@ impl StoreLifecycle {
         }
         if whole <= snap.inline_max {
             // Packing and checksumming 10,000 keys' pages took the task
-            // 0.3-1 ms at every barrier, a stall of every record behind it;
-            // the copy takes tens of microseconds.
-            let copies: Vec<InlineCopy> = stores.iter_mut().map(|s| s.snapshot_inline_copy(id)).collect();
+            // 0.3-1 ms at every barrier, a stall of every record behind it:
+            // the task only copies them, and the pool packs the copies.
+            // Copied in steps after the barrier when the operator takes
+            // them (not at the final barrier, after which the task may take
+            // no more turns), whole now otherwise.
+            let slots: Vec<Arc<CopySlot>> = stores.iter_mut().map(|s| s.arena().begin_paced_copy(id)).collect();
+            if self.paced && !is_final {
+                self.copying = true;
+            } else {
+                for s in stores.iter_mut() {
+                    s.arena().complete_paced_copy();
+                }
+            }
             snap.put_async(
                 op,
                 Box::new(move |_root| {
-                    let handles: Vec<StateHandle> = copies.into_iter().map(InlineCopy::encode).collect();
+                    let mut handles = Vec::with_capacity(slots.len());
+                    for slot in slots {
+                        let copy = slot.wait(PACED_COPY_WAIT).ok_or_else(|| {
+                            format!(
+                                "checkpoint {id}: operator {op}'s task did not finish copying its state \
+                                 within {PACED_COPY_WAIT:?} of the barrier (it stopped taking turns)"
+                            )
+                        })?;
+                        handles.push(copy.encode());
+                    }
                     Ok(AsyncOutput {
                         state: encode_handles(&handles),
                         files: Vec::new(),

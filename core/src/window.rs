@@ -471,6 +471,13 @@ where
     K: StateKey,
     B: WindowBody<K, T, O>,
 {
+    /// A step of the paced state copy (`StoreLifecycle::advance`).
+    #[cold]
+    fn copy_step(&mut self, all: bool) {
+        let mut stores: [&mut dyn Snapshottable; 3] = [&mut self.meta, self.body.store(), &mut self.fired_until];
+        self.lifecycle.advance(&mut stores, all);
+    }
+
     fn is_late(&self, w: &Window) -> bool {
         w.max_timestamp().saturating_add(self.lateness) <= self.watermark
     }
@@ -742,11 +749,12 @@ where
         }
         self.next.collect(&mut self.out, ctx)
     }
-    crate::collector::forward_flow!();
+    crate::stores::paced_flow!();
     fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         let mut stores: [&mut dyn Snapshottable; 3] = [&mut self.meta, self.body.store(), &mut self.fired_until];
-        self.lifecycle.barrier(&mut stores, barrier.id, self.op, snap);
+        self.lifecycle
+            .barrier(&mut stores, barrier.id, barrier.is_final, self.op, snap);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -790,6 +798,9 @@ where
         self.next.watermark(wm, ctx)
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.lifecycle.copying() {
+            self.copy_step(true);
+        }
         self.next.tick(ctx)
     }
 }
@@ -981,7 +992,7 @@ where
                 pane_scratch: Vec::new(),
                 queue: BTreeMap::new(),
                 watermark: MIN_WATERMARK,
-                lifecycle: StoreLifecycle::default(),
+                lifecycle: StoreLifecycle::paced(),
                 out: Vec::with_capacity(ctx.config.batch_size),
                 assigned: Vec::new(),
                 next: down,

@@ -194,6 +194,12 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         self.arena.snapshot_inline_copy(checkpoint_id)
     }
 
+    /// The store's pages (for paced inline copies,
+    /// [`super::arena::Arena::begin_paced_copy`]).
+    pub(crate) fn arena_mut(&mut self) -> &mut super::arena::Arena {
+        &mut self.arena
+    }
+
     /// See [`super::ValueStore::full_snapshot_bytes`].
     pub fn full_snapshot_bytes(&self) -> usize {
         self.arena.image_bytes()

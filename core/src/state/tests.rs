@@ -325,6 +325,12 @@ enum Op {
     /// Take a whole snapshot inline, now (as a small store does at the
     /// barrier); it completes in order with the others.
     SnapInline,
+    /// Begin an inline snapshot copied in steps afterwards (as a task
+    /// does at the barrier); its pages are copied by `Step`, before the
+    /// first write to each, or whole by the next snapshot.
+    SnapPaced,
+    /// A step of the paced copy going, of this many pages.
+    Step(usize),
     /// Wait for the oldest in-flight snapshot, report it completed or not.
     Finish(bool),
     /// Fail over: restore from the newest completed checkpoint.
@@ -339,6 +345,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => key.prop_map(Op::Del),
         1 => Just(Op::Snap),
         1 => Just(Op::SnapInline),
+        2 => Just(Op::SnapPaced),
+        3 => (0usize..3).prop_map(Op::Step),
         2 => Just(Op::Finish(true)),
         1 => Just(Op::Finish(false)),
         1 => Just(Op::Restore),
@@ -373,6 +381,9 @@ fn run_model(ops: Vec<Op>, max_delta_chain: usize) {
     let mut restores = 0;
     let finish =
         |store: &mut Store, f: InFlight, ok: bool, completed: &mut Option<(StateHandle, HashMap<u64, Value>)>| {
+            // A paced copy's waiter needs the rest of its pages (the task
+            // would copy them at its next turns).
+            store.arena_mut().complete_paced_copy();
             let h = f.thread.join().unwrap().unwrap();
             assert_eq!(h.checkpoint_id, f.id);
             store.snapshot_done(f.id, ok);
@@ -409,6 +420,23 @@ fn run_model(ops: Vec<Op>, max_delta_chain: usize) {
                     thread: std::thread::spawn(move || Ok(h)),
                 });
                 next_id += 1;
+            }
+            Op::SnapPaced => {
+                let slot = store.arena_mut().begin_paced_copy(next_id);
+                in_flight.push(InFlight {
+                    id: next_id,
+                    model: model.clone(),
+                    thread: std::thread::spawn(move || {
+                        let copy = slot
+                            .wait(std::time::Duration::from_secs(60))
+                            .expect("the paced copy completes");
+                        Ok(copy.encode())
+                    }),
+                });
+                next_id += 1;
+            }
+            Op::Step(pages) => {
+                store.arena_mut().advance_paced_copy(pages);
             }
             Op::Finish(ok) => {
                 if !in_flight.is_empty() {
@@ -574,6 +602,60 @@ fn inline_snapshots_restore_and_are_never_a_base() {
 
 /// Every flipped byte of an inline image is detected: the restore fails,
 /// never restores silently, and a checksum error names the inline image.
+#[test]
+fn a_paced_copy_holds_the_state_at_its_barrier_and_completes_by_writes_steps_or_drop() {
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "paced")).unwrap();
+    for k in 0..3000u64 {
+        *s.get_or_default(&k) = [k, 1];
+    }
+    let at_barrier = contents(&s);
+    let slot = s.arena_mut().begin_paced_copy(1);
+    assert!(s.arena_mut().paced_copy_going());
+    assert!(slot.wait(Duration::ZERO).is_none(), "no page copied at the barrier");
+    // Writing every key after the barrier: each page joins the copy
+    // before its first write, which completes it with no step taken.
+    for k in 0..3000u64 {
+        s.get_or_default(&k)[1] += 1;
+    }
+    assert!(!s.arena_mut().paced_copy_going());
+    let h1 = slot.wait(Duration::ZERO).expect("completed by the writes").encode();
+    s.snapshot_done(1, true);
+    let r = Store::restore(opts(dir.path(), "r1"), &root, std::slice::from_ref(&h1)).unwrap();
+    assert_eq!(contents(&r), at_barrier);
+
+    // Steps alone: a page per step.
+    let at_second = contents(&s);
+    let pages = s.full_snapshot_bytes() / 4096;
+    let slot = s.arena_mut().begin_paced_copy(2);
+    let mut steps = 0;
+    while s.arena_mut().paced_copy_going() {
+        assert_eq!(s.arena_mut().advance_paced_copy(1), 1);
+        steps += 1;
+        assert!(steps <= pages, "more steps than pages");
+    }
+    let h2 = slot.wait(Duration::ZERO).expect("completed by the steps").encode();
+    let r = Store::restore(opts(dir.path(), "r2"), &root, std::slice::from_ref(&h2)).unwrap();
+    assert_eq!(contents(&r), at_second);
+
+    // A copy still going when the store drops completes there: its waiter
+    // gets the state at the barrier, not a hang.
+    let slot = s.arena_mut().begin_paced_copy(3);
+    s.arena_mut().advance_paced_copy(2);
+    for k in 0..100u64 {
+        s.get_or_default(&k)[0] = 7;
+    }
+    drop(s);
+    let h3 = slot
+        .wait(Duration::from_secs(10))
+        .expect("completed by the drop")
+        .encode();
+    let r = Store::restore(opts(dir.path(), "r3"), &root, std::slice::from_ref(&h3)).unwrap();
+    assert_eq!(contents(&r), at_second);
+}
+
 #[test]
 fn every_flipped_byte_of_an_inline_image_is_detected() {
     let dir = tempfile::tempdir().unwrap();

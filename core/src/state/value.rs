@@ -821,6 +821,12 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         self.arena.snapshot_inline_copy(checkpoint_id)
     }
 
+    /// The store's pages (for paced inline copies,
+    /// [`super::arena::Arena::begin_paced_copy`]).
+    pub(crate) fn arena_mut(&mut self) -> &mut super::arena::Arena {
+        &mut self.arena
+    }
+
     /// Bytes of a full snapshot of the store now as plain page images with
     /// their record headers, a file header and trailer: the most
     /// [`ValueStore::snapshot_inline`]'s image can take (pages are packed
