@@ -15,19 +15,14 @@
 //!
 //! So a worker does not wake a helper itself: [`Doorbell::ring`] marks the
 //! helper as pending in the job's [`WakeRelay`] and wakes the **relay**
-//! thread, only if it parked; the relay, on the helper cores, wakes every
-//! pending helper. After a wake-up, and when the job thread primes it
-//! ([`WakeRelay::prime`], as it triggers and as it completes a
-//! checkpoint, just before the workers' hand-offs for it), the relay stays
-//! **active** for [`RELAY_ACTIVE`]: it looks for pending helpers every
-//! [`RELAY_POLL`] without parking for good, so a ringer only sets a bit.
-//! A job that checkpoints or hands off more often than that keeps the
-//! relay active, and its workers make no wake-up call at all: `perf trace`
-//! of the worker found 4,247 `futex` calls in 3 s under the direct file
-//! sink (a hand-over every 500 µs per subtask) before, 3 after; the relay
-//! then takes about 6% of a helper core. A hand-off waits at most
-//! [`RELAY_POLL`] (plus the timer's slack) for its helper, against the
-//! milliseconds of the syncs and commits it hands off.
+//! thread, if it parked; the relay, on the helper cores, wakes every
+//! pending helper. A barrier's five wake-ups cost the worker one, and
+//! after a wake-up the relay keeps looking for [`RELAY_LINGER`] before it
+//! parks again, so that the rest of a burst (the next task's barrier, the
+//! next sink's commit) costs the worker a fence and a load each. The job
+//! thread also primes the relay ([`WakeRelay::prime`]) as it triggers and
+//! as it completes a checkpoint, so that the burst's first hand-off finds
+//! it awake too: the worker then makes no wake-up call at all.
 //!
 //! Contract:
 //! - **No lost wake-up.** The same protocol as the workers' parking
@@ -39,9 +34,11 @@
 //! - **Bounded.** At most [`RELAY_SLOTS`] helpers are registered at once;
 //!   one more is woken directly, as without a relay (correct, only
 //!   dearer). A helper's slot is freed when its [`Doorbell`] drops.
-//! - **Bounded activity.** The relay stays active at most [`RELAY_ACTIVE`]
-//!   after the last wake-up it handled or the last priming, then parks
-//!   until a ringer finds it parked: an idle job costs nothing.
+//! - **Bounded linger.** The relay yields its core while it lingers, and
+//!   never lingers longer than [`RELAY_LINGER`] after the last wake-up it
+//!   handled or the last priming: at 100 checkpoints/s, two primings per
+//!   checkpoint, at most 4% of a helper core, given up to any thread that
+//!   wants it.
 //! - **Drop** stops the relay thread and joins it; pending wake-ups are
 //!   handled first.
 
@@ -58,16 +55,10 @@ use crate::placement::HelperCores;
 /// per sink subtask and one spawner per job. One more is woken directly.
 pub(crate) const RELAY_SLOTS: usize = 256;
 
-/// How often an active relay looks for pending helpers: the most a
-/// hand-off waits, beyond the timer's slack, before its helper is woken
-/// (against the milliseconds of the syncs and commits handed off).
-pub(crate) const RELAY_POLL: Duration = Duration::from_micros(100);
-
-/// How long the relay stays active (looking every [`RELAY_POLL`]) after
-/// the last wake-up it handled or the last priming, before it parks until
-/// a ringer wakes it: a job that checkpoints or hands off more often than
-/// this keeps it active, an idle one costs nothing.
-pub(crate) const RELAY_ACTIVE: Duration = Duration::from_millis(50);
+/// How long the relay keeps looking after the last wake-up it handled,
+/// before it parks: covers a barrier's or a commit's burst across a
+/// worker's tasks (tens of microseconds) with room for a preemption.
+pub(crate) const RELAY_LINGER: Duration = Duration::from_micros(200);
 
 const WORDS: usize = RELAY_SLOTS / 64;
 
@@ -80,8 +71,7 @@ struct Inner {
     /// a slot and by the relay thread, never by a ringer.
     targets: Mutex<Vec<Option<Arc<Parker>>>>,
     stop: AtomicBool,
-    /// [`WakeRelay::prime`] was called: become active even with nothing to
-    /// wake.
+    /// [`WakeRelay::prime`] was called: linger even with nothing to wake.
     primed: AtomicBool,
     /// Times a ringer found the relay parked and unparked it (tests).
     #[cfg(test)]
@@ -118,30 +108,26 @@ impl Inner {
 
     fn run(&self) {
         self.parker.register();
-        // While active, the relay looks every RELAY_POLL without setting
-        // its flag: ringers only set bits, and no worker makes a call.
-        let mut active_until: Option<Instant> = None;
         loop {
             // The stop first: what was pending before it is still woken.
             let stopping = self.stop.load(Ordering::Acquire);
             let primed = self.primed.swap(false, Ordering::AcqRel);
-            let woke = self.wake_pending();
+            if self.wake_pending() | primed {
+                // A burst: keep looking a little, yielding the core.
+                let mut last = Instant::now();
+                while last.elapsed() < RELAY_LINGER && !self.stop.load(Ordering::Acquire) {
+                    std::thread::yield_now();
+                    if self.wake_pending() {
+                        last = Instant::now();
+                    }
+                }
+            }
             if stopping {
                 break;
             }
-            let now = Instant::now();
-            if woke || primed {
-                active_until = Some(now + RELAY_ACTIVE);
-            }
-            match active_until {
-                Some(until) if now < until => std::thread::park_timeout(RELAY_POLL),
-                _ => {
-                    active_until = None;
-                    self.parker.park_unless(|| {
-                        self.any_pending() || self.primed.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire)
-                    });
-                }
-            }
+            self.parker.park_unless(|| {
+                self.any_pending() || self.primed.load(Ordering::Acquire) || self.stop.load(Ordering::Acquire)
+            });
         }
     }
 }
@@ -184,8 +170,8 @@ impl WakeRelay {
         }))
     }
 
-    /// Wakes the relay (from a thread that is not a worker) and keeps it
-    /// active for [`RELAY_ACTIVE`]: the job thread calls this as it triggers or
+    /// Wakes the relay (from a thread that is not a worker) to linger for
+    /// [`RELAY_LINGER`]: the job thread calls this as it triggers or
     /// completes a checkpoint, just before the workers' burst of
     /// hand-offs for it (the barrier's syncs and snapshot jobs, the
     /// commits), which then find the relay awake and cost them no wake-up.
@@ -428,8 +414,8 @@ mod tests {
         work.store(1, Ordering::Release);
         bell.ring();
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(1));
-        // The primed relay is active: the ring only set a bit (unless the
-        // machine stalled this thread for longer than the activity lasts).
+        // The ring may come after the linger on a slow machine; on time, it
+        // made no wake-up of the relay.
         assert!(relay.inner.unparks.load(Ordering::Relaxed) <= 1);
         work.store(u64::MAX, Ordering::Release);
         bell.ring();
