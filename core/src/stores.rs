@@ -6,13 +6,12 @@
 //! parallelism.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::checkpoint::snapshot::{AsyncOutput, TaskSnapshot};
 use crate::checkpoint::storage::FileRef;
 use crate::collector::{Notice, RestoreCtx};
 use crate::error::BoxError;
-use std::sync::Arc;
-
 use crate::state::arena::{Arena, CopySlot, InlineCopy, PACED_COPY_PAGES};
 use crate::state::{ListStore, MapStore, SnapshotJob, StateHandle, StoreOptions, ValueStore};
 
