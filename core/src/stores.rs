@@ -12,13 +12,12 @@ use crate::checkpoint::snapshot::{AsyncOutput, TaskSnapshot};
 use crate::checkpoint::storage::FileRef;
 use crate::collector::{Notice, RestoreCtx};
 use crate::error::BoxError;
-use crate::state::arena::{Arena, CopySlot, InlineCopy, PACED_COPY_PAGES};
+use crate::state::arena::{Arena, CopySlot, PACED_COPY_PAGES};
 use crate::state::{ListStore, MapStore, SnapshotJob, StateHandle, StoreOptions, ValueStore};
 
 /// A store of the memory-mapped backend, as its operator's lifecycle sees it.
 pub(crate) trait Snapshottable {
     fn snapshot(&mut self, checkpoint_id: u64) -> SnapshotJob;
-    fn snapshot_inline_copy(&mut self, checkpoint_id: u64) -> InlineCopy;
     /// The store's pages (for paced copies).
     fn arena(&mut self) -> &mut Arena;
     fn full_snapshot_bytes(&self) -> usize;
@@ -30,9 +29,6 @@ impl<K: crate::state::StateKey, UK: crate::state::StateKey, V, C: crate::state::
 {
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         MapStore::snapshot(self, id)
-    }
-    fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
-        MapStore::snapshot_inline_copy(self, id)
     }
     fn arena(&mut self) -> &mut Arena {
         MapStore::arena_mut(self)
@@ -49,9 +45,6 @@ impl<K: crate::state::StateKey, V, C: crate::state::Codec<V>> Snapshottable for 
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         ListStore::snapshot(self, id)
     }
-    fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
-        ListStore::snapshot_inline_copy(self, id)
-    }
     fn arena(&mut self) -> &mut Arena {
         ListStore::arena_mut(self)
     }
@@ -66,9 +59,6 @@ impl<K: crate::state::StateKey, V, C: crate::state::Codec<V>> Snapshottable for 
 impl<K: crate::state::StateKey, V: crate::state::StateValue> Snapshottable for ValueStore<K, V> {
     fn snapshot(&mut self, id: u64) -> SnapshotJob {
         ValueStore::snapshot(self, id)
-    }
-    fn snapshot_inline_copy(&mut self, id: u64) -> InlineCopy {
-        ValueStore::snapshot_inline_copy(self, id)
     }
     fn arena(&mut self) -> &mut Arena {
         ValueStore::arena_mut(self)
@@ -179,7 +169,10 @@ impl StoreLifecycle {
         if whole <= snap.inline_max && !snap.offload {
             // No core of the pool's own: a hand-off would wait for a
             // worker's core anyway, and add a wake-up to the checkpoint.
-            let handles: Vec<StateHandle> = stores.iter_mut().map(|s| s.snapshot_inline_copy(id).encode()).collect();
+            let handles: Vec<StateHandle> = stores
+                .iter_mut()
+                .map(|s| s.arena().snapshot_inline_copy(id).encode())
+                .collect();
             snap.put_operator(op, encode_handles(&handles));
             return;
         }

@@ -187,13 +187,6 @@ impl<K: StateKey, V, C: Codec<V>> ListStore<K, V, C> {
         self.arena.snapshot_inline(checkpoint_id)
     }
 
-    /// The barrier's part of an inline snapshot: the pages copied, their
-    /// packing left to [`super::arena::InlineCopy::encode`], off the task
-    /// thread.
-    pub(crate) fn snapshot_inline_copy(&mut self, checkpoint_id: u64) -> super::arena::InlineCopy {
-        self.arena.snapshot_inline_copy(checkpoint_id)
-    }
-
     /// The store's pages (for paced inline copies,
     /// [`super::arena::Arena::begin_paced_copy`]).
     pub(crate) fn arena_mut(&mut self) -> &mut super::arena::Arena {
