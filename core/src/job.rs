@@ -299,7 +299,6 @@ fn prepare(
     root: Option<&Path>,
     next_id: u64,
     pool: &Arc<SnapshotPool>,
-    offload: bool,
 ) -> Result<Prepared> {
     let total: usize = plan.groups.iter().map(|g| g.parallelism).sum();
     let parkers: Vec<Arc<Parker>> = (0..worker_count(config, total))
@@ -379,7 +378,6 @@ fn prepare(
                 root: Arc::from(root),
                 inline_max: ckpt.map_or(crate::checkpoint::DEFAULT_INLINE_STATE_MAX, |c| c.inline_state_max),
                 pool: Arc::clone(pool),
-                offload,
             });
         }
         if let Some(r) = restored {
@@ -515,7 +513,6 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         root.as_deref(),
         1,
         &pool,
-        helpers.is_some(),
     );
     placement::set_current(callers.0);
     relay::set_current(callers.1);
@@ -660,7 +657,6 @@ impl JobRun {
                 root.as_deref(),
                 self.next_id,
                 &self.pool,
-                self.helpers.is_some(),
             )?;
             *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
         }

@@ -166,20 +166,15 @@ impl StoreLifecycle {
     ) {
         self.pending.push_back(id);
         let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
-        if whole <= snap.inline_max && !snap.offload {
-            // No core of the pool's own: a hand-off would wait for a
-            // worker's core anyway, and add a wake-up to the checkpoint.
-            let handles: Vec<StateHandle> = stores
-                .iter_mut()
-                .map(|s| s.arena().snapshot_inline_copy(id).encode())
-                .collect();
-            snap.put_operator(op, encode_handles(&handles));
-            return;
-        }
         if whole <= snap.inline_max {
             // Packing and checksumming 10,000 keys' pages took the task
             // 0.3-1 ms at every barrier, a stall of every record behind it:
-            // the task only copies them, and the pool packs the copies.
+            // the task only copies them, and the pool packs the copies. So
+            // also where the pool has no core of its own (a worker on every
+            // core): packing on the task cost it, besides the time, a fresh
+            // buffer per barrier that glibc mapped and trimmed back
+            // (`madvise`, `mmap`: 537 system calls in 3 s on a worker of
+            // the keyed job at a 10 ms interval, against 4 with the pool).
             // Copied in steps after the barrier when the operator takes
             // them (not at the final barrier, after which the task may take
             // no more turns), whole now otherwise.

@@ -184,7 +184,6 @@ fn snapshot_chain<T>(
 fn new_snapshot(ctx: &TaskContext, barrier: &Barrier, first_barrier_ns: u64) -> TaskSnapshot {
     let (group, inline_max) = ctx.ckpt.as_ref().map_or((0, 0), |c| (c.group, c.inline_max));
     let mut s = TaskSnapshot::new(barrier.id, group, ctx.subtask, ctx.parallelism, inline_max);
-    s.offload = ctx.ckpt.as_ref().is_some_and(|c| c.offload);
     s.first_barrier_ns = first_barrier_ns;
     s
 }

@@ -73,7 +73,6 @@ impl Harness {
                 )
                 .unwrap(),
             ),
-            offload: false,
         });
         Harness {
             task,

@@ -186,9 +186,6 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) inline_max: usize,
     /// Where asynchronous snapshot work runs (the job's snapshot pool).
     pub(crate) pool: Arc<super::spawner::SnapshotPool>,
-    /// The pool has cores of its own (`placement`): work moved there does
-    /// not take a worker's core, so barrier work that can go there does.
-    pub(crate) offload: bool,
 }
 
 impl TaskCheckpointing {

@@ -244,9 +244,6 @@ pub(crate) struct TaskSnapshot {
     /// (`CheckpointConfig::inline_state_max`); state-backend stores whose
     /// full snapshots fit are snapshotted whole at the barrier.
     pub(crate) inline_max: usize,
-    /// The snapshot pool has cores of its own: state-backend work that can
-    /// leave the task's thread at the barrier goes there.
-    pub(crate) offload: bool,
 }
 
 impl TaskSnapshot {
@@ -265,7 +262,6 @@ impl TaskSnapshot {
             sync_ns: 0,
             is_final: false,
             inline_max,
-            offload: false,
         }
     }
 
