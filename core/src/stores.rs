@@ -150,9 +150,10 @@ impl StoreLifecycle {
 
     /// Synchronous part of the barrier. Stores whose full snapshots
     /// together fit the task's inline budget
-    /// ([`TaskSnapshot::inline_max`]) have their pages copied whole, now
-    /// (one `memcpy` each), and packed into the operator's state off the
-    /// task thread; that state then goes inline into the manifest with the
+    /// ([`TaskSnapshot::inline_max`]) have their pages copied by the task
+    /// in steps after the barrier (paced operators) or whole now, and
+    /// packed into the operator's state on the snapshot pool; that state
+    /// then goes inline into the manifest with the
     /// rest of the task's state: no file, no sync of their own. Otherwise
     /// every store is frozen and one asynchronous job writes them all
     /// (incrementally) to files.
@@ -171,10 +172,11 @@ impl StoreLifecycle {
             // 0.3-1 ms at every barrier, a stall of every record behind it:
             // the task only copies them, and the pool packs the copies. So
             // also where the pool has no core of its own (a worker on every
-            // core): packing on the task cost it, besides the time, a fresh
-            // buffer per barrier that glibc mapped and trimmed back
-            // (`madvise`, `mmap`: 537 system calls in 3 s on a worker of
-            // the keyed job at a 10 ms interval, against 4 with the pool).
+            // core): packing on the task cost it, besides the time, fresh
+            // buffers per barrier that glibc grew and trimmed back (223-256
+            // `madvise` calls, up to 5 ms each, and about 300 `futex` calls
+            // in 3 s on a worker of the keyed job at a 10 ms interval,
+            // against 1 `futex` call with the pool packing).
             // Copied in steps after the barrier when the operator takes
             // them (not at the final barrier, after which the task may take
             // no more turns), whole now otherwise.

@@ -242,7 +242,8 @@ pub(crate) struct TaskSnapshot {
     pub(crate) is_final: bool,
     /// The largest task state that goes inline into the manifest
     /// (`CheckpointConfig::inline_state_max`); state-backend stores whose
-    /// full snapshots fit are snapshotted whole at the barrier.
+    /// full snapshots fit are copied whole (in steps after the barrier) and
+    /// packed on the snapshot pool, with no file of their own.
     pub(crate) inline_max: usize,
 }
 
