@@ -484,14 +484,75 @@ fn direct_sink_loses_nothing_and_keeps_whole_lines() {
     eprintln!("direct sink crashes per fault point: {crashes:?}");
 }
 
+type LineDirect = DirectFileSink<Rec, fn(&Rec, &mut Vec<u8>), fn(&Rec) -> u64>;
+
+/// A direct sink in `dir` that wrote lines `seqs` and took its thread's
+/// replies (opened, its sync handle taken).
+fn direct_with_lines(dir: &Path, h: &mut Harness, seqs: &[u64]) -> LineDirect {
+    let mut sink = DirectFileSink::new(dir, 0, line as fn(&Rec, &mut Vec<u8>), stamp as fn(&Rec) -> u64);
+    h.write_sink(&mut sink, &mut seqs.iter().map(|&s| (s, 0)).collect())
+        .unwrap();
+    sink.wait_idle().unwrap();
+    sink
+}
+
+/// The barrier's fsync runs beside the sink's thread, not in its queue:
+/// lines written after the barrier reach the file while that fsync is
+/// still going (here slowed to 2 s).
+#[test]
+fn direct_sink_writes_on_while_a_barrier_syncs() {
+    let _g = serial();
+    let dir = scratch();
+    let mut h = Harness::new(0, 1);
+    let mut sink = direct_with_lines(dir.path(), &mut h, &[1, 2]);
+    fault::arm(direct::FAULT_FSYNC, Action::Sleep(2_000_000));
+    let pre = sink.pre_commit_detached(1).unwrap();
+    assert!(pre.is_detached());
+    let syncing = std::thread::spawn(move || pre.wait());
+    // Let the sync job reach its fsync.
+    std::thread::sleep(Duration::from_millis(100));
+    h.write_sink(&mut sink, &mut vec![(3, 0)]).unwrap();
+    sink.wait_idle().unwrap();
+    let seen = std::fs::read_to_string(sink.path()).unwrap();
+    let still_syncing = !syncing.is_finished();
+    syncing.join().unwrap().unwrap();
+    fault::disarm_all();
+    assert!(
+        still_syncing,
+        "the barrier's fsync ended within 100 ms: the test shows nothing"
+    );
+    assert_eq!(seen, "1\n2\n3\n", "a line after the barrier waited for its fsync");
+}
+
+/// A barrier's fsync that fails fails every later one, and the sink's next
+/// call, even with nothing injected any more: the kernel may have dropped
+/// data a later fsync would not report.
+#[test]
+fn direct_sink_fails_for_good_after_a_failed_barrier_sync() {
+    let _g = serial();
+    let dir = scratch();
+    let mut h = Harness::new(0, 1);
+    let mut sink = direct_with_lines(dir.path(), &mut h, &[1]);
+    fault::arm(direct::FAULT_FSYNC, Action::Fail(1));
+    let err = sink.pre_commit(1).unwrap_err().to_string();
+    fault::disarm_all();
+    assert!(err.contains("injected fault"), "{err}");
+    let next = h.write_sink(&mut sink, &mut vec![(2, 0)]).and_then(|()| sink.settle());
+    let err = next.expect_err("the sink went on after a failed fsync").to_string();
+    assert!(err.contains("fsync failed"), "{err}");
+    let err = sink.pre_commit(2).unwrap_err().to_string();
+    assert!(
+        err.contains("fsync failed") || err.contains("earlier sync failed"),
+        "{err}"
+    );
+}
+
 #[test]
 fn direct_sink_cuts_a_partial_last_line() {
     let _g = serial();
     let dir = scratch();
     let mut h = Harness::new(0, 1);
-    let mut sink = DirectFileSink::new(dir.path(), 0, line, stamp);
-    h.write_sink(&mut sink, &mut vec![(1, 0), (2, 0)]).unwrap();
-    sink.wait_idle().unwrap();
+    let sink = direct_with_lines(dir.path(), &mut h, &[1, 2]);
     let path = sink.path().to_path_buf();
     drop(sink);
     // A crash in the middle of a write left half a line.

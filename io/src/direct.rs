@@ -14,10 +14,18 @@
 //! second however small the batches are (`direct.write` before each
 //! write). A record is visible at most that interval plus one write after
 //! it reached the sink. At
-//! each barrier and at the end the file is fsynced (`direct.fsync`) on
-//! that thread, in order after the writes, and the checkpoint is
-//! acknowledged once that sync is done, so that a completed checkpoint
-//! never depends on lines a crash could lose; nothing is fsynced per batch.
+//! each barrier the file is fsynced (`direct.fsync`) once the barrier's
+//! writes returned, and the checkpoint is acknowledged once that sync is
+//! done, so that a completed checkpoint never depends on lines a crash
+//! could lose; nothing is fsynced per batch. The barrier's fsync runs on
+//! the snapshot pool through a second handle of the file
+//! ([`Appender::sync_handle`]), not on the sink's thread, so that the
+//! writes behind the barrier go on during it: in line, every fsync (about
+//! a millisecond here, at each of 100 checkpoints a second) held back the
+//! records handed over meanwhile, and at-least-once visibility p99 was
+//! 2 ms against 0.7 ms without checkpoints. The first failed fsync fails
+//! every later one and the sink's task (an fsync is never retried: the
+//! kernel may have dropped the data). At the end the sink's thread syncs.
 //!
 //! Bounded memory: when more than [`MAX_PENDING_BYTES`] wait for the
 //! thread or are being written, [`Sink::ready`] says false and the task stops reading input
@@ -32,6 +40,7 @@
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 use weir_core::vfs::{File, OpenOptions};
 
 use weir_core::io_thread::{IoHandler, IoThread};
@@ -84,7 +93,8 @@ enum Request {
 }
 
 enum Reply {
-    Opened,
+    /// The target is open; syncs may go through this handle.
+    Opened(Option<Arc<SyncHandle>>),
     /// The buffer, cleared for reuse, its length, and when its bytes
     /// became visible.
     Written {
@@ -107,8 +117,62 @@ pub trait Appender: Send + 'static {
     /// Appends `buf`, whole records as the sink's `encode` wrote them;
     /// a reader can see them once this returns.
     fn append(&mut self, buf: &[u8]) -> Result<()>;
-    /// Makes everything appended durable (at each barrier and the end).
+    /// Makes everything appended durable (at the end, and at barriers
+    /// when there is no [`Appender::sync_handle`]).
     fn sync(&mut self) -> Result<()>;
+    /// A handle that makes everything appended so far durable from another
+    /// thread, while appends go on (asked once, after [`Appender::open`]):
+    /// the sink's barrier syncs then run on the snapshot pool and hold no
+    /// append back. `None` (the default): they run on the sink's thread,
+    /// in order after the appends.
+    fn sync_handle(&mut self) -> Result<Option<SyncHandle>> {
+        Ok(None)
+    }
+}
+
+/// Makes an appender's target durable from a thread other than the sink's
+/// ([`Appender::sync_handle`]). Failure is final: after the first failed
+/// sync every later one fails with the same error, and the sink fails its
+/// task, since after a failed `fsync` the kernel may have dropped data that
+/// a later `fsync` would not report.
+pub struct SyncHandle {
+    sync: Box<dyn Fn() -> Result<()> + Send + Sync>,
+    failed: OnceLock<String>,
+}
+
+impl SyncHandle {
+    /// A handle whose syncs call `sync`.
+    pub fn new(sync: impl Fn() -> Result<()> + Send + Sync + 'static) -> Self {
+        SyncHandle {
+            sync: Box::new(sync),
+            failed: OnceLock::new(),
+        }
+    }
+
+    /// Syncs, unless an earlier sync failed.
+    fn sync(&self) -> Result<(), BoxError> {
+        if let Some(e) = self.failed.get() {
+            return Err(format!("an earlier sync failed: {e}").into());
+        }
+        (self.sync)().map_err(|e| {
+            let msg = e.to_string();
+            let _ = self.failed.set(msg);
+            e.into()
+        })
+    }
+
+    /// The first failure, if a sync failed.
+    fn failure(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+}
+
+impl std::fmt::Debug for SyncHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SyncHandle")
+            .field("failed", &self.failed.get())
+            .finish()
+    }
 }
 
 /// The direct sink's file: appended to, fsynced at barriers.
@@ -188,6 +252,21 @@ impl Appender for FileAppender {
         }
         Ok(())
     }
+
+    /// A second handle of the file, opened for reading: `fdatasync` on it
+    /// makes the file's data durable whichever handle wrote it.
+    fn sync_handle(&mut self) -> Result<Option<SyncHandle>> {
+        self.file()?;
+        let path = self.path.clone();
+        let file = OpenOptions::new()
+            .read(true)
+            .open(&path)
+            .ctx("open for syncing", &path)?;
+        Ok(Some(SyncHandle::new(move || {
+            fault(FAULT_FSYNC, "fsync", &path)?;
+            file.sync_data().ctx("fsync", &path)
+        })))
+    }
 }
 
 /// The sink's thread: owns the appender.
@@ -201,7 +280,7 @@ impl<A: Appender> IoHandler for DirectIo<A> {
         match request {
             Request::Open => {
                 self.0.open()?;
-                Ok(Reply::Opened)
+                Ok(Reply::Opened(self.0.sync_handle()?.map(Arc::new)))
             }
             Request::Write { mut buf, stamps } => {
                 self.0.append(&buf)?;
@@ -257,6 +336,9 @@ pub struct DirectFileSink<T, F, E, A: Appender = FileAppender> {
     finishing: bool,
     /// The waker was handed to the thread.
     waker_set: bool,
+    /// Barrier syncs off the sink's thread, once it opened the target and
+    /// offered one ([`Appender::sync_handle`]).
+    syncer: Option<Arc<SyncHandle>>,
     _records: PhantomData<fn(&T)>,
 }
 
@@ -303,6 +385,7 @@ where
             hand: Handover::new(DEFAULT_FLUSH_INTERVAL.as_nanos() as u64, FLUSH_BYTES),
             finishing: false,
             waker_set: false,
+            syncer: None,
             _records: PhantomData,
         }
     }
@@ -351,15 +434,20 @@ where
             return Ok(());
         };
         while let Some(reply) = io.try_reply()? {
-            if let Reply::Written {
-                buf,
-                stamps,
-                visible_ns,
-                len,
-            } = reply
-            {
-                self.hand.returned(buf, stamps, visible_ns, len);
+            match reply {
+                Reply::Written {
+                    buf,
+                    stamps,
+                    visible_ns,
+                    len,
+                } => self.hand.returned(buf, stamps, visible_ns, len),
+                Reply::Opened(syncer) => self.syncer = syncer,
+                Reply::Synced => {}
             }
+        }
+        // A barrier's sync that failed on the pool fails the task too.
+        if let Some(e) = self.syncer.as_ref().and_then(|s| s.failure()) {
+            return Err(format!("{}: a checkpoint's fsync failed: {e}", self.name).into());
         }
         Ok(())
     }
@@ -489,16 +577,32 @@ where
     }
 
     fn pre_commit_detached(&mut self, _checkpoint: u64) -> Result<PreCommit, BoxError> {
-        // Everything written before the barrier, then its sync, in order.
+        // Everything written before the barrier, then its sync.
         self.send(None)?;
+        self.take_replies()?;
+        let syncer = self.syncer.clone();
         let io = self.io()?;
-        let ticket = io.submit(Request::Sync)?;
-        Ok(PreCommit::with_sync(Vec::new(), io.completion(ticket)))
+        let Some(syncer) = syncer else {
+            // No handle (yet): the thread syncs, in order after the writes.
+            let ticket = io.submit(Request::Sync)?;
+            return Ok(PreCommit::with_sync(Vec::new(), io.completion(ticket)));
+        };
+        // The pool waits for the barrier's writes, then syncs through the
+        // handle while the thread writes what came after the barrier.
+        let written = io.completion(io.last_ticket());
+        Ok(PreCommit::with_sync(
+            Vec::new(),
+            Box::new(move || {
+                written()?;
+                syncer.sync()
+            }),
+        ))
     }
 
     fn restore(&mut self, _checkpoint: u64, _state: &[u8]) -> Result<(), BoxError> {
         // At-least-once: keep what is there (whole lines), append the replay.
         self.io = None;
+        self.syncer = None;
         self.hand.reset();
         self.waker_set = false;
         self.finishing = false;
