@@ -410,7 +410,7 @@ fn records_in(brokers: &str, topic: &str, partitions: i32) -> Result<u64, CliErr
 }
 
 /// The benchmark's producer: idempotent, acks from all replicas, batches of
-/// up to 1 MB after 1 ms (the client's defaults, librdkafka 2.x).
+/// up to 1 MB after `linger_ms`.
 fn producer(brokers: &str, linger_ms: &str) -> Result<BaseProducer, CliError> {
     client(brokers)
         .set("enable.idempotence", "true")
@@ -809,6 +809,18 @@ impl Run<'_> {
     }
 }
 
+/// `linger.ms` of the open-loop producer that feeds the input topic: 5 ms,
+/// librdkafka's default, so the load generator batches as a producer with
+/// default settings would. Each record may wait that long in the producer,
+/// and the visibility latency counts it (it starts at the scheduled send).
+/// With 0, the producer sent a request per record: its broker thread took
+/// 50% of a core in `poll` (34,000 calls a second) on this 2-core machine,
+/// and the broker as much again, so every figure measured the load
+/// generator: at 20,000 records/s and a 10 ms interval, exactly-once
+/// visible p50 / p99 141-200 / 532-900 ms and at-least-once 108 / 2,510 ms,
+/// against 50 / 217 ms and 11 / 74 ms with 5 (docs/benchmarks.md).
+const OPEN_LOOP_LINGER_MS: &str = "5";
+
 /// Sends records `0..events` at `rate` per second from `start_ns` on, each
 /// stamped with its scheduled time.
 #[allow(clippy::too_many_arguments)]
@@ -822,7 +834,7 @@ fn open_loop(
     start_ns: u64,
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
-    let p = producer(brokers, "0")?;
+    let p = producer(brokers, OPEN_LOOP_LINGER_MS)?;
     let gap = 1e9 / rate;
     let mut seq = 0u64;
     while seq < events && !stop.load(Ordering::Relaxed) {
