@@ -121,7 +121,7 @@ pub trait Appender: Send + 'static {
     /// when there is no [`Appender::sync_handle`]).
     fn sync(&mut self) -> Result<()>;
     /// A handle that makes everything appended so far durable from another
-    /// thread, while appends go on (asked once, after [`Appender::open`]):
+    /// thread, while appends go on (asked after each [`Appender::open`]):
     /// the sink's barrier syncs then run on the snapshot pool and hold no
     /// append back. `None` (the default): they run on the sink's thread,
     /// in order after the appends.
