@@ -170,13 +170,10 @@ impl StoreLifecycle {
         if whole <= snap.inline_max {
             // Packing and checksumming 10,000 keys' pages took the task
             // 0.3-1 ms at every barrier, a stall of every record behind it:
-            // the task only copies them, and the pool packs the copies. So
-            // also where the pool has no core of its own (a worker on every
-            // core): packing on the task cost it, besides the time, fresh
-            // buffers per barrier that glibc grew and trimmed back (223-256
-            // `madvise` calls, up to 5 ms each, and about 300 `futex` calls
-            // in 3 s on a worker of the keyed job at a 10 ms interval,
-            // against 1 `futex` call with the pool packing).
+            // the task only copies them, and the pool packs the copies,
+            // also where the pool has no core of its own (packing on the
+            // task also cost it heap trims: 223-256 `madvise` calls in 3 s;
+            // docs/benchmarks.md).
             // Copied in steps after the barrier when the operator takes
             // them (not at the final barrier, after which the task may take
             // no more turns), whole now otherwise.

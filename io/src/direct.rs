@@ -245,9 +245,8 @@ impl Appender for FileAppender {
 
     fn sync(&mut self) -> Result<()> {
         if self.dirty {
-            fault(FAULT_FSYNC, "fsync", &self.path)?;
             let path = self.path.clone();
-            self.file()?.sync_data().ctx("fsync", &path)?;
+            fsync(self.file()?, &path)?;
             self.dirty = false;
         }
         Ok(())
@@ -262,11 +261,15 @@ impl Appender for FileAppender {
             .read(true)
             .open(&path)
             .ctx("open for syncing", &path)?;
-        Ok(Some(SyncHandle::new(move || {
-            fault(FAULT_FSYNC, "fsync", &path)?;
-            file.sync_data().ctx("fsync", &path)
-        })))
+        Ok(Some(SyncHandle::new(move || fsync(&file, &path))))
     }
+}
+
+/// The direct sink's fsync of its file (`direct.fsync` first), from either
+/// handle.
+fn fsync(file: &File, path: &Path) -> Result<()> {
+    fault(FAULT_FSYNC, "fsync", path)?;
+    file.sync_data().ctx("fsync", path)
 }
 
 /// The sink's thread: owns the appender.
