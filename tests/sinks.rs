@@ -1483,6 +1483,7 @@ fn kafka_eo(cfg: &Arc<KafkaSinkConfig>, wal: &WalSinkConfig) -> KafkaEo {
 
 #[test]
 fn kafka_exactly_once_publishes_each_checkpoint_once_through_crashes() {
+    let _g = serial();
     let dir = scratch();
     let topic = common::kafka::unique_topic("eo");
     let cfg = kafka_config(&topic);
@@ -1534,6 +1535,7 @@ fn kafka_exactly_once_publishes_each_checkpoint_once_through_crashes() {
 
 #[test]
 fn kafka_checkpoints_completed_during_a_transaction_share_the_next_one() {
+    let _g = serial();
     let dir = scratch();
     let topic = common::kafka::unique_topic("coalesce");
     let cfg = kafka_config(&topic);
@@ -1582,6 +1584,7 @@ fn kafka_checkpoints_completed_during_a_transaction_share_the_next_one() {
 /// machine, and a median is not decided by a stall or two of a loaded one.
 #[test]
 fn kafka_sinks_wait_for_acknowledgements_not_a_poll_interval() {
+    let _g = serial();
     fn median(mut v: Vec<Duration>) -> Duration {
         v.sort_unstable();
         v[v.len() / 2]
@@ -1638,6 +1641,7 @@ fn kafka_wal(dir: &tempfile::TempDir, name: &str) -> WalSinkConfig {
 
 #[test]
 fn kafka_zombie_is_fenced_and_long_intervals_lose_nothing() {
+    let _g = serial();
     let dir = scratch();
     let topic = common::kafka::unique_topic("zombie");
     let mut c = (*kafka_config(&topic)).clone();
@@ -1691,6 +1695,7 @@ fn copy_dir(from: &Path, to: &Path) {
 
 #[test]
 fn kafka_at_least_once_sink_shows_records_at_once_and_loses_none() {
+    let _g = serial();
     let topic = common::kafka::unique_topic("alo");
     let cfg = kafka_config(&topic);
     let mut h = Harness::new(0, 1);
@@ -1761,4 +1766,23 @@ fn kafka_jobs_with_failures_write_exactly_once_or_at_least_once() {
     rows.sort_unstable();
     rows.dedup();
     assert_exactly_once(&rows);
+}
+
+/// Every test in this file takes [`serial`] before it builds a sink: a
+/// fault point armed by one test fires in any other test's sink that runs
+/// at the same time (a Kafka test's WAL once failed on a crash test's
+/// `wal.append`). This keeps a new test from forgetting it.
+#[test]
+fn every_test_here_takes_the_serial_lock() {
+    let _g = serial();
+    let src = include_str!("sinks.rs");
+    let mut missing = Vec::new();
+    for (i, _) in src.match_indices("#[test]\n") {
+        let body = &src[i..];
+        let body = &body[..body.find("\n}\n").unwrap_or(body.len())];
+        if !body.contains("let _g = serial();") {
+            missing.push(body.lines().nth(1).unwrap_or_default().to_string());
+        }
+    }
+    assert!(missing.is_empty(), "tests without `let _g = serial();`: {missing:?}");
 }
