@@ -175,6 +175,16 @@ fn compare_writes_tables_json_and_plot() {
             for f in ["policy", "tick_us", "samples", "cores"] {
                 assert!(r["platform_probe"].get(f).is_some(), "platform_probe.{f} in {r}");
             }
+            // Where the probed cores' time went (Linux: from /proc/stat).
+            if cfg!(target_os = "linux") {
+                for f in ["steal_pct", "irq_pct"] {
+                    let pct = r["platform_probe"][f].as_f64();
+                    assert!(
+                        pct.is_some_and(|p| (0.0..=100.0).contains(&p)),
+                        "platform_probe.{f} in {r}"
+                    );
+                }
+            }
         } else {
             assert!(r.get("platform_us").is_none(), "no probe in closed loop: {r}");
         }

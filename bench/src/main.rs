@@ -4,6 +4,7 @@ mod bench_cmd;
 mod checkpoints_cmd;
 mod compare_cmd;
 mod copy_probe;
+mod cpu_time;
 mod disk_probe;
 mod event;
 mod kafka_bench;

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::cpu_time::{self, CpuTicks};
+
 /// Time between two ticks of a probe thread, nanoseconds.
 ///
 /// 200 µs gives about 5,000 samples per second per core (a p99.9 is known
@@ -70,6 +72,11 @@ pub struct CoreFigures {
     /// Values in its histogram: the wake-ups plus the ticks it slept
     /// through (filled in by the correction).
     pub recorded: u64,
+    /// Percentage of its core's time the hypervisor took while it ran
+    /// (`None`: not pinned, or no `/proc/stat`); see [`crate::cpu_time`].
+    pub steal_pct: Option<f64>,
+    /// Percentage of its core's time spent in interrupt handlers.
+    pub irq_pct: Option<f64>,
 }
 
 /// What a probe measured between [`PlatformProbe::start`] and
@@ -93,6 +100,9 @@ pub struct PlatformResult {
     pub cores: usize,
     /// Wall-clock seconds from start to stop.
     pub seconds: f64,
+    /// The probed cores' time over the probe's run, summed (`None`: no
+    /// core was pinned, or no `/proc/stat`).
+    pub cpu: Option<CpuTicks>,
 }
 
 impl PlatformResult {
@@ -107,12 +117,21 @@ impl PlatformResult {
         self.samples += other.samples;
         self.cores = self.cores.max(other.cores);
         self.seconds += other.seconds;
+        self.cpu = match (self.cpu, other.cpu) {
+            (Some(mut a), Some(b)) => {
+                a.add(&b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
     }
 }
 
 /// A running probe: one thread per core; see the module docs.
 pub struct PlatformProbe {
     started: Instant,
+    /// Every CPU's counters as the probe started measuring.
+    cpu_start: Option<Vec<(usize, CpuTicks)>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<ThreadResult>>,
 }
@@ -158,6 +177,7 @@ impl PlatformProbe {
         }
         PlatformProbe {
             started: Instant::now(),
+            cpu_start: cpu_time::read(),
             stop,
             threads,
         }
@@ -166,6 +186,13 @@ impl PlatformProbe {
     /// Stops the threads (within a tick) and merges their figures.
     pub fn stop(self) -> PlatformResult {
         self.stop.store(true, Ordering::Relaxed);
+        let cpu_end = cpu_time::read();
+        let core_time = |core: Option<usize>| {
+            let core = core?;
+            let end = cpu_time::of(cpu_end.as_deref()?, core)?;
+            Some(end.since(&cpu_time::of(self.cpu_start.as_deref()?, core)?))
+        };
+        let mut cpu: Option<CpuTicks> = None;
         let mut latency_ns = new_histogram();
         let mut per_core = Vec::new();
         let mut samples = 0;
@@ -176,11 +203,17 @@ impl PlatformProbe {
                 continue;
             };
             let _ = latency_ns.add(&r.latency_ns);
+            let ticks = core_time(r.core);
+            if let Some(t) = ticks {
+                cpu.get_or_insert_with(CpuTicks::default).add(&t);
+            }
             per_core.push(CoreFigures {
                 core: r.core,
                 p99_us: r.latency_ns.value_at_quantile(0.99) as f64 / 1e3,
                 samples: r.samples,
                 recorded: r.latency_ns.len(),
+                steal_pct: ticks.and_then(|t| t.steal_pct()),
+                irq_pct: ticks.and_then(|t| t.irq_pct()),
             });
             samples += r.samples;
             fifo &= r.fifo;
@@ -203,6 +236,7 @@ impl PlatformProbe {
             tick_us: TICK_NS / 1000,
             samples,
             seconds: self.started.elapsed().as_secs_f64(),
+            cpu,
         }
     }
 }
@@ -314,8 +348,19 @@ mod tests {
             .iter()
             .all(|c| c.p99_us * 1e3 <= r.latency_ns.max() as f64 * 1.01));
 
+        // Pinned (Linux): each core's time over the run was read.
+        if cfg!(target_os = "linux") && r.per_core.iter().all(|c| c.core.is_some()) {
+            let cpu = r.cpu.expect("the probed cores' time");
+            assert!(cpu.total > 0 && cpu.steal <= cpu.total);
+            assert!(r
+                .per_core
+                .iter()
+                .all(|c| c.steal_pct.is_some_and(|s| (0.0..=100.0).contains(&s))));
+        }
+
         let mut merged = r.clone();
         merged.merge(&r);
+        assert_eq!(merged.cpu.map(|c| c.total), r.cpu.map(|c| 2 * c.total));
         assert_eq!(merged.latency_ns.len(), 2 * r.latency_ns.len());
         assert_eq!(merged.samples, 2 * r.samples);
     }

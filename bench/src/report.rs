@@ -47,6 +47,11 @@ pub struct ProbeInfo {
     /// Each probe thread: its core, p99 and samples (a core whose p99
     /// stands out is where the machine's delays landed).
     pub per_core: Vec<crate::platform::CoreFigures>,
+    /// Percentage of the probed cores' time the hypervisor took during
+    /// the probe's run (`None`: unknown); see [`crate::cpu_time`].
+    pub steal_pct: Option<f64>,
+    /// Percentage of the probed cores' time spent in interrupt handlers.
+    pub irq_pct: Option<f64>,
 }
 
 impl ProbeInfo {
@@ -59,19 +64,29 @@ impl ProbeInfo {
             cores: p.cores,
             seconds: p.seconds,
             per_core: p.per_core.clone(),
+            steal_pct: p.cpu.and_then(|c| c.steal_pct()),
+            irq_pct: p.cpu.and_then(|c| c.irq_pct()),
         }
     }
 
-    /// `fifo, 200 µs ticks, 10234 samples on 2 cores`.
+    /// `fifo, 200 µs ticks, 10234 samples on 2 cores; steal 0.0%,
+    /// interrupts 0.4% of those cores' time`.
     pub fn describe(&self) -> String {
-        format!(
+        let mut s = format!(
             "{}, {} µs ticks, {} samples on {} core{}",
             self.policy.name(),
             self.tick_us,
             self.samples,
             self.cores,
             if self.cores == 1 { "" } else { "s" }
-        )
+        );
+        if let (Some(steal), Some(irq)) = (self.steal_pct, self.irq_pct) {
+            s += &format!(
+                "; steal {steal:.1}%, interrupts {irq:.1}% of {} time",
+                if self.cores == 1 { "that core's" } else { "those cores'" }
+            );
+        }
+        s
     }
 }
 
