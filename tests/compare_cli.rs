@@ -56,6 +56,8 @@ fn compare_writes_tables_json_and_plot() {
             "0.3",
             "--intervals",
             "10,100",
+            "--rounds",
+            "2",
         ],
         &results,
         &tmp,
@@ -74,7 +76,15 @@ fn compare_writes_tables_json_and_plot() {
         matches!((last_open, first_closed), (Some(o), Some(c)) if o < c),
         "open-loop runs must all come first:\n{stderr}"
     );
-    assert_eq!(progress.len(), 4 + 6 + 10, "one progress line per run:\n{stderr}");
+    // Open loop: 4 rows at the base interval, 2 x 3 at the second;
+    // closed loop: 10 runs in each of 2 rounds, round 1 of every run first.
+    assert_eq!(progress.len(), 4 + 6 + 2 * 10, "one progress line per run:\n{stderr}");
+    let rounds: Vec<&str> = progress
+        .iter()
+        .filter(|l| l.contains("closed loop"))
+        .map(|l| if l.contains("round 1 of 2") { "1" } else { "2" })
+        .collect();
+    assert_eq!(rounds, [["1"; 10], ["2"; 10]].concat(), "interleaved rounds:\n{stderr}");
     let removed = stderr.find("removing the open-loop runs' output").expect(&stderr);
     assert!(
         stderr[..removed].contains("open loop") && !stderr[..removed].contains("closed loop"),
@@ -128,6 +138,8 @@ fn compare_writes_tables_json_and_plot() {
         // "cost N% of throughput against none ..." or, when the machine's
         // speed drifts during the short runs, "ran N% faster against none ...".
         "against none with the counting sink",
+        // Each cost is the median of the rounds' own, with their range.
+        "(2 rounds: ",
         "fsyncs per checkpoint",
         "append + fdatasync",
         "woke an on-time thread late by",
@@ -191,6 +203,27 @@ fn compare_writes_tables_json_and_plot() {
         let row = r["row"].as_str().unwrap();
         let mode = r["mode"].as_str().unwrap();
         assert!(row.starts_with(mode), "{r}");
+        // A closed-loop line is its median round's run (the lower middle
+        // of two), with every round's figure.
+        if r["run"] != "open-loop" {
+            let rounds: Vec<f64> = r["rounds_events_per_sec"]
+                .as_array()
+                .unwrap_or_else(|| panic!("rounds_events_per_sec in {r}"))
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            assert_eq!(rounds.len(), 2, "{r}");
+            assert_eq!(r["events_per_sec"].as_f64().unwrap(), rounds[0].min(rounds[1]), "{r}");
+            // The counting sink's runs take 5 times the events.
+            let events = if r["run"] == "closed-loop-count" {
+                1_000_000
+            } else {
+                200_000
+            };
+            assert_eq!(r["events"], events, "{r}");
+        } else {
+            assert!(r.get("rounds_events_per_sec").is_none(), "{r}");
+        }
         if r["run"] == "closed-loop-count" {
             assert_eq!(r["sink"], "count", "{r}");
         } else {

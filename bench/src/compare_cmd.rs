@@ -18,6 +18,12 @@
 //! So the open-loop (latency) runs go first, keeping their few megabytes of output each until the
 //! last of them ends ([`Outputs`]), and the closed-loop (throughput) runs
 //! follow, each deleting its output when it ends.
+//!
+//! The closed-loop runs are made in interleaved rounds (three by default):
+//! this machine's speed drifts within minutes, and a cost computed from
+//! two single runs a minute apart moved by 20 points from one `weir
+//! compare` to the next. Each round's cost compares runs made seconds
+//! apart; the sentences give their median and range.
 
 use std::cell::Cell;
 use std::io::Write;
@@ -71,9 +77,20 @@ pub struct CompareArgs {
     /// Which job to run.
     #[arg(long, value_enum, default_value = "keyed")]
     pub pipeline: Kind,
-    /// Records per closed-loop run [default: 10000000; 400000 with --scenario backpressure].
+    /// Records per closed-loop run with the row's sink, in each round; the
+    /// runs with the counting sink, 5 to 10 times faster, take
+    /// [`COUNT_EVENTS_FACTOR`] times as many [default: 4000000; 400000 with
+    /// --scenario backpressure].
     #[arg(long)]
     pub events: Option<u64>,
+    /// Closed-loop rounds: every closed-loop run is made this many times,
+    /// interleaved (round 1 of every run, then round 2, ...); the table
+    /// shows each run's median round, and each throughput cost is the
+    /// median of the rounds' own costs, with their range, so that the
+    /// machine's drift moves the answer less [default: 3; 1 with
+    /// --scenario backpressure].
+    #[arg(long)]
+    pub rounds: Option<usize>,
     /// Records per second of the open-loop runs.
     #[arg(long, default_value_t = 200_000.0)]
     pub rate: f64,
@@ -131,6 +148,14 @@ pub struct CompareArgs {
     pub results: PathBuf,
 }
 
+/// Records of a closed-loop run with the counting sink per record of one
+/// with the row's sink: 5. The counting sink runs 5 to 10 times faster
+/// (50 M against 4-9 M events/s here), and with the same count its runs
+/// lasted 0.2 s, of which the job's start and first checkpoints are a
+/// large, variable part: the at-least-once cost against none moved from
+/// 8% to 30% between three runs of `weir compare` (2026-12-03).
+pub const COUNT_EVENTS_FACTOR: u64 = 5;
+
 const MODES: [Mode; 4] = [Mode::None, Mode::AtLeastOnce, Mode::Aligned, Mode::Unaligned];
 
 /// One row of the comparison: a mode with its sink.
@@ -182,10 +207,15 @@ struct OpenRun {
 struct Measured {
     rows: Vec<Row>,
     intervals: Vec<u64>,
-    /// Closed loop with the counting sink, per mode (index into MODES).
+    /// Closed loop with the counting sink, per mode (index into MODES):
+    /// the median round's run.
     count: Vec<RunOutput>,
-    /// Closed loop with the row's sink, per row.
+    /// Closed loop with the row's sink, per row: the median round's run.
     closed: Vec<RunOutput>,
+    /// Every round's events/s, in round order: per mode with the counting
+    /// sink, and per row.
+    count_rounds: Vec<Vec<f64>>,
+    closed_rounds: Vec<Vec<f64>>,
     /// Open loop, per row and interval.
     open: Vec<OpenRun>,
     disk: DiskProbe,
@@ -232,6 +262,10 @@ struct JsonRow<'a> {
     interval_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     syncs: Option<Syncs>,
+    /// Closed loop: every round's events/s in round order (this line is
+    /// the median round's run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rounds_events_per_sec: Option<&'a [f64]>,
     #[serde(flatten)]
     result: &'a BenchResult,
 }
@@ -248,6 +282,8 @@ struct JsonDisk<'a> {
 
 /// Validated settings.
 struct Plan {
+    /// Closed-loop rounds.
+    rounds: usize,
     pipeline: Kind,
     scenario: Scenario,
     parallelism: usize,
@@ -325,6 +361,8 @@ impl Plan {
             events: if rate.is_some() {
                 self.open_events
                     .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
+            } else if sink == SinkKind::Count {
+                self.closed_events.saturating_mul(COUNT_EVENTS_FACTOR)
             } else {
                 self.closed_events
             },
@@ -382,6 +420,9 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     if args.events == Some(0) {
         return Err(CliError::Usage("--events must be at least 1".into()));
     }
+    if args.rounds == Some(0) {
+        return Err(CliError::Usage("--rounds must be at least 1".into()));
+    }
     if args.open_workers == Some(0) {
         return Err(CliError::Usage("--open-workers must be at least 1".into()));
     }
@@ -429,7 +470,8 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
         cores,
         open_workers: args.open_workers.unwrap_or(cores.saturating_sub(1).max(1)),
         slow_ns,
-        closed_events: args.events.unwrap_or(if slow_ns > 0 { 400_000 } else { 10_000_000 }),
+        closed_events: args.events.unwrap_or(if slow_ns > 0 { 400_000 } else { 4_000_000 }),
+        rounds: args.rounds.unwrap_or(if slow_ns > 0 { 1 } else { 3 }),
         open_events: ((args.rate * args.open_seconds) as u64).max(1000),
         rate: args.rate,
         keys: args.keys,
@@ -452,12 +494,15 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let scenario = plan.scenario.name();
     println!(
         "weir compare: {} pipeline, {scenario} scenario, parallelism {}, open loop at {} events/s for {} s \
-         (at least 3 checkpoint intervals), closed loop {} events",
+         (at least 3 checkpoint intervals), closed loop {} events ({} with the counting sink) in {} round{}",
         plan.pipeline.name(),
         plan.parallelism,
         si(plan.rate),
         args.open_seconds,
-        plan.closed_events
+        plan.closed_events,
+        plan.closed_events.saturating_mul(COUNT_EVENTS_FACTOR),
+        plan.rounds,
+        if plan.rounds == 1 { "" } else { "s" }
     );
     println!(
         "checkpoint intervals: {} ms (exactly-once rows, open loop); the closed-loop runs and the at-least-once \
@@ -535,17 +580,25 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         outputs.bytes() as f64 / 1e6
     );
     drop(outputs);
-    let mut count = Vec::new();
-    let mut closed = Vec::new();
-    for mode in MODES {
-        progress(format!("{:<22} closed loop", format!("{}·count", mode.name())));
-        count.push(plan.run(None, mode, SinkKind::Count, None, intervals[0])?);
-        for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.mode == mode) {
-            progress(format!("{:<22} closed loop", row.label()));
-            closed.push((r, plan.run(None, mode, row.sink, None, intervals[0])?));
+    let mut count: Vec<Vec<RunOutput>> = MODES.iter().map(|_| Vec::new()).collect();
+    let mut closed: Vec<Vec<RunOutput>> = rows.iter().map(|_| Vec::new()).collect();
+    for round in 1..=plan.rounds {
+        let tag = if plan.rounds > 1 {
+            format!(", round {round} of {}", plan.rounds)
+        } else {
+            String::new()
+        };
+        for (i, mode) in MODES.into_iter().enumerate() {
+            progress(format!("{:<22} closed loop{tag}", format!("{}·count", mode.name())));
+            count[i].push(plan.run(None, mode, SinkKind::Count, None, intervals[0])?);
+            for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.mode == mode) {
+                progress(format!("{:<22} closed loop{tag}", row.label()));
+                closed[r].push(plan.run(None, mode, row.sink, None, intervals[0])?);
+            }
         }
     }
-    closed.sort_by_key(|(r, _)| *r);
+    let (count, count_rounds): (Vec<_>, Vec<_>) = count.into_iter().map(median_round).unzip();
+    let (closed, closed_rounds): (Vec<_>, Vec<_>) = closed.into_iter().map(median_round).unzip();
     let platform =
         open.iter()
             .filter_map(|o| o.out.platform.as_ref())
@@ -560,7 +613,9 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         rows,
         intervals,
         count,
-        closed: closed.into_iter().map(|(_, o)| o).collect(),
+        closed,
+        count_rounds,
+        closed_rounds,
         open,
         disk,
         platform,
@@ -697,9 +752,16 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
         Scenario::Backpressure => "closed loop, the row's sink, under backpressure",
     };
     println!(
-        "\nthroughput (closed loop, {} events, at the {} ms base interval) and checkpoints ({source})",
+        "\nthroughput (closed loop, {} events with the row's sink and {} with the counting sink, at the {} ms base \
+         interval; {}) and checkpoints ({source})",
         plan.closed_events,
-        m.base()
+        plan.closed_events.saturating_mul(COUNT_EVENTS_FACTOR),
+        m.base(),
+        if plan.rounds > 1 {
+            format!("the median of {} interleaved rounds", plan.rounds)
+        } else {
+            "one round".to_string()
+        }
     );
     println!(
         "{:<22} {:>8} | {:>10} {:>10} | {:>5} {:>7} {:>9} {:>9} {:>9} {:>9} {:>10} {:>10}",
@@ -756,6 +818,44 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
     );
 }
 
+/// Throughput per round `xs` against `bases` (same rounds): the median of
+/// the rounds' costs, `cost 4.2% of throughput` or `ran 3.1% faster`, and
+/// with several rounds their range: `(3 rounds: 1.0% to 9.5%)`. Each
+/// round's cost compares two runs made minutes closer than the medians'.
+fn round_cost(xs: &[f64], bases: &[f64]) -> String {
+    let mut costs: Vec<f64> = xs
+        .iter()
+        .zip(bases)
+        .filter(|(_, &b)| b > 0.0)
+        .map(|(x, b)| (1.0 - x / b) * 100.0)
+        .collect();
+    if costs.is_empty() {
+        return "cost -".into();
+    }
+    costs.sort_by(f64::total_cmp);
+    let median = costs[(costs.len() - 1) / 2];
+    let text = cost(1.0 - median / 100.0, 1.0);
+    if costs.len() == 1 {
+        return text;
+    }
+    format!(
+        "{text} ({} rounds: {:.1}% to {:.1}%)",
+        costs.len(),
+        costs[0],
+        costs[costs.len() - 1]
+    )
+}
+
+/// The run of the median round by events/s (the lower middle of an even
+/// count), and every round's events/s in round order.
+fn median_round(mut runs: Vec<RunOutput>) -> (RunOutput, Vec<f64>) {
+    let eps: Vec<f64> = runs.iter().map(|r| r.result.events_per_sec).collect();
+    let mut order: Vec<usize> = (0..runs.len()).collect();
+    order.sort_by(|&a, &b| eps[a].total_cmp(&eps[b]));
+    let run = runs.swap_remove(order[(order.len() - 1) / 2]);
+    (run, eps)
+}
+
 /// Throughput `x` against `base`: `cost 4.2% of throughput` or `ran 3.1%
 /// faster`.
 fn cost(x: f64, base: f64) -> String {
@@ -802,9 +902,9 @@ fn print_sentences(m: &Measured, plan: &Plan) {
         exactly_once.join(", ")
     );
     // Throughput: the engine's cost (counting sink) and the cost with the sinks.
-    let none_count = m.count[0].result.events_per_sec;
+    let none_count = &m.count_rounds[0];
     let none_row = m.rows.iter().position(|r| r.mode == Mode::None).expect("a none row");
-    let none_sink = m.closed[none_row].result.events_per_sec;
+    let none_sink = &m.closed_rounds[none_row];
     for (i, mode) in MODES.iter().enumerate().skip(1) {
         let with_sinks: Vec<String> = m
             .rows
@@ -815,7 +915,7 @@ fn print_sentences(m: &Measured, plan: &Plan) {
                 format!(
                     "{} {} against {}",
                     row.label(),
-                    cost(m.closed[r].result.events_per_sec, none_sink),
+                    round_cost(&m.closed_rounds[r], none_sink),
                     m.rows[none_row].label()
                 )
             })
@@ -823,7 +923,7 @@ fn print_sentences(m: &Measured, plan: &Plan) {
         println!(
             "- {} {} against none with the counting sink (closed loop, {} ms); with its sinks: {}",
             mode.name(),
-            cost(m.count[i].result.events_per_sec, none_count),
+            round_cost(&m.count_rounds[i], none_count),
             base,
             with_sinks.join(", ")
         );
@@ -924,6 +1024,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             row: format!("{}·count", mode.name()),
             interval_ms: interval(*mode, m.base()),
             syncs: None,
+            rounds_events_per_sec: Some(&m.count_rounds[i]),
             result: &m.count[i].result,
         });
     }
@@ -934,6 +1035,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             row: row.label(),
             interval_ms: interval(row.mode, m.base()),
             syncs: None,
+            rounds_events_per_sec: Some(&m.closed_rounds[r]),
             result: &m.closed[r].result,
         });
     }
@@ -945,6 +1047,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             row: row.label(),
             interval_ms: interval(row.mode, o.interval_ms),
             syncs: o.syncs,
+            rounds_events_per_sec: None,
             result: &o.out.result,
         });
     }
@@ -1020,5 +1123,26 @@ fn figure(m: &Measured, plan: &Plan) -> Figure {
                     .collect(),
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cost_is_the_median_of_the_rounds_with_their_range() {
+        // Round costs: 10%, 50%, -20%.
+        let text = round_cost(&[90.0, 50.0, 120.0], &[100.0, 100.0, 100.0]);
+        assert_eq!(text, "cost 10.0% of throughput (3 rounds: -20.0% to 50.0%)");
+        assert_eq!(round_cost(&[110.0], &[100.0]), "ran 10.0% faster");
+        // Rounds without a base are left out; none at all says so.
+        assert_eq!(round_cost(&[90.0, 1.0], &[100.0, 0.0]), "cost 10.0% of throughput");
+        assert_eq!(round_cost(&[90.0], &[0.0]), "cost -");
+        // An even count takes the lower middle.
+        assert_eq!(
+            round_cost(&[90.0, 70.0], &[100.0, 100.0]),
+            "cost 10.0% of throughput (2 rounds: 10.0% to 30.0%)"
+        );
     }
 }
