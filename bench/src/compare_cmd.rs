@@ -78,9 +78,8 @@ pub struct CompareArgs {
     #[arg(long, value_enum, default_value = "keyed")]
     pub pipeline: Kind,
     /// Records per closed-loop run with the row's sink, in each round; the
-    /// runs with the counting sink, 5 to 10 times faster, take
-    /// [`COUNT_EVENTS_FACTOR`] times as many [default: 4000000; 400000 with
-    /// --scenario backpressure].
+    /// runs with the counting sink, 5 to 10 times faster, take 5 times as
+    /// many [default: 4000000; 400000 with --scenario backpressure].
     #[arg(long)]
     pub events: Option<u64>,
     /// Closed-loop rounds: every closed-loop run is made this many times,
@@ -819,9 +818,10 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
 }
 
 /// Throughput per round `xs` against `bases` (same rounds): the median of
-/// the rounds' costs, `cost 4.2% of throughput` or `ran 3.1% faster`, and
-/// with several rounds their range: `(3 rounds: 1.0% to 9.5%)`. Each
-/// round's cost compares two runs made minutes closer than the medians'.
+/// the rounds' costs (the lower middle of an even count), `cost 4.2% of
+/// throughput` or `ran 3.1% faster`, and with several rounds their range:
+/// `(3 rounds: 1.0% to 9.5%)`. Each round's cost compares two runs of the
+/// same round, seconds apart, not two medians drawn from different rounds.
 fn round_cost(xs: &[f64], bases: &[f64]) -> String {
     let mut costs: Vec<f64> = xs
         .iter()
