@@ -725,6 +725,13 @@ fn the_kafka_benchmark_runs_and_checks_its_output() {
     assert!(text.contains("from the scheduled send to the sink"), "{text}");
     assert!(text.contains("platform p99"), "{text}");
     assert!(row["platform_us"]["p99"].as_f64().is_some(), "{row}");
+    // The probe's description, with the hypervisor's share of the cores (Linux).
+    assert!(row["platform_probe"]["policy"].is_string(), "{row}");
+    if cfg!(target_os = "linux") {
+        let steal = row["platform_probe"]["steal_pct"].as_f64();
+        assert!(steal.is_some_and(|s| (0.0..=100.0).contains(&s)), "{row}");
+        assert!(text.contains("(steal "), "{text}");
+    }
     assert!(row["visible_latency_us"]["p50"].as_f64().unwrap() > 0.0, "{row}");
 }
 

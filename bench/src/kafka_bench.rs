@@ -114,6 +114,9 @@ pub struct KafkaBenchResult {
     /// included, so it holds the machine's own delays (host, hypervisor,
     /// interrupts), not the wait behind the broker's threads for a core.
     pub platform_us: Option<Percentiles>,
+    /// How the platform figure was measured, with the share of the
+    /// workers' cores the hypervisor took (`steal_pct`), as in `weir bench`.
+    pub platform_probe: Option<crate::report::ProbeInfo>,
     /// Checkpoints of the run.
     pub checkpoints: CheckpointSummary,
     /// Where and when.
@@ -205,10 +208,14 @@ fn print_result(r: &KafkaBenchResult) {
         r.latency_us.p50 / 1e3,
         r.latency_us.p99 / 1e3,
         r.platform_us.as_ref().map_or(String::new(), |p| format!(
-            "  platform p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms",
+            "  platform p99 {:.2} ms p99.9 {:.2} ms max {:.2} ms{}",
             p.p99 / 1e3,
             p.p999 / 1e3,
-            p.max / 1e3
+            p.max / 1e3,
+            r.platform_probe
+                .as_ref()
+                .and_then(|i| i.steal_pct)
+                .map_or(String::new(), |s| format!(" (steal {s:.1}%)"))
         )),
         c.completed,
         c.duration_ms.p50,
@@ -803,6 +810,7 @@ impl Run<'_> {
             visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
             latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
             platform_us: platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns)),
+            platform_probe: platform.as_ref().map(crate::report::ProbeInfo::of),
             checkpoints: CheckpointSummary::from_stats(&result.metrics.checkpoints),
             machine: Machine::here(),
         })
