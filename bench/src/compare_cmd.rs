@@ -344,6 +344,11 @@ impl Drop for Outputs {
 }
 
 impl Plan {
+    /// Records of a closed-loop run with the counting sink.
+    fn count_events(&self) -> u64 {
+        self.closed_events.saturating_mul(COUNT_EVENTS_FACTOR)
+    }
+
     /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open
     /// loop; its output goes to `outputs`, or without, to a temporary
     /// folder deleted when the run ends.
@@ -361,7 +366,7 @@ impl Plan {
                 self.open_events
                     .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
             } else if sink == SinkKind::Count {
-                self.closed_events.saturating_mul(COUNT_EVENTS_FACTOR)
+                self.count_events()
             } else {
                 self.closed_events
             },
@@ -499,7 +504,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         si(plan.rate),
         args.open_seconds,
         plan.closed_events,
-        plan.closed_events.saturating_mul(COUNT_EVENTS_FACTOR),
+        plan.count_events(),
         plan.rounds,
         if plan.rounds == 1 { "" } else { "s" }
     );
@@ -754,7 +759,7 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
         "\nthroughput (closed loop, {} events with the row's sink and {} with the counting sink, at the {} ms base \
          interval; {}) and checkpoints ({source})",
         plan.closed_events,
-        plan.closed_events.saturating_mul(COUNT_EVENTS_FACTOR),
+        plan.count_events(),
         m.base(),
         if plan.rounds > 1 {
             format!("the median of {} interleaved rounds", plan.rounds)
@@ -833,8 +838,7 @@ fn round_cost(xs: &[f64], bases: &[f64]) -> String {
         return "cost -".into();
     }
     costs.sort_by(f64::total_cmp);
-    let median = costs[(costs.len() - 1) / 2];
-    let text = cost(1.0 - median / 100.0, 1.0);
+    let text = cost_text(costs[(costs.len() - 1) / 2]);
     if costs.len() == 1 {
         return text;
     }
@@ -856,13 +860,9 @@ fn median_round(mut runs: Vec<RunOutput>) -> (RunOutput, Vec<f64>) {
     (run, eps)
 }
 
-/// Throughput `x` against `base`: `cost 4.2% of throughput` or `ran 3.1%
-/// faster`.
-fn cost(x: f64, base: f64) -> String {
-    if base <= 0.0 {
-        return "cost -".into();
-    }
-    let c = (1.0 - x / base) * 100.0;
+/// A throughput cost of `c` percent: `cost 4.2% of throughput`, or for a
+/// negative one `ran 3.1% faster`.
+fn cost_text(c: f64) -> String {
     if c >= 0.0 {
         format!("cost {c:.1}% of throughput")
     } else {
