@@ -79,6 +79,15 @@ fn compare_writes_tables_json_and_plot() {
     // Open loop: 4 rows at the base interval, 2 x 3 at the second;
     // closed loop: 10 runs in each of 2 rounds, round 1 of every run first.
     assert_eq!(progress.len(), 4 + 6 + 2 * 10, "one progress line per run:\n{stderr}");
+    // The counter counts to the number of runs announced, and no further.
+    for (n, line) in progress.iter().enumerate() {
+        let want = format!("[{:>2}/{}]", n + 1, progress.len());
+        assert!(
+            line.contains(&want),
+            "progress line {} should read {want}: {line}",
+            n + 1
+        );
+    }
     let rounds: Vec<&str> = progress
         .iter()
         .filter(|l| l.contains("closed loop"))

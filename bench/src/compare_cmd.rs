@@ -541,12 +541,13 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         source,
     })?;
 
-    let total_runs = MODES.len()
-        + rows.len()
-        + rows
-            .iter()
-            .map(|r| if r.exactly_once() { intervals.len() } else { 1 })
-            .sum::<usize>();
+    // Every open-loop run once, then each round's closed-loop runs: one
+    // with the counting sink per mode and one per row.
+    let total_runs = rows
+        .iter()
+        .map(|r| if r.exactly_once() { intervals.len() } else { 1 })
+        .sum::<usize>()
+        + plan.rounds * (MODES.len() + rows.len());
     let mut done = 0;
     let mut progress = |what: String| {
         done += 1;
