@@ -40,6 +40,7 @@ use weir_io::rdkafka::consumer::{BaseConsumer, Consumer};
 use weir_io::rdkafka::message::Message;
 use weir_io::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use weir_io::text::Line;
 use weir_io::{ParseError, WalSinkConfig};
 
 const INPUT: &str = "weir-example-in";
@@ -82,18 +83,13 @@ fn parse(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Rec, ParseError> {
     })
 }
 
-/// The output record: key = the key, value = `key,count,sum`.
+/// The output record: key = the key, value = `key,count,sum`, written
+/// straight into the sink's buffer (`text::Line`: no `core::fmt`, no
+/// allocation per record).
 fn encode(c: &Counted, out: &mut Vec<u8>) {
-    // Formatted on the stack: no allocation per record.
-    let mut value = [0u8; 128];
-    let mut cursor = std::io::Cursor::new(&mut value[..]);
-    let written = std::io::Write::write_fmt(&mut cursor, format_args!("{},{},{}", c.key, c.count, c.sum));
-    assert!(
-        written.is_ok(),
-        "keys of this example are short: an output value fits in 128 bytes"
-    );
-    let len = cursor.position() as usize;
-    framing::encode(c.key.as_bytes(), &value[..len], out);
+    framing::encode_with(c.key.as_bytes(), out, |out| {
+        Line::new(out).str(&c.key).u64(c.count).i64(c.sum).done()
+    });
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

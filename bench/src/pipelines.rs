@@ -203,8 +203,7 @@ impl CountSink {
 
 /// One output line per event: `key,value,seq` (about 32 bytes).
 fn encode_line(e: &Event, out: &mut Vec<u8>) {
-    use std::io::Write;
-    let _ = writeln!(out, "{},{},{}", e.key, e.value, e.seq);
+    weir_io::text::Line::new(out).u64(e.key).u64(e.value).u64(e.seq).end();
 }
 
 fn emitted(e: &Event) -> u64 {

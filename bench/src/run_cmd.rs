@@ -255,19 +255,14 @@ impl<T: Send + 'static, S: Source<T>> Source<T> for Throttled<S> {
 }
 
 fn encode(r: &Counted, out: &mut Vec<u8>) {
-    use std::io::Write;
-    let _ = writeln!(out, "{},{},{}", r.key, r.count, r.sum);
+    weir_io::text::Line::new(out).str(&r.key).u64(r.count).i64(r.sum).end();
 }
 
 /// A Kafka output record: key, then `key,count,sum`.
 fn encode_kafka(r: &Counted, out: &mut Vec<u8>) {
-    let mut value = [0u8; 128];
-    let mut cursor = std::io::Cursor::new(&mut value[..]);
-    // A key of at most MAX_KEY bytes and two 64-bit integers always fit.
-    std::io::Write::write_fmt(&mut cursor, format_args!("{},{},{}", r.key, r.count, r.sum))
-        .expect("an output value fits in 128 bytes");
-    let len = cursor.position() as usize;
-    weir_io::kafka::framing::encode(r.key.as_bytes(), &value[..len], out);
+    weir_io::kafka::framing::encode_with(r.key.as_bytes(), out, |out| {
+        weir_io::text::Line::new(out).str(&r.key).u64(r.count).i64(r.sum).done()
+    });
 }
 
 /// Where `--output` goes.

@@ -75,6 +75,7 @@ pub mod lines;
 pub mod nexmark;
 pub mod reader;
 mod sql;
+pub mod text;
 pub mod twophase;
 pub mod upsert;
 pub mod wal;

@@ -25,10 +25,37 @@ pub const RECORD_OVERHEAD: usize = 8;
 /// ```
 #[inline]
 pub fn encode(key: &[u8], value: &[u8], out: &mut Vec<u8>) {
+    encode_with(key, out, |out| out.extend_from_slice(value));
+}
+
+/// [`encode`] with the value written by `value` straight into `out` (for
+/// example with [`crate::text::Line`]), not copied from a slice: no buffer
+/// of the value's own.
+///
+/// ```
+/// use weir_io::kafka::framing::{encode, encode_with};
+/// use weir_io::text::Line;
+/// let mut a = Vec::new();
+/// encode_with(b"k1", &mut a, |out| Line::new(out).str("k1").u64(2).i64(-3).done());
+/// let mut b = Vec::new();
+/// encode(b"k1", b"k1,2,-3", &mut b);
+/// assert_eq!(a, b);
+/// ```
+///
+/// # Panics
+///
+/// If `value` writes more than `u32::MAX` bytes, or takes away bytes that
+/// were in `out` before it.
+#[inline]
+pub fn encode_with(key: &[u8], out: &mut Vec<u8>, value: impl FnOnce(&mut Vec<u8>)) {
     out.extend_from_slice(&(key.len() as u32).to_le_bytes());
     out.extend_from_slice(key);
-    out.extend_from_slice(&(value.len() as u32).to_le_bytes());
-    out.extend_from_slice(value);
+    let at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    value(out);
+    assert!(out.len() >= at + 4, "a record's value removed bytes from the buffer");
+    let len = u32::try_from(out.len() - at - 4).expect("a record's value is at most 4 GiB");
+    out[at..at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// The records of a buffer of [`encode`]d records, in order; an error

@@ -67,6 +67,24 @@ pub fn begin_frame(buf: &mut Vec<u8>) -> usize {
 /// and returns the payload's length as the error.
 #[inline]
 pub fn finish_frame(buf: &mut Vec<u8>, at: usize, epoch: u64) -> Result<(), usize> {
+    finish_frame_unsealed(buf, at, epoch)?;
+    let frame = &mut buf[at..];
+    let crc = crc32fast::hash(&frame[4..]);
+    frame[0..4].copy_from_slice(&crc.to_le_bytes());
+    Ok(())
+}
+
+/// [`finish_frame`] without the CRC: writes the length and the epoch and
+/// leaves the CRC field as it is. The frame is **unsealed**: it does not
+/// verify until [`seal_frames`] has run over it, which must happen before
+/// it is written anywhere a reader could find it.
+///
+/// The WAL sink's worker finishes frames this way and its log thread
+/// seals them, so that the CRC, the larger part of a short record's cost
+/// on the worker, runs off the worker (and reads the frame long after it
+/// was written, not right behind the stores that wrote it).
+#[inline]
+pub fn finish_frame_unsealed(buf: &mut Vec<u8>, at: usize, epoch: u64) -> Result<(), usize> {
     let len = buf.len() - at - HEADER_BYTES;
     if len > MAX_PAYLOAD_BYTES {
         buf.truncate(at);
@@ -75,9 +93,50 @@ pub fn finish_frame(buf: &mut Vec<u8>, at: usize, epoch: u64) -> Result<(), usiz
     let frame = &mut buf[at..];
     frame[4..8].copy_from_slice(&(len as u32).to_le_bytes());
     frame[8..16].copy_from_slice(&epoch.to_le_bytes());
-    let crc = crc32fast::hash(&frame[4..]);
-    frame[0..4].copy_from_slice(&crc.to_le_bytes());
     Ok(())
+}
+
+/// Writes the CRC of every frame in `buf`, which holds whole frames back
+/// to back, sealed or not ([`finish_frame_unsealed`]); returns how many.
+///
+/// ```
+/// use weir_io::wal::codec::{begin_frame, decode_all, finish_frame_unsealed, seal_frames};
+/// let mut buf = Vec::new();
+/// for (epoch, payload) in [(1, &b"a\n"[..]), (2, b"bc\n")] {
+///     let at = begin_frame(&mut buf);
+///     buf.extend_from_slice(payload);
+///     finish_frame_unsealed(&mut buf, at, epoch).unwrap();
+/// }
+/// assert!(decode_all(&buf).stop.is_some(), "an unsealed frame does not verify");
+/// assert_eq!(seal_frames(&mut buf), 2);
+/// assert_eq!(decode_all(&buf).frames.len(), 2);
+/// ```
+///
+/// # Panics
+///
+/// If `buf` does not split into whole frames: its writer broke the
+/// invariant (this is for buffers being written, never for bytes read back).
+pub fn seal_frames(buf: &mut [u8]) -> usize {
+    let (mut at, mut frames) = (0, 0);
+    while at < buf.len() {
+        assert!(
+            buf.len() - at >= HEADER_BYTES,
+            "a frame header cut short at byte {at} of {}",
+            buf.len()
+        );
+        let len = u32::from_le_bytes(buf[at + 4..at + 8].try_into().expect("4 bytes")) as usize;
+        let size = HEADER_BYTES + len;
+        assert!(
+            len <= MAX_PAYLOAD_BYTES && buf.len() - at >= size,
+            "a frame of {len} bytes at byte {at} of {} does not fit",
+            buf.len()
+        );
+        let crc = crc32fast::hash(&buf[at + 4..at + size]);
+        buf[at..at + 4].copy_from_slice(&crc.to_le_bytes());
+        at += size;
+        frames += 1;
+    }
+    frames
 }
 
 /// Appends a whole frame for `payload` to `buf`.

@@ -58,7 +58,8 @@ pub(crate) enum LogRequest {
     /// committer's half, which checks the marker) succeeded: create the
     /// log folder durably, delete leftover segments, fsync the folder.
     Start { after: SyncJob },
-    /// Append `buf` (whole frames) to segment `seq`, creating it (with its
+    /// Append `buf` (whole frames, unsealed: the thread writes their CRCs,
+    /// [`codec::seal_frames`]) to segment `seq`, creating it (with its
     /// header) if it is not the open one; `close`: fsync and close it
     /// afterwards (the roll: the next append goes to `seq + 1`).
     Append { seq: u64, buf: Vec<u8>, close: bool },
@@ -195,6 +196,8 @@ impl IoHandler for LogIo {
                 Ok(LogReply::Started)
             }
             LogRequest::Append { seq, mut buf, close } => {
+                // The worker leaves the frames' CRCs to this thread.
+                codec::seal_frames(&mut buf);
                 self.append(seq, &buf, close)?;
                 let len = buf.len();
                 buf.clear();

@@ -11,7 +11,9 @@
 //! own ([`weir_core::io_thread::IoThread`]). The worker only encodes
 //! frames into a buffer and keeps the log's position itself (segment,
 //! offset: it decides where every frame goes and when a segment is full);
-//! the **log thread** writes and fsyncs the log, and the **committer
+//! the **log thread** computes the frames' CRCs (the larger part of a
+//! short record's cost, [`codec::finish_frame_unsealed`]), writes and
+//! fsyncs the log, and the **committer
 //! thread** commits. The worker hands a buffer to the log thread when it
 //! holds [`WalSinkConfig::buffer_bytes`], at a segment's end, at a barrier
 //! and at the end, so the thread wakes a bounded number of times a second.
@@ -1130,7 +1132,8 @@ where
         for record in batch.drain(..) {
             let at = codec::begin_frame(&mut run.buf);
             encode(&record, &mut run.buf);
-            if let Err(len) = codec::finish_frame(&mut run.buf, at, tag) {
+            // Unsealed: the log thread writes the CRC (`LogRequest::Append`).
+            if let Err(len) = codec::finish_frame_unsealed(&mut run.buf, at, tag) {
                 return Err(Error::RecordTooLarge {
                     sink: "wal",
                     subtask: self.subtask,
