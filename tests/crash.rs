@@ -424,3 +424,67 @@ fn kafka_to_kafka_rides_out_a_broker_restart_exactly_once() {
     let rows = kafka_rows(b, &output, 2);
     check(&values, &rows, true);
 }
+
+/// `--bad-records skip`: malformed lines are skipped, written to the
+/// rejected-records file and counted in the summary; the good lines'
+/// output is whole. Without it the run fails naming the file and line.
+#[test]
+fn bad_records_are_skipped_and_counted_or_stop_the_run() {
+    let root = tempfile::tempdir().unwrap();
+    let input = root.path().join("in.txt");
+    std::fs::write(&input, "a,1\nb,2\nno comma\nc,x\na,5\n").unwrap();
+    let weir = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let (out, ck) = (root.path().join("out"), root.path().join("ck"));
+    let base = |out: &Path, ck: &Path| {
+        vec![
+            "run".to_string(),
+            "--job".into(),
+            "keyed-count".into(),
+            "--input".into(),
+            input.to_str().unwrap().into(),
+            "--output".into(),
+            out.to_str().unwrap().into(),
+            "--checkpoint-dir".into(),
+            ck.to_str().unwrap().into(),
+        ]
+    };
+    let mut args = base(&out, &ck);
+    args.extend(["--bad-records".into(), "skip".into()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = weir(&args);
+    let stdout = String::from_utf8_lossy(&r.stdout);
+    assert!(r.status.success(), "{stdout}{}", String::from_utf8_lossy(&r.stderr));
+    let rejected = ck.join("rejected-records.tsv");
+    assert!(
+        stdout.contains(&format!(
+            "2 malformed input lines skipped in this run, written to {}",
+            rejected.display()
+        )),
+        "{stdout}"
+    );
+    let lines = std::fs::read_to_string(&rejected).unwrap();
+    let numbers: Vec<&str> = lines.lines().map(|l| l.split('\t').nth(1).unwrap()).collect();
+    assert_eq!(numbers, ["3", "4"], "{lines}");
+    let mut rows = committed(&out);
+    rows.sort();
+    let want = [("a", 1, 1), ("a", 2, 6), ("b", 1, 2)].map(|(k, c, s)| (k.to_string(), c, s));
+    assert_eq!(rows, want);
+
+    // The default: the first bad line stops the run, named.
+    let (out, ck) = (root.path().join("out2"), root.path().join("ck2"));
+    let args = base(&out, &ck);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let r = weir(&args);
+    let stderr = String::from_utf8_lossy(&r.stderr);
+    assert!(!r.status.success());
+    assert!(
+        stderr.contains(&format!("{}, line 3: expected `key,value`: no comma", input.display())),
+        "{stderr}"
+    );
+    assert!(!ck.join("rejected-records.tsv").exists());
+}

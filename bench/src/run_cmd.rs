@@ -5,7 +5,7 @@
 //! it resumes from its latest checkpoint.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -318,7 +318,15 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
     let workers = weir_core::available_cores().min(2 * args.parallelism);
     let started = start_job(args, &inputs, &output_to, &args.checkpoint_dir, None, workers, true)?;
     let result = started.job.join()?;
-    report(args, &output_to, "", &result, &started.kafka_stats, started.started)
+    report(
+        args,
+        &output_to,
+        "",
+        &result,
+        &started.kafka_stats,
+        started.started,
+        started.rejected.as_ref(),
+    )
 }
 
 /// One running job: a whole `weir run`, or one shard of it.
@@ -326,6 +334,9 @@ struct Started {
     job: weir_core::JobHandle,
     kafka_stats: Vec<(String, Arc<KafkaSourceStats>)>,
     started: u64,
+    /// With `--bad-records skip` and file inputs: the rejected-records
+    /// file and its lines when the job started.
+    rejected: Option<(PathBuf, u64)>,
 }
 
 /// `(shards, shard)` of a job of several processes.
@@ -361,6 +372,12 @@ fn start_job(
                 .clone()
                 .unwrap_or_else(|| checkpoint_dir.join("rejected-records.tsv")),
         },
+    };
+    let rejected = match &bad {
+        BadRecords::Skip { rejected } if inputs.iter().any(|i| matches!(i, Input::Files(_))) => {
+            Some((rejected.clone(), count_lines(rejected).map_err(io(rejected))?))
+        }
+        _ => None,
     };
     let pipeline = Pipeline::new("keyed-count");
     let throttle = args.throttle;
@@ -501,7 +518,17 @@ fn start_job(
         job,
         kafka_stats,
         started,
+        rejected,
     })
+}
+
+/// Lines in `path`: 0 if it does not exist.
+fn count_lines(path: &Path) -> std::io::Result<u64> {
+    match std::fs::read(path) {
+        Ok(bytes) => Ok(bytes.iter().filter(|&&b| b == b'\n').count() as u64),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 /// Prints what a finished job did; `label` names a shard.
@@ -512,6 +539,7 @@ fn report(
     result: &weir_core::JobResult,
     kafka_stats: &[(String, Arc<KafkaSourceStats>)],
     started: u64,
+    rejected: Option<&(PathBuf, u64)>,
 ) -> Result<(), CliError> {
     let m = &result.metrics;
     let read: u64 = m
@@ -530,6 +558,20 @@ fn report(
         ck.restored_from.map_or("nothing (fresh start)".to_string(), |id| format!("checkpoint {id}")),
         ck.restarts.len()
     );
+    if let Some((path, before)) = rejected {
+        let skipped = count_lines(path).map_err(|source| CliError::Io {
+            path: path.display().to_string(),
+            source,
+        })? - before;
+        if skipped > 0 {
+            // Replays after a restart write a bad line again (the file is
+            // at-least-once), so this counts rejections, not distinct lines.
+            println!(
+                "weir run{label}: {skipped} malformed input lines skipped in this run, written to {}",
+                path.display()
+            );
+        }
+    }
     for (topic, stats) in kafka_stats {
         if stats.skipped() > 0 {
             println!(
@@ -623,8 +665,14 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
                 continue;
             }
             let (s, job) = slot.take().expect("checked above");
-            match job.job.join() {
-                Ok(result) => results.push((s, result, job.kafka_stats, job.started)),
+            let Started {
+                job,
+                kafka_stats,
+                started,
+                rejected,
+            } = job;
+            match job.join() {
+                Ok(result) => results.push((s, result, kafka_stats, started, rejected)),
                 Err(e) => {
                     eprintln!("weir run: shard {s} failed; stopping the other shards of this process");
                     stop_all(&mut running);
@@ -635,8 +683,9 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
         std::thread::sleep(Duration::from_millis(20));
     }
     results.sort_by_key(|r| r.0);
-    for (s, result, stats, started) in &results {
-        report(args, output_to, &format!(" (shard {s})"), result, stats, *started)?;
+    for (s, result, stats, started, rejected) in &results {
+        let label = format!(" (shard {s})");
+        report(args, output_to, &label, result, stats, *started, rejected.as_ref())?;
     }
     Ok(())
 }
