@@ -34,6 +34,20 @@
 //!   [`crate::SinkContext::waker`]), every completion wakes the sink's
 //!   worker if it parked, so replies are taken within microseconds, not at
 //!   the next park timeout.
+//! - **Naps.** With [`IoThread::set_nap`]`(d)`, a thread that runs out
+//!   of requests naps until `d` after the last request was submitted
+//!   before it parks, and does not count as parked meanwhile: a request
+//!   submitted during the nap costs the submitter no wake-up (a fence and
+//!   a load) and waits at most until the nap ends. A sink that hands work
+//!   over on a period (the direct sink's flush interval) sets `d` a little
+//!   longer than the period: the next hand-over then comes during the nap,
+//!   in steady state its worker never makes the `futex` call of a wake-up,
+//!   and a request waits at most the margin. The nap is timed from the
+//!   submission, not from the end of the last request, or the submitter
+//!   (which hands over the next request once the last one's reply came)
+//!   would fall into step behind the thread's naps. An idle sink's thread
+//!   naps once and then parks. Without a nap (the default) the thread
+//!   parks at once.
 //! - **Durability waits off the worker.** [`IoThread::completion`] gives a
 //!   job that waits for a ticket: return it as a sink's
 //!   [`crate::PreCommit`] job and the runtime acknowledges the checkpoint
@@ -90,7 +104,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::thread::JoinHandle;
@@ -99,6 +113,12 @@ use std::time::Duration;
 use crate::error::BoxError;
 use crate::idle::{Parker, Waker};
 use crate::relay::Doorbell;
+
+/// The longest nap [`IoThread::set_nap`] takes: 10 ms. A request that
+/// comes during a nap waits for its end, so a nap is a latency the sink
+/// chooses, bounded here; longer idle waits are parks, which a submit
+/// cuts short.
+pub const MAX_NAP: Duration = Duration::from_millis(10);
 
 /// The position of a request in submission order: 1 for the first.
 pub type Ticket = u64;
@@ -139,6 +159,15 @@ struct Shared {
     /// Set by drop: handle nothing more.
     stop: AtomicBool,
     waker: OnceLock<Waker>,
+    /// How long after a submission the thread naps before it parks, in
+    /// nanoseconds (0: it parks at once). See [`IoThread::set_nap`].
+    nap_ns: AtomicU64,
+    /// When the last request was submitted ([`crate::clock`]), while
+    /// naps are on.
+    submitted_ns: AtomicU64,
+    /// Times the thread parked (tests).
+    #[cfg(test)]
+    parks: AtomicU64,
 }
 
 impl Shared {
@@ -248,6 +277,8 @@ impl<H: IoHandler> IoThread<H> {
             crate::placement::enter(helpers);
             park.register();
             let mut ticket = 0u64;
+            // Napped since the last request: the next empty look parks.
+            let mut napped = true;
             loop {
                 if s.stop.load(Ordering::Acquire) {
                     break;
@@ -257,6 +288,30 @@ impl<H: IoHandler> IoThread<H> {
                     // The sink's side is gone: nothing more will come.
                     Err(_) if req_rx.is_abandoned() && req_rx.is_empty() => break,
                     Err(_) => {
+                        let nap = s.nap_ns.load(Ordering::Relaxed);
+                        if !napped && nap > 0 {
+                            napped = true;
+                            // Not flagged as parked: a submit now rings no
+                            // one, and the request is found after the nap.
+                            // A leftover unpark (a ring that raced with an
+                            // earlier park) returns early: nap again. Drop
+                            // sets `stop` and unparks: that ends it.
+                            let until = s.submitted_ns.load(Ordering::Relaxed).saturating_add(nap);
+                            loop {
+                                let now = crate::clock::now_ns();
+                                if now >= until
+                                    || !req_rx.is_empty()
+                                    || req_rx.is_abandoned()
+                                    || s.stop.load(Ordering::Acquire)
+                                {
+                                    break;
+                                }
+                                std::thread::park_timeout(Duration::from_nanos(until - now));
+                            }
+                            continue;
+                        }
+                        #[cfg(test)]
+                        s.parks.fetch_add(1, Ordering::Relaxed);
                         park.park_unless(|| {
                             !req_rx.is_empty() || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire)
                         });
@@ -264,6 +319,7 @@ impl<H: IoHandler> IoThread<H> {
                     }
                 };
                 ticket += 1;
+                napped = false;
                 match catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
                     Ok(Ok(reply)) => {
                         // Never blocks: at most `capacity` replies are
@@ -324,6 +380,20 @@ impl<H: IoHandler> IoThread<H> {
         let _ = self.shared.waker.set(waker);
     }
 
+    /// Has the thread, once out of requests, nap until `nap` after the
+    /// last submission before it parks (see the module docs): requests
+    /// that come within it cost the submitter no wake-up. At most
+    /// [`MAX_NAP`]; zero turns naps off. Each submission then reads the
+    /// clock once.
+    ///
+    /// # Panics
+    ///
+    /// If `nap` is over [`MAX_NAP`].
+    pub fn set_nap(&self, nap: Duration) {
+        assert!(nap <= MAX_NAP, "an I/O thread's nap of {nap:?} is over {MAX_NAP:?}");
+        self.shared.nap_ns.store(nap.as_nanos() as u64, Ordering::Relaxed);
+    }
+
     /// The error the thread stopped with, if it failed.
     pub fn check(&self) -> Result<(), BoxError> {
         if !self.shared.failed.load(Ordering::Acquire) {
@@ -358,6 +428,12 @@ impl<H: IoHandler> IoThread<H> {
         if ring.is_abandoned() {
             self.check()?;
             return Err(format!("{}: the thread stopped", self.name).into());
+        }
+        if self.shared.nap_ns.load(Ordering::Relaxed) > 0 {
+            // Before the push: the thread that pops it naps from here.
+            self.shared
+                .submitted_ns
+                .store(crate::clock::now_ns(), Ordering::Relaxed);
         }
         // Never full: queued requests <= in flight < capacity = its slots.
         if ring.push(request).is_err() {
@@ -492,6 +568,50 @@ mod tests {
             assert_eq!(io.try_reply().unwrap(), Some(2 * round), "round {round}");
         }
         assert_eq!(handled.load(Ordering::SeqCst), 12);
+    }
+
+    /// A submitter that hands over a request every period, with the nap
+    /// a little longer than the period (the direct sink's use): each
+    /// request comes while the thread naps, so the thread does not park
+    /// between them. Without a nap it parks after every request.
+    #[test]
+    fn a_napping_thread_finds_periodic_requests_without_parking() {
+        const ROUNDS: u64 = 40;
+        const PERIOD: Duration = Duration::from_millis(2);
+        let parks = |nap: Duration| {
+            let (mut io, _) = echo(4);
+            io.set_nap(nap);
+            let start = std::time::Instant::now();
+            // (Past 13, which the echo handler fails.)
+            for (k, n) in (100..100 + ROUNDS).enumerate() {
+                let t = io.submit(n).unwrap();
+                io.wait_for(t).unwrap();
+                assert_eq!(io.try_reply().unwrap(), Some(2 * n), "request {n}");
+                // The next request one period after this one was due.
+                let next = start + PERIOD * (k as u32 + 1);
+                std::thread::sleep(next.saturating_duration_since(std::time::Instant::now()));
+            }
+            io.shared.parks.load(Ordering::Relaxed)
+        };
+        // A millisecond of margin; a quarter of the rounds allows for a
+        // test thread descheduled that long on a loaded machine.
+        let napping = parks(PERIOD + Duration::from_millis(1));
+        assert!(
+            napping <= ROUNDS / 4,
+            "parked {napping} times in {ROUNDS} rounds with naps"
+        );
+        let parking = parks(Duration::ZERO);
+        assert!(
+            parking >= ROUNDS / 2,
+            "parked only {parking} times in {ROUNDS} rounds without naps"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "over")]
+    fn a_nap_is_bounded() {
+        let (io, _) = echo(1);
+        io.set_nap(MAX_NAP + Duration::from_nanos(1));
     }
 
     #[test]

@@ -12,8 +12,10 @@
 //! larger writes instead of more of them, and the thread wakes (taking a
 //! core from a worker for a few microseconds) a bounded number of times a
 //! second however small the batches are (`direct.write` before each
-//! write). A record is visible at most that interval plus one write after
-//! it reached the sink. At
+//! write). After a write the thread naps a little longer than the
+//! interval before it parks, so that the next hand-over finds it awake and
+//! costs the worker no wake-up call. A record is visible at most that
+//! interval, one write and the nap's margin after it reached the sink. At
 //! each barrier the file is fsynced (`direct.fsync`) once the barrier's
 //! writes returned, and the checkpoint is acknowledged once that sync is
 //! done, so that a completed checkpoint never depends on lines a crash
@@ -416,6 +418,7 @@ where
             let handler = DirectIo((self.make)());
             let mut io = IoThread::spawn(&name, handler, IO_QUEUE)
                 .map_err(|e| crate::Error::io("start the I/O thread of", Path::new(&self.name), e))?;
+            io.set_nap(self.hand.thread_nap());
             io.submit(Request::Open)?;
             self.io = Some(io);
         }

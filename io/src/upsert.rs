@@ -19,8 +19,11 @@
 //! [`DEFAULT_FLUSH_INTERVAL`], 500 µs) unless [`FLUSH_RECORDS`] wait: while
 //! the thread writes, the worker fills the next batch, so a slow database
 //! gets larger transactions instead of more of them, and the thread wakes a
-//! bounded number of times a second. A record is visible at most that
-//! interval plus one transaction after it reached the sink.
+//! bounded number of times a second. After a transaction the thread naps
+//! a little longer than the interval before it parks, so that the next
+//! hand-over costs the worker no wake-up call (as the direct sink's,
+//! [`crate::direct`]). A record is visible at most that interval, one
+//! transaction and the nap's margin after it reached the sink.
 //!
 //! Write transactions are not fsynced one by one; at each barrier one
 //! durable transaction (`sqlite.upsert.sync`) on that thread, in order
@@ -328,6 +331,7 @@ where
             let name = format!("weir-upsert-{}", handler.table.table);
             let mut io = IoThread::spawn(&name, handler, IO_QUEUE)
                 .map_err(|e| Error::io("start the I/O thread of", &self.db, e))?;
+            io.set_nap(self.hand.thread_nap());
             io.submit(Request::Open)?;
             self.io = Some(io);
         }
