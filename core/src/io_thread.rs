@@ -47,7 +47,8 @@
 //!   (which hands over the next request once the last one's reply came)
 //!   would fall into step behind the thread's naps. An idle sink's thread
 //!   naps once and then parks. Without a nap (the default) the thread
-//!   parks at once.
+//!   parks at once. A request off the period (a barrier's) is followed by
+//!   [`IoThread::wake`], which cuts the nap short.
 //! - **Durability waits off the worker.** [`IoThread::completion`] gives a
 //!   job that waits for a ticket: return it as a sink's
 //!   [`crate::PreCommit`] job and the runtime acknowledges the checkpoint
@@ -165,9 +166,15 @@ struct Shared {
     /// When the last request was submitted ([`crate::clock`]), while
     /// naps are on.
     submitted_ns: AtomicU64,
-    /// Times the thread parked (tests).
+    /// Times the thread parked, and naps it ended early for a request
+    /// (tests).
     #[cfg(test)]
     parks: AtomicU64,
+    #[cfg(test)]
+    naps_cut: AtomicU64,
+    /// Times the thread went to sleep in a nap (tests).
+    #[cfg(test)]
+    nap_sleeps: AtomicU64,
 }
 
 impl Shared {
@@ -297,16 +304,26 @@ impl<H: IoHandler> IoThread<H> {
                             // earlier park) returns early: nap again. Drop
                             // sets `stop` and unparks: that ends it.
                             let until = s.submitted_ns.load(Ordering::Relaxed).saturating_add(nap);
+                            // (Tests count the naps a request cut short.)
+                            #[cfg(test)]
+                            let mut slept = false;
                             loop {
                                 let now = crate::clock::now_ns();
-                                if now >= until
-                                    || !req_rx.is_empty()
-                                    || req_rx.is_abandoned()
-                                    || s.stop.load(Ordering::Acquire)
-                                {
+                                if now >= until || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire) {
                                     break;
                                 }
+                                if !req_rx.is_empty() {
+                                    #[cfg(test)]
+                                    s.naps_cut.fetch_add(u64::from(slept), Ordering::Relaxed);
+                                    break;
+                                }
+                                #[cfg(test)]
+                                s.nap_sleeps.fetch_add(1, Ordering::Relaxed);
                                 std::thread::park_timeout(Duration::from_nanos(until - now));
+                                #[cfg(test)]
+                                {
+                                    slept = true;
+                                }
                             }
                             continue;
                         }
@@ -392,6 +409,15 @@ impl<H: IoHandler> IoThread<H> {
     pub fn set_nap(&self, nap: Duration) {
         assert!(nap <= MAX_NAP, "an I/O thread's nap of {nap:?} is over {MAX_NAP:?}");
         self.shared.nap_ns.store(nap.as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    /// Cuts the thread's nap short, if it naps ([`IoThread::set_nap`]), so
+    /// that requests already submitted are handled now: for a request off
+    /// the submitter's period (a barrier's, the end's), whose waiter should
+    /// not wait for the nap to end. Goes through the job's wake-up relay
+    /// like a submit's wake-up; a thread that is awake loops once more.
+    pub fn wake(&self) {
+        self.doorbell.ring_always();
     }
 
     /// The error the thread stopped with, if it failed.
@@ -605,6 +631,35 @@ mod tests {
             parking >= ROUNDS / 2,
             "parked only {parking} times in {ROUNDS} rounds without naps"
         );
+    }
+
+    /// `wake` cuts a nap short: a request submitted during the nap is
+    /// handled when the wake comes, not at the nap's end. Without the wake
+    /// the nap runs out (a second's nap would, in a test: here 10 ms).
+    #[test]
+    fn wake_cuts_a_nap_short() {
+        for wake in [true, false] {
+            let (mut io, _) = echo(4);
+            io.set_nap(MAX_NAP);
+            let t = io.submit(100).unwrap();
+            io.wait_for(t).unwrap();
+            // Once the thread sleeps in its nap (until MAX_NAP after that
+            // submission), the next request comes.
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while io.shared.nap_sleeps.load(Ordering::Relaxed) == 0 {
+                assert!(std::time::Instant::now() < deadline, "the thread never napped");
+                std::thread::yield_now();
+            }
+            let t = io.submit(101).unwrap();
+            if wake {
+                io.wake();
+            }
+            io.wait_for(t).unwrap();
+            assert_eq!(io.try_reply().unwrap(), Some(200));
+            assert_eq!(io.try_reply().unwrap(), Some(202));
+            let cut = io.shared.naps_cut.load(Ordering::Relaxed);
+            assert_eq!(cut, u64::from(wake), "naps cut short, with wake {wake}");
+        }
     }
 
     #[test]

@@ -104,9 +104,11 @@ impl Inner {
                 let slot = w * 64 + bits.trailing_zeros() as usize;
                 bits &= bits - 1;
                 // A freed slot's late bit wakes nothing (or, reused, its
-                // new helper once, spuriously: it parks again).
+                // new helper once, spuriously: it parks again). Unparked
+                // whether or not it says it parked: a bit may come from
+                // `ring_always`, for a helper that naps unflagged.
                 if let Some(Some(target)) = targets.get(slot) {
-                    target.wake();
+                    target.unpark();
                 }
             }
         }
@@ -270,6 +272,26 @@ impl Doorbell {
                         relay.inner.unparks.fetch_add(1, Ordering::Relaxed);
                         relay.inner.parker.unpark();
                     }
+                }
+            }
+        }
+    }
+}
+
+impl Doorbell {
+    /// [`Doorbell::ring`] whether or not the helper said it parked: also
+    /// cuts short a nap it takes unflagged (an I/O thread's,
+    /// [`crate::io_thread::IoThread::set_nap`]). When the helper is awake
+    /// its next park returns at once, and it looks again.
+    pub(crate) fn ring_always(&self) {
+        match &self.relay {
+            None => self.target.unpark(),
+            Some((relay, slot)) => {
+                relay.inner.pending[slot / 64].fetch_or(1 << (slot % 64), Ordering::Relaxed);
+                if relay.inner.parker.wants_wake() {
+                    #[cfg(test)]
+                    relay.inner.unparks.fetch_add(1, Ordering::Relaxed);
+                    relay.inner.parker.unpark();
                 }
             }
         }

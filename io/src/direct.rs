@@ -573,7 +573,10 @@ where
 
     fn finish(&mut self, _ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
         self.send(None)?;
-        self.io()?.submit(Request::Sync)?;
+        let io = self.io()?;
+        io.submit(Request::Sync)?;
+        // Off the flush cadence: not worth the nap's wait.
+        io.wake();
         self.finishing = true;
         Ok(())
     }
@@ -591,8 +594,12 @@ where
         let Some(syncer) = syncer else {
             // No handle (yet): the thread syncs, in order after the writes.
             let ticket = io.submit(Request::Sync)?;
+            io.wake();
             return Ok(PreCommit::with_sync(Vec::new(), io.completion(ticket)));
         };
+        // The barrier's writes are off the flush cadence: the thread
+        // handles them now, not at the end of its nap.
+        io.wake();
         // The pool waits for the barrier's writes, then syncs through the
         // handle while the thread writes what came after the barrier.
         let written = io.completion(io.last_ticket());
