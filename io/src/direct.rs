@@ -12,9 +12,10 @@
 //! larger writes instead of more of them, and the thread wakes (taking a
 //! core from a worker for a few microseconds) a bounded number of times a
 //! second however small the batches are (`direct.write` before each
-//! write). After a write the thread naps a little longer than the
-//! interval before it parks, so that the next hand-over finds it awake and
-//! costs the worker no wake-up call. A record is visible at most that
+//! write). After a write the thread naps until a little more than the
+//! interval after that hand-over before it parks, so that the next
+//! hand-over finds it awake and costs the worker no wake-up call (a
+//! barrier's cuts the nap short). A record is visible at most that
 //! interval, one write and the nap's margin after it reached the sink. At
 //! each barrier the file is fsynced (`direct.fsync`) once the barrier's
 //! writes returned, and the checkpoint is acknowledged once that sync is
