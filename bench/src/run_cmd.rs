@@ -559,10 +559,13 @@ fn report(
         ck.restarts.len()
     );
     if let Some((path, before)) = rejected {
-        let skipped = count_lines(path).map_err(|source| CliError::Io {
-            path: path.display().to_string(),
-            source,
-        })? - before;
+        // Saturating: a file cut short meanwhile (by hand) counts nothing.
+        let skipped = count_lines(path)
+            .map_err(|source| CliError::Io {
+                path: path.display().to_string(),
+                source,
+            })?
+            .saturating_sub(*before);
         if skipped > 0 {
             // Replays after a restart write a bad line again (the file is
             // at-least-once), so this counts rejections, not distinct lines.
