@@ -522,12 +522,23 @@ fn start_job(
     })
 }
 
-/// Lines in `path`: 0 if it does not exist.
+/// Lines in `path`: 0 if it does not exist. Read in 64 KiB pieces: the
+/// file only grows, run after run.
 fn count_lines(path: &Path) -> std::io::Result<u64> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(bytes.iter().filter(|&&b| b == b'\n').count() as u64),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
-        Err(e) => Err(e),
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    let (mut buf, mut lines) = (vec![0u8; 64 << 10], 0u64);
+    loop {
+        match file.read(&mut buf) {
+            Ok(0) => return Ok(lines),
+            Ok(n) => lines += buf[..n].iter().filter(|&&b| b == b'\n').count() as u64,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
     }
 }
 

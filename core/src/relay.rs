@@ -266,19 +266,12 @@ impl Doorbell {
             None => self.target.wake(),
             Some((relay, slot)) => {
                 if self.target.wants_wake() {
-                    relay.inner.pending[slot / 64].fetch_or(1 << (slot % 64), Ordering::Relaxed);
-                    if relay.inner.parker.wants_wake() {
-                        #[cfg(test)]
-                        relay.inner.unparks.fetch_add(1, Ordering::Relaxed);
-                        relay.inner.parker.unpark();
-                    }
+                    Self::through(relay, *slot);
                 }
             }
         }
     }
-}
 
-impl Doorbell {
     /// [`Doorbell::ring`] whether or not the helper said it parked: also
     /// cuts short a nap it takes unflagged (an I/O thread's,
     /// [`crate::io_thread::IoThread::set_nap`]). When the helper is awake
@@ -286,14 +279,19 @@ impl Doorbell {
     pub(crate) fn ring_always(&self) {
         match &self.relay {
             None => self.target.unpark(),
-            Some((relay, slot)) => {
-                relay.inner.pending[slot / 64].fetch_or(1 << (slot % 64), Ordering::Relaxed);
-                if relay.inner.parker.wants_wake() {
-                    #[cfg(test)]
-                    relay.inner.unparks.fetch_add(1, Ordering::Relaxed);
-                    relay.inner.parker.unpark();
-                }
-            }
+            Some((relay, slot)) => Self::through(relay, *slot),
+        }
+    }
+
+    /// Marks helper `slot` pending in `relay` and wakes the relay if it
+    /// parked.
+    #[inline]
+    fn through(relay: &WakeRelay, slot: usize) {
+        relay.inner.pending[slot / 64].fetch_or(1 << (slot % 64), Ordering::Relaxed);
+        if relay.inner.parker.wants_wake() {
+            #[cfg(test)]
+            relay.inner.unparks.fetch_add(1, Ordering::Relaxed);
+            relay.inner.parker.unpark();
         }
     }
 }

@@ -49,15 +49,18 @@ impl<'a> Line<'a> {
 
     /// An unsigned integer field, in decimal.
     #[inline]
-    pub fn u64(mut self, v: u64) -> Self {
-        self.sep();
-        self.out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
-        self
+    pub fn u64(self, v: u64) -> Self {
+        self.int(v)
     }
 
     /// A signed integer field, in decimal (`-` before a negative one).
     #[inline]
-    pub fn i64(mut self, v: i64) -> Self {
+    pub fn i64(self, v: i64) -> Self {
+        self.int(v)
+    }
+
+    #[inline(always)]
+    fn int(mut self, v: impl itoa::Integer) -> Self {
         self.sep();
         self.out.extend_from_slice(itoa::Buffer::new().format(v).as_bytes());
         self
