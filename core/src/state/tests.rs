@@ -536,6 +536,75 @@ proptest! {
     }
 }
 
+/// A golden checkpoint: value state written by weir at 529af0b
+/// (`core/testdata/golden-value-state`: 1,322 keys in 4 key groups, a
+/// full file and a delta, tables of several generations, released pages
+/// among them) restores whole and rescaled with every later build, so a
+/// change to the page format or the stable hash cannot pass unnoticed.
+/// The restored store goes on: its next snapshots restore too.
+#[test]
+fn restores_a_golden_checkpoint_of_an_earlier_build() {
+    type Old = ValueStore<u64, u64>;
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/golden-value-state");
+    let read = |name: &str| std::fs::read(data.join(name)).unwrap();
+    let handles: Vec<StateHandle> = serde_json::from_slice(&read("handles.json")).unwrap();
+    let mut model: BTreeMap<u64, u64> = serde_json::from_slice::<Vec<(u64, u64)>>(&read("expected.json"))
+        .unwrap()
+        .into_iter()
+        .collect();
+    assert_eq!(model.len(), 1322);
+    // A copy: the restored store's snapshots go into the same root.
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    std::fs::create_dir_all(root.join("shared")).unwrap();
+    for f in std::fs::read_dir(data.join("checkpoint/shared")).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), root.join("shared").join(f.file_name())).unwrap();
+    }
+    let o = |name: &str, kgs: std::ops::Range<usize>| {
+        opts(dir.path(), &unique(name))
+            .with_max_parallelism(4)
+            .with_key_groups(kgs)
+    };
+    let contents = |s: &Old| {
+        let mut out = BTreeMap::new();
+        s.for_each(|k, v| assert!(out.insert(*k, *v).is_none()));
+        out
+    };
+    let check = |handles: &[StateHandle], want: &BTreeMap<u64, u64>| {
+        let whole = Old::restore(o("w", 0..4), &root, handles).unwrap();
+        assert_eq!(&contents(&whole), want);
+        let mut union = BTreeMap::new();
+        for kgs in [0..1, 1..3, 3..4] {
+            union.extend(contents(&Old::restore(o("p", kgs), &root, handles).unwrap()));
+        }
+        assert_eq!(&union, want, "rescaled");
+    };
+    check(&handles, &model);
+    let mut s = Old::restore(o("s", 0..4), &root, &handles).unwrap();
+    for round in 0..3u64 {
+        for k in (round..1400).step_by(5) {
+            if let Some(v) = s.remove(&k) {
+                assert_eq!(model.remove(&k), Some(v));
+            }
+        }
+        for k in (1400 + round * 500)..(1900 + round * 500) {
+            *s.get_or_default(&k) = k;
+            model.insert(k, k);
+        }
+        for k in (1..1400).step_by(3) {
+            if let Some(v) = model.get_mut(&k) {
+                *v += round + 1;
+                *s.get_or_default(&k) += round + 1;
+            }
+        }
+        let h = s.snapshot(3 + round).write(&root).unwrap();
+        s.snapshot_done(3 + round, true);
+        assert_eq!(contents(&s), model);
+        check(&[h], &model);
+    }
+}
+
 // ---------------------------------------------------------- inline
 
 /// A small store snapshotted inline: restores to the state at the
