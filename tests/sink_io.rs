@@ -270,7 +270,9 @@ fn a_slow_direct_sink_thread_backpressures_and_loses_nothing() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     // Closed loop: the generator runs as fast as it can; every write of the
-    // sink's thread takes 50 ms more.
+    // sink's thread takes 200 ms more, long enough for a worker to fill the
+    // sink's bound (4 MiB, at 20 MB/s) even in a debug build on a slow
+    // machine (at 50 ms, 80 MB/s were needed, and a slow hour missed it).
     let gen = GeneratorConfig {
         seed: 3,
         events: Some(1_500_000),
@@ -281,7 +283,7 @@ fn a_slow_direct_sink_thread_backpressures_and_loses_nothing() {
     let o = out.clone();
     let peak = Arc::new(AtomicU64::new(0));
     let pk = Arc::clone(&peak);
-    fault::arm(direct::FAULT_WRITE, Action::Sleep(50_000));
+    fault::arm(direct::FAULT_WRITE, Action::Sleep(200_000));
     run_keyed(gen, dir.path(), move |i| Watch {
         inner: DirectFileSink::new(o.clone(), i, wide_line, stamp),
         peak: Arc::clone(&pk),
