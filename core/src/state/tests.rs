@@ -584,9 +584,7 @@ fn restores_a_golden_checkpoint_of_an_earlier_build() {
     let mut s = Old::restore(o("s", 0..4), &root, &handles).unwrap();
     for round in 0..3u64 {
         for k in (round..1400).step_by(5) {
-            if let Some(v) = s.remove(&k) {
-                assert_eq!(model.remove(&k), Some(v));
-            }
+            assert_eq!(s.remove(&k), model.remove(&k), "key {k}");
         }
         for k in (1400 + round * 500)..(1900 + round * 500) {
             *s.get_or_default(&k) = k;
