@@ -20,7 +20,7 @@ fn opts(dir: &Path, name: &str) -> StoreOptions {
     StoreOptions::new(dir.join("work").join(name))
 }
 
-fn contents(store: &Store) -> BTreeMap<u64, Value> {
+fn contents<V: StateValue>(store: &ValueStore<u64, V>) -> BTreeMap<u64, V> {
     let mut out = BTreeMap::new();
     store.for_each(|k, v| {
         assert!(out.insert(*k, *v).is_none(), "key {k} listed twice");
@@ -565,11 +565,6 @@ fn restores_a_golden_checkpoint_of_an_earlier_build() {
         opts(dir.path(), &unique(name))
             .with_max_parallelism(4)
             .with_key_groups(kgs)
-    };
-    let contents = |s: &Old| {
-        let mut out = BTreeMap::new();
-        s.for_each(|k, v| assert!(out.insert(*k, *v).is_none()));
-        out
     };
     let check = |handles: &[StateHandle], want: &BTreeMap<u64, u64>| {
         let whole = Old::restore(o("w", 0..4), &root, handles).unwrap();
