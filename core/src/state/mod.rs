@@ -52,6 +52,7 @@ mod map;
 mod options;
 mod pack;
 mod restore;
+mod slot_cache;
 mod snapshot;
 mod user_map;
 mod value;

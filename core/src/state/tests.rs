@@ -480,7 +480,8 @@ proptest! {
 
     /// `update_many` (and `update_records`) applies its keys in order, exactly like one
     /// `get_or_default` per key: same values, same visits, across table
-    /// growth, removals and probe runs that cross pages (two key groups of
+    /// growth (which moves the slots the slot cache names), removals and
+    /// probe runs that cross pages (two key groups of
     /// up to 1,500 keys each fill tables up to their 3/4 bound).
     #[test]
     fn update_many_equals_one_update_per_key(
@@ -492,11 +493,21 @@ proptest! {
         let mut many = Store::create(o("many")).unwrap();
         let mut single = Store::create(o("single")).unwrap();
         let mut records = Store::create(o("records")).unwrap();
-        // Both paths of `update_records`: one pass (a small store) and
-        // prefetching groups (forced from the first entry).
+        // The three paths of `update_records`: one pass over the table (a
+        // small store), the slot cache's groups, and the table's
+        // prefetching groups (each forced from the first entry); and
+        // `get_or_default` through the slot cache.
         let mut grouped = Store::create(o("grouped")).unwrap();
+        let mut cached = Store::create(o("cached")).unwrap();
+        let mut cached_single = Store::create(o("cached-single")).unwrap();
         grouped.set_prefetch_from(0);
         records.set_prefetch_from(usize::MAX);
+        records.set_cache_from(usize::MAX);
+        single.set_cache_from(usize::MAX);
+        for store in [&mut cached, &mut cached_single] {
+            store.set_prefetch_from(usize::MAX);
+            store.set_cache_from(0);
+        }
         for (n, keys) in batches.iter().enumerate() {
             let mut visited = Vec::new();
             many.update_many(keys, |k, v| {
@@ -507,7 +518,7 @@ proptest! {
             prop_assert_eq!(&visited, keys);
             // The same through `update_records` (records carry their keys),
             // on each of its paths.
-            for store in [&mut records, &mut grouped] {
+            for store in [&mut records, &mut grouped, &mut cached] {
                 let mut batch: Vec<(u64, u64)> = keys.iter().map(|&k| (k, n as u64)).collect();
                 let mut seen = Vec::new();
                 store.update_records(&mut batch, |r| r.0, |k, v, r| {
@@ -518,21 +529,27 @@ proptest! {
                 prop_assert!(batch.is_empty());
                 prop_assert_eq!(seen, keys.iter().map(|&k| (k, (k, n as u64))).collect::<Vec<_>>());
             }
-            for k in keys {
-                let v = single.get_or_default(k);
-                v[0] += 1;
-                v[1] = v[1] * 31 + n as u64;
+            for store in [&mut single, &mut cached_single] {
+                for k in keys {
+                    let v = store.get_or_default(k);
+                    v[0] += 1;
+                    v[1] = v[1] * 31 + n as u64;
+                }
             }
             for k in removes.iter().skip(n * 25).take(25) {
                 let expected = single.remove(k);
                 prop_assert_eq!(many.remove(k), expected);
                 prop_assert_eq!(records.remove(k), expected);
                 prop_assert_eq!(grouped.remove(k), expected);
+                prop_assert_eq!(cached.remove(k), expected);
+                prop_assert_eq!(cached_single.remove(k), expected);
             }
         }
         prop_assert_eq!(contents(&many), contents(&single));
         prop_assert_eq!(contents(&records), contents(&single));
         prop_assert_eq!(contents(&grouped), contents(&single));
+        prop_assert_eq!(contents(&cached), contents(&single));
+        prop_assert_eq!(contents(&cached_single), contents(&single));
     }
 }
 

@@ -9,6 +9,13 @@
 //! A full table doubles into new pages, the old ones are released for
 //! reuse; a restore keeps, per key group, the pages of the newest
 //! generation.
+//!
+//! A store small enough for the core's caches (below
+//! [`PREFETCH_FROM_BYTES`] of slots) looks a key up in a slot cache on the
+//! heap first ([`super::slot_cache`]): one multiply and one line to the
+//! slot's address, where the table's path takes the stable hash, the key
+//! group, the page directory and a probe. The table stays the truth; the
+//! cache holds addresses only, and a restore starts it empty.
 
 use std::marker::PhantomData;
 use std::path::Path;
@@ -19,6 +26,7 @@ use super::arena::{Arena, SegPtr, SLOT_HEADER};
 use super::codec::{StateKey, StateValue};
 use super::handle::{SlotLayout, StateHandle, StateKind};
 use super::options::StoreOptions;
+use super::slot_cache::{self, SlotCache};
 use super::snapshot::SnapshotJob;
 use crate::error::{Error, Result};
 use crate::keyed::{key_group, stable_hash};
@@ -59,14 +67,33 @@ fn home(h: u64, pages: usize, slots_per_page: usize) -> (usize, usize) {
 pub const UPDATE_AHEAD: usize = 16;
 
 /// The size of a store's entries from which [`ValueStore::update_records`]
-/// prefetches. Below it the slots a batch touches are mostly in the core's
-/// L2 cache (512 KiB on the benchmark machine's EPYC, 1-2 MiB on newer
-/// cores), whose latency the processor's out-of-order window overlaps by
-/// itself, so the two passes of a prefetching group (locate and store every
+/// prefetches from the table's home slots, and below which lookups go
+/// through the slot cache. Below it the slots a batch touches are mostly in
+/// the core's L2 cache (512 KiB on the benchmark machine's EPYC, 1-2 MiB on
+/// newer cores), where the table's two-pass groups (locate and store every
 /// key's home slot, then load it back) cost more instructions than the
-/// misses they hide. Above it the misses go to L3 or memory and the groups
-/// pay (issue 19, docs/benchmarks.md "Change 4").
+/// misses they hide, and the slot cache's short lookup pays instead. Above
+/// it the misses go to L3 or memory, the table's groups pay (issue 19,
+/// docs/benchmarks.md "Change 4"), and a cache for every key would be as
+/// large as an index.
 pub(crate) const PREFETCH_FROM_BYTES: usize = 512 << 10;
+
+/// Keys per line of the slot cache when it is sized (four ways a line):
+/// at most one a line on average, so that a line rarely holds more keys
+/// than ways and a hit is the rule. In the keyed job at 1,000-40,000 keys,
+/// two and four keys a line ran slower, four by 15% at 1,000 keys, where
+/// full lines forget keys in turn (docs/benchmarks.md, "Mapped state: a
+/// slot cache on the heap").
+const CACHE_KEYS_PER_LINE: usize = 1;
+
+/// The most lines of a slot cache: 512 KiB on the heap per store.
+const MAX_CACHE_LINES: usize = 8192;
+
+/// Entries from which lookups go through the slot cache. Below, the
+/// table's few slots stay in the core's nearest caches and its probe ends
+/// at the home slot, so the cache's own line only adds to the footprint
+/// (the keyed job at 500 keys a store ran about 5% slower with it).
+const CACHE_FROM_KEYS: usize = 1024;
 
 enum Probe {
     Found(u64),
@@ -95,10 +122,9 @@ impl Located {
     };
 }
 
-/// Asks the processor to start loading a located home slot.
+/// Asks the processor to start loading the slot at `p`.
 #[inline(always)]
-fn prefetch_slot(at: &Located) {
-    let p = at.slot;
+fn prefetch_slot(p: *mut u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults, reads nothing into
     // the program and has no effect on memory, whatever the address.
@@ -112,10 +138,11 @@ fn prefetch_slot(at: &Located) {
 /// Keyed value state of one keyed operator subtask: per key one `V`,
 /// stored inline (no serialization) in memory-mapped pages.
 ///
-/// The hot path [`ValueStore::get_or_default`] hashes the key, probes its
-/// key group's table in the mapped pages and returns a reference into the
-/// slot; it allocates, locks and calls the kernel only when a table grows
-/// or on the first write to a page after a barrier.
+/// The hot path [`ValueStore::get_or_default`] finds the key's slot in the
+/// slot cache, or else hashes the key and probes its key group's table in
+/// the mapped pages, and returns a reference into the slot; it allocates,
+/// locks and calls the kernel only when a table grows, when the slot cache
+/// is resized, or on the first write to a page after a barrier.
 ///
 /// ```
 /// use weir_core::state::{StoreOptions, ValueStore};
@@ -159,8 +186,14 @@ pub struct ValueStore<K, V> {
     /// released page.
     grows: u64,
     /// Entries from which `update_records` prefetches in groups
-    /// ([`PREFETCH_FROM_BYTES`] of slots).
+    /// ([`PREFETCH_FROM_BYTES`] of slots); below it, lookups go through
+    /// `cache` first.
     prefetch_from: usize,
+    /// Slot addresses of recently used keys, for a store of `cache_from`
+    /// to `prefetch_from` entries (`slot_cache`).
+    cache: SlotCache,
+    /// Entries from which lookups go through `cache` ([`CACHE_FROM_KEYS`]).
+    cache_from: usize,
     _types: PhantomData<fn() -> (K, V)>,
 }
 
@@ -210,9 +243,18 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             page_shift: arena.opts.page_size.trailing_zeros(),
             grows: 0,
             prefetch_from: PREFETCH_FROM_BYTES / Self::SLOT_SIZE,
+            cache: SlotCache::new(slot_cache::MIN_LINES),
+            cache_from: CACHE_FROM_KEYS,
             arena,
             _types: PhantomData,
         }
+    }
+
+    /// Makes lookups go through the slot cache from `entries` entries on
+    /// (tests: the cache's paths on small stores).
+    #[cfg(test)]
+    pub(crate) fn set_cache_from(&mut self, entries: usize) {
+        self.cache_from = entries;
     }
 
     /// Makes `update_records` prefetch from `entries` entries on (tests:
@@ -419,7 +461,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let kg = key_group(h, self.arena.opts.max_parallelism);
         let ti = kg.wrapping_sub(self.arena.opts.key_groups.start);
         if ti < self.tables.len() {
-            prefetch_slot(&self.locate(h, ti));
+            prefetch_slot(self.locate(h, ti).slot);
         }
     }
 
@@ -433,6 +475,11 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// files (disk full).
     #[inline(always)]
     pub fn get_or_default(&mut self, key: &K) -> &mut V {
+        if self.uses_cache() {
+            let p = self.cached_slot(key);
+            // SAFETY: as in `get_or_default_hashed`.
+            return unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() };
+        }
         self.get_or_default_hashed(stable_hash(key), key)
     }
 
@@ -466,10 +513,11 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// key `key_of(&record)` and the key's value (inserted as
     /// `V::default()` if absent): [`ValueStore::update_many`] for a batch
     /// of records, with no vector of keys. Each key is computed and hashed
-    /// once. A store of more than 512 KiB of entries (beyond a core's L2
-    /// cache) takes the records in prefetching groups, each key kept on the
-    /// stack between its prefetch and its update; a smaller one is updated
-    /// in one pass.
+    /// once. The records are taken in groups of [`UPDATE_AHEAD`] whose
+    /// slots are prefetched before the group is updated: on a store of
+    /// more than 512 KiB of entries (beyond a core's L2 cache) from the
+    /// table's home slots, each key kept on the stack between its prefetch
+    /// and its update; on a smaller one from the slot cache.
     ///
     /// ```
     /// use weir_core::state::{StoreOptions, ValueStore};
@@ -492,9 +540,13 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         key_of: impl Fn(&T) -> K,
         mut f: impl FnMut(&K, &mut V, T),
     ) {
+        if self.uses_cache() {
+            self.update_cached(records, key_of, f);
+            return;
+        }
         if self.len < self.prefetch_from {
-            // A cache-resident store: one pass, each key hashed, located
-            // and updated in turn (`PREFETCH_FROM_BYTES`).
+            // A store whose every slot sits in the core's nearest caches:
+            // one pass, each key hashed, located and updated in turn.
             for record in records.drain(..) {
                 let key = key_of(&record);
                 let p = self.get_or_insert_hashed(stable_hash(&key), &key);
@@ -526,6 +578,43 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                 let record = drain.next().expect("n records are left");
                 let key = key.take().expect("located above");
                 let p = self.slot_located(&mut located, i, n, &mut grows, &key);
+                // SAFETY: as in `get_or_default_hashed`.
+                f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
+            }
+        }
+    }
+
+    /// [`ValueStore::update_records`] on a store below `prefetch_from`
+    /// entries, in groups of [`UPDATE_AHEAD`] records: first each key's
+    /// slot cache line is read and the slot it names prefetched, then each
+    /// key is updated, mostly from that slot. The slot loads of a group so
+    /// overlap instead of each waiting for the last.
+    #[inline(always)]
+    fn update_cached<T>(&mut self, records: &mut Vec<T>, key_of: impl Fn(&T) -> K, mut f: impl FnMut(&K, &mut V, T)) {
+        let mut drain = records.drain(..);
+        let mut hints = [std::ptr::null_mut::<u8>(); UPDATE_AHEAD];
+        loop {
+            let ahead = drain.as_slice();
+            let n = ahead.len().min(UPDATE_AHEAD);
+            if n == 0 {
+                break;
+            }
+            for (hint, record) in hints.iter_mut().zip(&ahead[..n]) {
+                *hint = self.cache.candidate(slot_cache::tag(&key_of(record)));
+                prefetch_slot(*hint);
+            }
+            // A table's growth (an insert below) moves its slots: the rest
+            // of the group's hints may then name released pages.
+            let grows = self.grows;
+            for &hint in &hints[..n] {
+                let record = drain.next().expect("n records are left");
+                let key = key_of(&record);
+                let p = if !hint.is_null() && self.grows == grows && Self::holds(hint, &key) && self.arena.stamped(hint)
+                {
+                    hint
+                } else {
+                    self.cached_slot(&key)
+                };
                 // SAFETY: as in `get_or_default_hashed`.
                 f(&key, unsafe { &mut *p.add(Self::VALUE_OFFSET).cast::<V>() }, record);
             }
@@ -566,7 +655,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     fn locate_key(&self, key: &K) -> Located {
         let h = stable_hash(key);
         let at = self.locate(h, self.table_of(h));
-        prefetch_slot(&at);
+        prefetch_slot(at.slot);
         at
     }
 
@@ -625,6 +714,70 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         }
     }
 
+    /// Whether lookups go through the slot cache: from `cache_from` to
+    /// `prefetch_from` entries.
+    #[inline(always)]
+    fn uses_cache(&self) -> bool {
+        self.len >= self.cache_from && self.len < self.prefetch_from
+    }
+
+    /// The prepared slot of `key`, inserted if absent, through the slot
+    /// cache: the hot path of a store below `prefetch_from` entries.
+    #[inline(always)]
+    fn cached_slot(&mut self, key: &K) -> *mut u8 {
+        let t = slot_cache::tag(key);
+        let hit = self.cache.get(t, |p| Self::holds(p, key));
+        match hit {
+            Some(p) if self.arena.stamped(p) => p,
+            _ => self.cache_miss(t, key, hit.is_some()),
+        }
+    }
+
+    /// Whether the slot at `p`, named by the slot cache, holds `key`.
+    #[inline(always)]
+    fn holds(p: *mut u8, key: &K) -> bool {
+        // SAFETY: the cache names slots of live pages only (`slot_cache`'s
+        // invariants: segments are never unmapped while the store lives,
+        // and a table's growth, which releases pages, empties the cache;
+        // `update_cached` drops its hints after a growth); the occupancy
+        // word and the key area lie inside the slot; only this task writes
+        // it.
+        unsafe {
+            p.add(4).cast::<u32>().read() != 0
+                && key.eq_slot(std::slice::from_raw_parts(p.add(SLOT_HEADER), K::SLOT_BYTES))
+        }
+    }
+
+    /// [`Self::cached_slot`] when the cache did not have `key` (tag `t`)
+    /// or its slot needs its first write of the epoch (`cached`): the
+    /// table's path, then the cache filled (and first resized, if the
+    /// store outgrew it).
+    #[cold]
+    #[inline(never)]
+    fn cache_miss(&mut self, t: u64, key: &K, cached: bool) -> *mut u8 {
+        let p = self.get_or_insert_hashed(stable_hash(key), key);
+        if !cached {
+            let want = (self.len / CACHE_KEYS_PER_LINE)
+                .min(MAX_CACHE_LINES)
+                .next_power_of_two()
+                .clamp(slot_cache::MIN_LINES, self.max_cache_lines());
+            if want > self.cache.lines() {
+                self.cache.resize(want);
+            }
+            self.cache.insert(t, p);
+        }
+        p
+    }
+
+    /// The most lines the slot cache takes: enough for `prefetch_from`
+    /// keys (above which it is not used), at most [`MAX_CACHE_LINES`].
+    fn max_cache_lines(&self) -> usize {
+        (self.prefetch_from / CACHE_KEYS_PER_LINE)
+            .min(MAX_CACHE_LINES)
+            .next_power_of_two()
+            .max(slot_cache::MIN_LINES)
+    }
+
     #[inline(always)]
     fn get_or_default_hashed(&mut self, h: u64, key: &K) -> &mut V {
         debug_assert_eq!(h, stable_hash(key));
@@ -675,6 +828,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// Doubles table `ti` into new pages and moves every entry over.
     fn grow(&mut self, ti: usize) {
         self.grows += 1;
+        // Every slot of the table moves.
+        self.cache.clear();
         let kg = self.arena.opts.key_groups.start + ti;
         let old = std::mem::take(&mut self.tables[ti]);
         let n = (old.pages.len() * 2).max(1);
