@@ -758,7 +758,6 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let p = self.get_or_insert_hashed(stable_hash(key), key);
         if !cached {
             let want = (self.len / CACHE_KEYS_PER_LINE)
-                .min(MAX_CACHE_LINES)
                 .next_power_of_two()
                 .clamp(slot_cache::MIN_LINES, self.max_cache_lines());
             if want > self.cache.lines() {
