@@ -588,20 +588,35 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// entries, in groups of [`UPDATE_AHEAD`] records: first each key's
     /// slot cache line is read and the slot it names prefetched, then each
     /// key is updated, mostly from that slot. The slot loads of a group so
-    /// overlap instead of each waiting for the last.
+    /// overlap instead of each waiting for the last, and the next group's
+    /// cache lines are prefetched before this group's updates, so the
+    /// line reads rarely wait either (issue 19: the operator's samples
+    /// fell from about 8,400 to 6,000 per 200 M events).
     #[inline(always)]
     fn update_cached<T>(&mut self, records: &mut Vec<T>, key_of: impl Fn(&T) -> K, mut f: impl FnMut(&K, &mut V, T)) {
         let mut drain = records.drain(..);
         let mut hints = [std::ptr::null_mut::<u8>(); UPDATE_AHEAD];
+        // The tags of the group being read, computed (and their lines
+        // prefetched) while the group before it was updated.
+        let mut tags = [0u64; UPDATE_AHEAD];
+        for (t, record) in tags.iter_mut().zip(drain.as_slice()) {
+            *t = slot_cache::tag(&key_of(record));
+        }
         loop {
             let ahead = drain.as_slice();
             let n = ahead.len().min(UPDATE_AHEAD);
             if n == 0 {
                 break;
             }
-            for (hint, record) in hints.iter_mut().zip(&ahead[..n]) {
-                *hint = self.cache.candidate(slot_cache::tag(&key_of(record)));
+            for (hint, &t) in hints.iter_mut().zip(&tags[..n]) {
+                *hint = self.cache.candidate(t);
                 prefetch_slot(*hint);
+            }
+            // The next group's lines start loading now, a group ahead of
+            // their candidates' reads.
+            for (t, record) in tags.iter_mut().zip(&ahead[n..]) {
+                *t = slot_cache::tag(&key_of(record));
+                self.cache.prefetch(*t);
             }
             // A table's growth (an insert below) moves its slots: the rest
             // of the group's hints may then name released pages.
