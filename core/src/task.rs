@@ -1036,15 +1036,28 @@ impl<T: Data> Task for InputTask<T> {
                         // Records up to the end of the slice handed on.
                         let end = part.len().min(j + (SLICE - self.batch.len()));
                         let start = j;
+                        // Room for the run once, then each record written
+                        // behind the last without a capacity check.
+                        self.batch.reserve(end - j);
+                        let (base, mut len) = (self.batch.as_mut_ptr(), self.batch.len());
                         while j < end {
                             if !matches!(part[j], Message::Data(_)) {
                                 break;
                             }
                             if let Message::Data(record) = std::mem::replace(&mut part[j], Message::End) {
-                                self.batch.push(record);
+                                // SAFETY: `len` is below the capacity
+                                // reserved for `end - start` more records,
+                                // one per iteration; the slot is
+                                // uninitialised and covered by the length
+                                // set below, before anything else reads
+                                // or drops the batch (nothing here panics).
+                                unsafe { base.add(len).write(record) };
+                                len += 1;
                             }
                             j += 1;
                         }
+                        // SAFETY: the records up to `len` were written above.
+                        unsafe { self.batch.set_len(len) };
                         consumed += j - start;
                         if self.batch.len() == SLICE {
                             // Hand on a slice, then see whether the turn
