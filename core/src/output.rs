@@ -467,7 +467,8 @@ fn stage_routed<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: impl F
         // more (the reserve above); `added[k] < n` since each of the `n`
         // records is written once. The slot is uninitialised, so writing
         // drops nothing, and the length below covers exactly the written
-        // slots.
+        // slots. Should `route` panic (a user's key function), the records
+        // written so far are leaked, never dropped twice.
         unsafe {
             let a = added.get_unchecked_mut(k);
             ends.get_unchecked(k).add(*a).write(Message::Data(record));

@@ -1027,8 +1027,9 @@ impl<T: Data> Task for InputTask<T> {
                 // time: each message is moved out (an `End` left in its
                 // slot, which has nothing to drop) and the chunk's first
                 // `consumed` slots are committed at the end, so the loop
-                // per record is a tag check, a move and a push (issue 19:
-                // the chunk's iterator cost a branch and an index per item).
+                // per record is a tag check, a move and a write behind the
+                // batch's last record (issue 19: the chunk's iterator cost a
+                // branch and an index per item, a push a capacity check).
                 let (first, second) = chunk.as_mut_slices();
                 'parts: for part in [first, second] {
                     let mut j = 0;
