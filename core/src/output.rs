@@ -414,24 +414,22 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         let maxp = self.max_parallelism;
         let (routes, outboxes) = (&self.routes[..], &mut self.outboxes[..]);
         debug_assert_eq!(routes.len(), maxp);
-        if outboxes.len() <= STAGE_TARGETS {
-            let key_fn = &self.key_fn;
-            stage_routed(outboxes, batch, |r| {
-                // SAFETY: as below.
-                unsafe { *routes.get_unchecked(key_group(stable_hash(&key_fn(r)), maxp)) as usize }
-            });
-            flush_all(&mut self.outboxes);
-            return Ok(());
-        }
-        for record in batch.drain(..) {
-            let kg = key_group(stable_hash(&(self.key_fn)(&record)), maxp);
+        let key_fn = &self.key_fn;
+        let route = |r: &T| {
             // SAFETY: `key_group` is below `maxp`, the length of `routes`
             // (made in `new`; `keyed::tests::key_group_in_range`), and every
             // route is a subtask below the number of outboxes (`new`
             // asserts `subtask_for_key_group` keeps below it;
             // `routes_stay_in_range` below).
-            let outbox = unsafe { outboxes.get_unchecked_mut(*routes.get_unchecked(kg) as usize) };
-            outbox.stage_data(record);
+            unsafe { *routes.get_unchecked(key_group(stable_hash(&key_fn(r)), maxp)) as usize }
+        };
+        if outboxes.len() <= STAGE_TARGETS {
+            stage_routed(outboxes, batch, route);
+        } else {
+            for record in batch.drain(..) {
+                // SAFETY: `route` is below the number of outboxes (above).
+                unsafe { outboxes.get_unchecked_mut(route(&record)) }.stage_data(record);
+            }
         }
         flush_all(&mut self.outboxes);
         Ok(())

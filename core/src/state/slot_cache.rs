@@ -134,21 +134,13 @@ impl SlotCache {
         }
     }
 
-    /// Starts loading the line of tag `t` into the nearest cache, so that
-    /// a [`SlotCache::candidate`] of `t` some records later finds it there.
+    /// The address of the line of tag `t`, for a prefetch: a
+    /// [`SlotCache::candidate`] of `t` some records later then finds the
+    /// line in the nearest cache.
     #[inline(always)]
-    pub(crate) fn prefetch(&self, t: u64) {
-        // SAFETY: `line` masks the index below `lines.len()`; the pointer
-        // is only handed to a prefetch, which reads nothing into the
-        // program and never faults.
-        let line = unsafe { self.lines.as_ptr().add(self.line(t)) };
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above: a prefetch is a hint.
-        unsafe {
-            std::arch::x86_64::_mm_prefetch(line as *const i8, std::arch::x86_64::_MM_HINT_T0);
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = line;
+    pub(crate) fn line_addr(&self, t: u64) -> *const u8 {
+        // SAFETY: `line` masks the index below `lines.len()`.
+        unsafe { self.lines.as_ptr().add(self.line(t)).cast() }
     }
 
     /// Caches `p` for tag `t`: in an empty way of its line, else in place

@@ -124,12 +124,12 @@ impl Located {
 
 /// Asks the processor to start loading the slot at `p`.
 #[inline(always)]
-fn prefetch_slot(p: *mut u8) {
+fn prefetch_slot(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch is a hint: it never faults, reads nothing into
     // the program and has no effect on memory, whatever the address.
     unsafe {
-        std::arch::x86_64::_mm_prefetch(p as *const i8, std::arch::x86_64::_MM_HINT_T0);
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0);
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = p;
@@ -616,7 +616,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             // their candidates' reads.
             for (t, record) in tags.iter_mut().zip(&ahead[n..]) {
                 *t = slot_cache::tag(&key_of(record));
-                self.cache.prefetch(*t);
+                prefetch_slot(self.cache.line_addr(*t));
             }
             // A table's growth (an insert below) moves its slots: the rest
             // of the group's hints may then name released pages.
