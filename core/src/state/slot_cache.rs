@@ -150,9 +150,10 @@ impl SlotCache {
         None
     }
 
-    /// The address cached for tag `t` in the first way with its fingerprint, or
-    /// null: a hint for a prefetch, unchecked (the caller checks the key
-    /// in the slot before it trusts it, as [`SlotCache::get`] does).
+    /// The address cached for tag `t` in the first way with its
+    /// fingerprint, or null: a hint for a prefetch, unchecked (the caller
+    /// checks the key in the slot before it trusts it, as
+    /// [`SlotCache::get`] does).
     #[inline(always)]
     pub(crate) fn candidate(&self, t: u64) -> *mut u8 {
         // SAFETY: `line` masks the index below `lines.len()`.
