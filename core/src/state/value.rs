@@ -122,7 +122,8 @@ impl Located {
     };
 }
 
-/// Asks the processor to start loading the slot at `p`.
+/// Asks the processor to start loading the cache line at `p`: a slot's,
+/// or a slot-cache line's ([`SlotCache::line_addr`]).
 #[inline(always)]
 fn prefetch_slot(p: *const u8) {
     #[cfg(target_arch = "x86_64")]
