@@ -157,9 +157,9 @@ where
 {
     /// A step of the paced state copy (`StoreLifecycle::advance`).
     #[cold]
-    fn copy_step(&mut self, all: bool) {
+    fn copy_step(&mut self) {
         let mut stores: [&mut dyn Snapshottable; 2] = [&mut self.left, &mut self.right];
-        self.lifecycle.advance(&mut stores, all);
+        self.lifecycle.advance(&mut stores);
     }
 
     /// When a kept record can no longer match anything: `None` for never.
@@ -325,7 +325,7 @@ where
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         if self.lifecycle.copying() {
-            self.copy_step(true);
+            self.copy_step();
         }
         self.next.tick(ctx)
     }

@@ -307,7 +307,7 @@ where
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         if self.lifecycle.copying() {
-            self.copy_step(true);
+            self.copy_step();
         }
         self.next.tick(ctx)
     }
@@ -316,9 +316,9 @@ where
 impl<T, K: crate::state::StateKey, S: crate::state::StateValue, O, KF, F> MappedKeyedProcess<T, K, S, O, KF, F> {
     /// A step of the paced state copy (`StoreLifecycle::advance`).
     #[cold]
-    fn copy_step(&mut self, all: bool) {
+    fn copy_step(&mut self) {
         let store = self.store.as_mut().expect("the store exists from construction to drop");
-        self.lifecycle.advance(&mut [store], all);
+        self.lifecycle.advance(&mut [store]);
     }
 }
 

@@ -356,9 +356,9 @@ where
 
     /// A step of the paced state copy (`StoreLifecycle::advance`).
     #[cold]
-    fn copy_step(&mut self, all: bool) {
+    fn copy_step(&mut self) {
         let mut lifecycle = std::mem::take(&mut self.lifecycle);
-        lifecycle.advance(&mut self.stores(), all);
+        lifecycle.advance(&mut self.stores());
         self.lifecycle = lifecycle;
     }
 
@@ -442,7 +442,7 @@ where
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
         if self.lifecycle.copying() {
-            self.copy_step(true);
+            self.copy_step();
         }
         self.fire_processing()?;
         if !self.out.is_empty() {

@@ -86,15 +86,15 @@ pub(crate) struct StoreLifecycle {
 /// Implements `flush`, `finish` and `open` of an operator whose stores'
 /// lifecycle is the field `lifecycle` ([`StoreLifecycle::paced`]), whose
 /// next collector is the field `next`, and which has a method
-/// `copy_step(&mut self, all: bool)` that calls
-/// [`StoreLifecycle::advance`] with its stores: `flush` runs at every turn
-/// of the task and takes a step of a paced copy going. The operator's
-/// `tick` (a turn without input) calls `copy_step(true)` itself.
+/// `copy_step(&mut self)` that calls [`StoreLifecycle::advance`] with its
+/// stores: `flush` runs at every turn of the task and takes a step of a
+/// paced copy going. The operator's `tick` (a turn without input) calls
+/// `copy_step()` itself.
 macro_rules! paced_flow {
     () => {
         fn flush(&mut self, ctx: &mut crate::context::TaskContext) -> Result<bool, crate::error::BoxError> {
             if self.lifecycle.copying() {
-                self.copy_step(false);
+                self.copy_step();
             }
             self.next.flush(ctx)
         }
@@ -132,11 +132,16 @@ impl StoreLifecycle {
     }
 
     /// One step of the paced copies going: [`PACED_COPY_PAGES`] pages in
-    /// all, or every page left with `all` (a turn without input: no record
-    /// waits behind the copy).
+    /// all, in a turn with input or without. A record that arrives while a
+    /// step runs waits for that step only; a turn without input used to
+    /// copy every page left, and a record arriving then waited for all of
+    /// them (up to 90 µs: see `PACED_COPY_PAGES`). The copy still ends
+    /// within microseconds of the barrier: an idle worker takes a turn per
+    /// round, and spins and yields for thousands of rounds before it parks
+    /// (and parks for a bounded time, [`crate::idle::MAX_PARK`]).
     #[cold]
-    pub(crate) fn advance(&mut self, stores: &mut [&mut dyn Snapshottable], all: bool) {
-        let mut budget = if all { usize::MAX } else { PACED_COPY_PAGES };
+    pub(crate) fn advance(&mut self, stores: &mut [&mut dyn Snapshottable]) {
+        let mut budget = PACED_COPY_PAGES;
         let mut going = false;
         for s in stores.iter_mut() {
             let arena = s.arena();

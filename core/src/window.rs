@@ -473,9 +473,9 @@ where
 {
     /// A step of the paced state copy (`StoreLifecycle::advance`).
     #[cold]
-    fn copy_step(&mut self, all: bool) {
+    fn copy_step(&mut self) {
         let mut stores: [&mut dyn Snapshottable; 3] = [&mut self.meta, self.body.store(), &mut self.fired_until];
-        self.lifecycle.advance(&mut stores, all);
+        self.lifecycle.advance(&mut stores);
     }
 
     fn is_late(&self, w: &Window) -> bool {
@@ -799,7 +799,7 @@ where
     }
     fn tick(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         if self.lifecycle.copying() {
-            self.copy_step(true);
+            self.copy_step();
         }
         self.next.tick(ctx)
     }

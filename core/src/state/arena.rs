@@ -311,10 +311,17 @@ const INLINE_SPARE_BUFFERS: usize = 2;
 const COPY_ALIGN: usize = 4096;
 
 /// Pages a paced inline copy takes per step ([`Arena::advance_paced_copy`]
-/// from the task's turn): 8 pages of 4 KiB, 32 KiB, 3-4 µs of `memcpy`
-/// on this machine class; the whole keyed job's store (64 pages per
-/// subtask) in 8 steps.
-pub(crate) const PACED_COPY_PAGES: usize = 8;
+/// from the task's turn, with input or without): 2 pages of 4 KiB, 8 KiB,
+/// 1.2-1.5 µs of `memcpy` at p50 and 4-5 µs at p99 on this machine class;
+/// the whole keyed job's store (64 pages per subtask) in 32 steps.
+///
+/// A step is a stall of every record that arrives while it runs. With 8
+/// pages per step, and every page left copied in a turn without input,
+/// steps took 5 µs at p50, 27 µs at p99 and up to 90 µs, and at a 10 ms
+/// interval and 200,000 records/s half the records later than 25 µs came
+/// in the first 200 µs after a barrier (a temporary trace, 2026-12-04:
+/// docs/benchmarks.md, "The paced copy in steps of two pages").
+pub(crate) const PACED_COPY_PAGES: usize = 2;
 
 /// An inline copy being taken in steps; see [`Arena::begin_paced_copy`].
 struct PacedCopy {
@@ -331,7 +338,7 @@ struct PacedCopy {
 impl PacedCopy {
     /// Pages at the barrier.
     fn pages(&self) -> usize {
-        self.copy.key_groups.len()
+        self.copy.n_pages
     }
 
     fn is_copied(&self, page: usize) -> bool {
@@ -423,8 +430,12 @@ pub(crate) struct InlineCopy {
     /// The pages, back to back from `offset` (a 4 KiB boundary).
     pages: Vec<u8>,
     offset: usize,
-    /// Each page's key group.
-    key_groups: Vec<u32>,
+    /// Pages at the barrier. Each page's key group is read from its
+    /// trailer in the copy, by [`InlineCopy::encode`] on the pool: reading
+    /// the 64 trailers from the mapping at the barrier touched 64 pages on
+    /// the task and took 1.8 µs at p50 but 18-20 µs at p99 (a temporary
+    /// trace, 2026-12-04), a stall of every record behind the barrier.
+    n_pages: usize,
     page_size: usize,
     header: format::FileHeader,
     max_parallelism: usize,
@@ -442,14 +453,15 @@ impl InlineCopy {
     pub(crate) fn encode(self) -> StateHandle {
         let start = Instant::now();
         let ps = self.page_size;
-        let n_pages = self.key_groups.len();
+        let n_pages = self.n_pages;
         let mut chunk = Chunk::default();
         chunk.bytes.reserve(n_pages * (ps / 2 + format::RECORD_HEADER_LEN));
-        for (page, (src, &kg)) in self.pages[self.offset..]
-            .chunks_exact(ps)
-            .zip(&self.key_groups)
-            .enumerate()
-        {
+        let copies = &self.pages[self.offset..self.offset + n_pages * ps];
+        for (page, src) in copies.chunks_exact(ps).enumerate() {
+            // The page's key group, the first word of its trailer (as
+            // `Arena::page_trailer` reads it from the mapping).
+            let t = ps - PAGE_TRAILER;
+            let kg = u32::from_ne_bytes(src[t..t + 4].try_into().expect("four bytes"));
             // Packed when smaller (free slots and small numbers are zeros).
             let at = chunk.push_record(page as u32, kg, RecordKind::Packed(0), &[]);
             pack::pack(src, &mut chunk.bytes);
@@ -1075,12 +1087,11 @@ impl Arena {
         pages.reserve((n_pages * ps + COPY_ALIGN).saturating_sub(pages.len()));
         let offset = pages.as_ptr().align_offset(COPY_ALIGN);
         pages.resize(offset + n_pages * ps, 0);
-        let key_groups = (0..n_pages).map(|p| self.page_trailer(p).0 as u32).collect();
         PacedCopy {
             copy: InlineCopy {
                 pages,
                 offset,
-                key_groups,
+                n_pages,
                 page_size: ps,
                 header: format::FileHeader {
                     full: true,

@@ -735,6 +735,49 @@ fn a_paced_copy_holds_the_state_at_its_barrier_and_completes_by_writes_steps_or_
     assert_eq!(contents(&r), at_second);
 }
 
+/// An operator's step of a paced copy takes at most `PACED_COPY_PAGES`
+/// pages, in a turn without input too: a record that arrives meanwhile
+/// waits for one step, never for the whole copy. Steps alone complete it.
+#[test]
+fn a_paced_copy_step_is_bounded_in_every_turn_and_steps_complete_it() {
+    use crate::state::arena::PACED_COPY_PAGES;
+    use crate::stores::{Snapshottable, StoreLifecycle};
+    use std::time::Duration;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("chk");
+    let mut s = Store::create(opts(dir.path(), "bounded")).unwrap();
+    for k in 0..3000u64 {
+        *s.get_or_default(&k) = [k, 2];
+    }
+    let pages = s.full_snapshot_bytes() / 4096;
+    assert!(pages > 4 * PACED_COPY_PAGES, "a store of {pages} pages tests nothing");
+    let at_barrier = contents(&s);
+    let mut lifecycle = StoreLifecycle::paced();
+    let slot = s.arena_mut().begin_paced_copy(1);
+    let mut steps = 0;
+    loop {
+        let mut stores: [&mut dyn Snapshottable; 1] = [&mut s];
+        lifecycle.advance(&mut stores);
+        steps += 1;
+        if !lifecycle.copying() {
+            break;
+        }
+        assert!(
+            slot.wait(Duration::ZERO).is_none(),
+            "handed over before every page was copied"
+        );
+        assert!(steps < pages, "more steps than pages");
+    }
+    assert_eq!(
+        steps,
+        pages.div_ceil(PACED_COPY_PAGES),
+        "each step copies PACED_COPY_PAGES pages"
+    );
+    let h = slot.wait(Duration::ZERO).expect("completed by the steps").encode();
+    let r = Store::restore(opts(dir.path(), "r"), &root, std::slice::from_ref(&h)).unwrap();
+    assert_eq!(contents(&r), at_barrier);
+}
+
 #[test]
 fn every_flipped_byte_of_an_inline_image_is_detected() {
     let dir = tempfile::tempdir().unwrap();
