@@ -312,15 +312,17 @@ const COPY_ALIGN: usize = 4096;
 
 /// Pages a paced inline copy takes per step ([`Arena::advance_paced_copy`]
 /// from the task's turn, with input or without): 2 pages of 4 KiB, 8 KiB,
-/// 1.2-1.5 µs of `memcpy` at p50 and 4-5 µs at p99 on this machine class;
-/// the whole keyed job's store (64 pages per subtask) in 32 steps.
+/// 1.2-1.6 µs of `memcpy` at p50 on this machine class (p99 4-19 µs in the
+/// traces, the larger with the machine's own stalls); the whole keyed
+/// job's store (64 pages per subtask) in 32 steps.
 ///
 /// A step is a stall of every record that arrives while it runs. With 8
 /// pages per step, and every page left copied in a turn without input,
 /// steps took 5 µs at p50, 27 µs at p99 and up to 90 µs, and at a 10 ms
-/// interval and 200,000 records/s half the records later than 25 µs came
-/// in the first 200 µs after a barrier (a temporary trace, 2026-12-04:
-/// docs/benchmarks.md, "The paced copy in steps of two pages").
+/// interval and 200,000 records/s more than half the records later than
+/// 25 µs came in the first millisecond after a barrier (a temporary trace,
+/// 2026-12-04: docs/benchmarks.md, "The paced copy in steps of two
+/// pages").
 pub(crate) const PACED_COPY_PAGES: usize = 2;
 
 /// An inline copy being taken in steps; see [`Arena::begin_paced_copy`].
