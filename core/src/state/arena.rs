@@ -325,6 +325,14 @@ const COPY_ALIGN: usize = 4096;
 /// pages").
 pub(crate) const PACED_COPY_PAGES: usize = 2;
 
+/// Decodes a page's trailer (its last [`PAGE_TRAILER`] bytes, in the
+/// mapping or in a copy): key group, table generation, table position.
+#[inline]
+fn decode_trailer(t: &[u8]) -> (usize, u32, u32) {
+    let w = |i: usize| u32::from_ne_bytes(t[4 * i..4 * i + 4].try_into().expect("a trailer word is 4 bytes"));
+    (w(0) as usize, w(2), w(3))
+}
+
 /// An inline copy being taken in steps; see [`Arena::begin_paced_copy`].
 struct PacedCopy {
     copy: InlineCopy,
@@ -460,10 +468,8 @@ impl InlineCopy {
         chunk.bytes.reserve(n_pages * (ps / 2 + format::RECORD_HEADER_LEN));
         let copies = &self.pages[self.offset..self.offset + n_pages * ps];
         for (page, src) in copies.chunks_exact(ps).enumerate() {
-            // The page's key group, the first word of its trailer (as
-            // `Arena::page_trailer` reads it from the mapping).
-            let t = ps - PAGE_TRAILER;
-            let kg = u32::from_ne_bytes(src[t..t + 4].try_into().expect("four bytes"));
+            let (kg, _, _) = decode_trailer(&src[ps - PAGE_TRAILER..]);
+            let kg = kg as u32;
             // Packed when smaller (free slots and small numbers are zeros).
             let at = chunk.push_record(page as u32, kg, RecordKind::Packed(0), &[]);
             pack::pack(src, &mut chunk.bytes);
@@ -876,9 +882,10 @@ impl Arena {
     /// A page's trailer: key group, table generation, table position.
     pub(crate) fn page_trailer(&self, page: usize) -> (usize, u32, u32) {
         let t = self.ptr(((page as u64 + 1) << self.page_shift) - PAGE_TRAILER as u64);
-        // SAFETY: the trailer of an allocated page lies in a live mapping.
-        let w = |i: usize| unsafe { t.add(4 * i).cast::<u32>().read() };
-        (w(0) as usize, w(2), w(3))
+        // SAFETY: the trailer of an allocated page lies in a live mapping,
+        // `PAGE_TRAILER` bytes from `t` to the page's end; only the task
+        // thread writes the mapping, and it is the caller.
+        decode_trailer(unsafe { std::slice::from_raw_parts(t, PAGE_TRAILER) })
     }
 
     /// Raw page addresses for a restore that fills pages in parallel.
