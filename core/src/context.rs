@@ -72,8 +72,8 @@ impl TaskContext {
             bytes_in: 0,
             bytes_out: 0,
             turn_now_ns: None,
-            latency: LatencyRecorder::new(),
-            visible: LatencyRecorder::new(),
+            latency: LatencyRecorder::new(&registry.latency),
+            visible: LatencyRecorder::new(&registry.visible),
             counters,
             registry,
             ckpt: None,
@@ -124,14 +124,14 @@ impl TaskContext {
             .store(self.backpressured_ns, Ordering::Relaxed);
         self.counters.idle_ns.store(self.idle_ns, Ordering::Relaxed);
         if let Some(now) = self.turn_now_ns.take() {
-            self.latency.maybe_publish(now, &self.registry.latency);
-            self.visible.maybe_publish(now, &self.registry.visible);
+            self.latency.maybe_publish(now);
+            self.visible.maybe_publish(now);
         }
     }
 
     pub(crate) fn publish_latency(&mut self) {
-        self.latency.publish(&self.registry.latency);
-        self.visible.publish(&self.registry.visible);
+        self.latency.publish();
+        self.visible.publish();
     }
 
     pub(crate) fn operator_name(&self) -> &str {
