@@ -26,9 +26,12 @@ use crate::cpu_time::{self, CpuTicks};
 /// Time between two ticks of a probe thread, nanoseconds.
 ///
 /// 200 µs gives about 5,000 samples per second per core (a p99.9 is known
-/// after a fraction of a second) while a wake-up costs a few µs, about 1-2%
-/// of the core it preempts; a finer grid would cost the workers more, a
-/// coarser one would need longer runs for the same tail.
+/// after a fraction of a second). Each wake-up takes the core from its
+/// worker for p50 6-8 µs, p99 17-28 µs: about 4% of the core, and
+/// it raises weir's own p99 at 200,000 events/s (docs/benchmarks.md, "What
+/// it costs the worker it measures"). A 1 ms grid perturbed weir less but
+/// made the probe's own wake-ups slower, so the excess fell for the wrong
+/// reason. A finer grid would cost the workers more.
 pub const TICK_NS: u64 = 200_000;
 
 /// How long [`PlatformProbe::start`] waits for its threads to be in place.
