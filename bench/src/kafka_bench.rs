@@ -526,7 +526,7 @@ fn read_output(
             // Transient (a connection lost, all brokers down for a while: a
             // stalled broker): the client reconnects on its own; the wait is
             // bounded by the drain timeout once the job or producer is done.
-            Some(Err(e)) if !is_fatal(&e) => {
+            Some(Err(e)) if weir_io::kafka::is_transient(&e) => {
                 errors += 1;
                 continue;
             }
@@ -564,23 +564,6 @@ fn read_output(
         eprintln!("weir bench: the output reader saw {errors} transient client errors (reconnected)");
     }
     Ok(seen)
-}
-
-/// A consumer error that reconnecting does not cure.
-fn is_fatal(e: &KafkaError) -> bool {
-    !matches!(
-        e.rdkafka_error_code(),
-        Some(
-            RDKafkaErrorCode::AllBrokersDown
-                | RDKafkaErrorCode::BrokerTransportFailure
-                | RDKafkaErrorCode::OperationTimedOut
-                | RDKafkaErrorCode::RequestTimedOut
-                | RDKafkaErrorCode::NetworkException
-                | RDKafkaErrorCode::NotCoordinator
-                | RDKafkaErrorCode::LeaderNotAvailable
-                | RDKafkaErrorCode::NotLeaderForPartition,
-        )
-    )
 }
 
 /// Final count per key of records `0..events`.

@@ -152,6 +152,38 @@ pub(crate) fn drop_detached<T: Send + 'static>(client: T, what: &str) {
     }
 }
 
+/// Whether a client error is one that librdkafka cures by itself, by
+/// reconnecting or finding the partition's leader again (`AllBrokersDown`,
+/// transport failures, timeouts, a leader or coordinator moving): a reader
+/// polls on, within its own deadline, instead of failing.
+///
+/// ```
+/// use weir_io::kafka::is_transient;
+/// use weir_io::rdkafka::error::{KafkaError, RDKafkaErrorCode};
+/// assert!(is_transient(&KafkaError::MessageConsumption(RDKafkaErrorCode::AllBrokersDown)));
+/// assert!(!is_transient(&KafkaError::MessageConsumption(RDKafkaErrorCode::UnknownTopicOrPartition)));
+/// assert!(!is_transient(&KafkaError::PartitionEOF(0)));
+/// ```
+pub fn is_transient(e: &rdkafka::error::KafkaError) -> bool {
+    use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+    match e {
+        KafkaError::MessageConsumptionFatal(_) | KafkaError::PartitionEOF(_) => false,
+        _ => matches!(
+            e.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::AllBrokersDown
+                    | RDKafkaErrorCode::BrokerTransportFailure
+                    | RDKafkaErrorCode::OperationTimedOut
+                    | RDKafkaErrorCode::RequestTimedOut
+                    | RDKafkaErrorCode::NetworkException
+                    | RDKafkaErrorCode::NotCoordinator
+                    | RDKafkaErrorCode::LeaderNotAvailable
+                    | RDKafkaErrorCode::NotLeaderForPartition,
+            )
+        ),
+    }
+}
+
 /// Longest wait of one blocking client call in the source's setup
 /// (metadata, offsets), by default.
 pub const DEFAULT_SETUP_TIMEOUT: Duration = Duration::from_secs(30);

@@ -203,6 +203,8 @@ fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -
             }
             Some(Ok(_)) => {}
             Some(Err(KafkaError::PartitionEOF(_))) => return Ok(last),
+            // A dropped connection: librdkafka reconnects, within `left`.
+            Some(Err(e)) if super::is_transient(&e) => {}
             Some(Err(e)) => return Err(config.error(topic, format!("read partition {slot}"), e)),
         }
     }
