@@ -239,7 +239,7 @@ pub(crate) struct LatencyPair {
 /// and its mailbox own exactly two histograms between them (one of them
 /// possibly in a reader's hands while it merges), so nothing is allocated
 /// after the recorder is made.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Mailbox {
     full: Option<Box<Histogram<u64>>>,
     spare: Option<Box<Histogram<u64>>>,
