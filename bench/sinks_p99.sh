@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# What a file sink costs the worker's latency (issue 15, part 1): the keyed
+# job open loop, every checkpoint mode with the counting sink and each file
+# sink, in SERIES interleaved series (every mode and sink once per series),
+# so that a drift of the machine moves all sinks alike. Prints every run's
+# processing p99 / p99.9 beside its own platform probe, then per mode the
+# median over the series of each sink's p99, its ratio to the counting
+# sink's median (issue 15's target: at most 1.5) and its median excess over
+# the platform probe (target: p99 at most +20 us).
+#
+#   bench/sinks_p99.sh [SERIES] [INTERVAL_MS] [RATE]   (defaults 3, 10, 200000)
+#   WEIR=path/to/weir bench/sinks_p99.sh               (default: a release build)
+#   PROBE=off bench/sinks_p99.sh                       (weir's tail without the probe)
+#
+# One run is 5 s (1,000,000 records at 200,000/s); the defaults take about
+# 3.5 minutes. A ratio of two p99s of 15-25 us, each from its own 5 s run,
+# moves by 0.3 from run to run on the 2-core guests; read the medians.
+set -euo pipefail
+series=${1:-3}
+interval=${2:-10}
+rate=${3:-200000}
+probe=${PROBE:-on}
+root=$(cd "$(dirname "$0")/.." && pwd)
+weir=${WEIR:-}
+if [ -z "$weir" ]; then
+  cargo build --release -q -p weir-bench --manifest-path "$root/Cargo.toml"
+  weir="$root/target/release/weir"
+fi
+command -v python3 >/dev/null || { echo "python3 is missing" >&2; exit 2; }
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+events=$((rate * 5))
+modes="at-least-once aligned unaligned"
+sinks="count direct wal 2pc-file"
+
+echo "keyed job, ${rate} records/s open loop, ${interval} ms interval, one worker, probe ${probe}, ${series} series"
+for s in $(seq "$series"); do
+  for m in $modes; do
+    for k in $sinks; do
+      "$weir" bench --pipeline keyed --mode "$m" --rate "$rate" --checkpoint-interval-ms "$interval" \
+        --sink "$k" --workers 1 --events "$events" --platform-probe "$probe" \
+        --json "$out/s$s.$m.$k.json" >"$out/s$s.$m.$k.log" 2>&1 ||
+        { echo "weir bench failed (series $s, $m, $k):" >&2; tail -5 "$out/s$s.$m.$k.log" >&2; exit 1; }
+    done
+  done
+done
+
+python3 - "$out" "$series" "$modes" "$sinks" <<'EOF'
+import json, statistics, sys
+out, series, modes, sinks = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), sys.argv[4].split()
+runs = {}
+for s in range(1, series + 1):
+    for m in modes:
+        for k in sinks:
+            with open(f"{out}/s{s}.{m}.{k}.json") as f:
+                runs[s, m, k] = json.loads(f.readline())
+probed = all(r.get("platform_us") for r in runs.values())
+print(f"{'series':>6} {'mode':<14} {'sink':<9} {'p99 us':>8} {'p99.9 us':>9} {'plat p99':>9} {'plat p99.9':>10}")
+for (s, m, k), r in runs.items():
+    lat, plat = r["latency_us"], r.get("platform_us") or {}
+    print(f"{s:>6} {m:<14} {k:<9} {lat['p99']:>8.1f} {lat['p999']:>9.1f}"
+          f" {plat.get('p99', float('nan')):>9.1f} {plat.get('p999', float('nan')):>10.1f}")
+print()
+print("medians over the series: p99 us (ratio to the counting sink's; excess over the probe's p99)")
+worst = 0.0
+for m in modes:
+    med = {k: statistics.median(runs[s, m, k]["latency_us"]["p99"] for s in range(1, series + 1)) for k in sinks}
+    cells = []
+    for k in sinks:
+        cell = f"{k} {med[k]:.1f} ({med[k] / med['count']:.2f}"
+        if probed:
+            ex = statistics.median(runs[s, m, k]["excess_us"]["p99"] for s in range(1, series + 1))
+            cell += f"; {ex:+.1f}"
+        cells.append(cell + ")")
+        if k != "count":
+            worst = max(worst, med[k] / med["count"])
+    print(f"  {m:<14} " + "  ".join(cells))
+print(f"largest file-sink ratio: {worst:.2f} (issue 15, part 1: at most 1.5)")
+EOF
