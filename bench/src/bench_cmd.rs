@@ -10,8 +10,8 @@ use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, Run
 use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
 use crate::platform::{PlatformProbe, PlatformResult};
 use crate::report::{
-    copy_line, endpoint_line, excess_line, header, parts_line, platform_row, row, BenchResult, CheckpointSummary,
-    Excess, Machine, Percentiles, ProbeInfo, Syncs,
+    copy_line, endpoint_line, excess_line, header, parts_line, platform_row, row, warmup_line, BenchResult,
+    CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo, Syncs,
 };
 
 /// Arguments of `weir bench`.
@@ -58,6 +58,12 @@ pub struct BenchArgs {
     /// Time between checkpoints, in milliseconds.
     #[arg(long, default_value_t = 100)]
     pub checkpoint_interval_ms: u64,
+    /// Open loop: the records scheduled in the first this-many ms (at most
+    /// a quarter of the run) are the warm-up: processed, checkpointed and
+    /// written like the rest, but left out of the latency figures (the
+    /// job's start-up is not its steady state). 0 measures every record.
+    #[arg(long, default_value_t = crate::pipelines::DEFAULT_WARMUP_MS)]
+    pub warmup_ms: u64,
     /// Checkpoints in flight at once.
     #[arg(long, default_value_t = 1)]
     pub max_concurrent_checkpoints: usize,
@@ -281,6 +287,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             state: args.state,
             sink: args.sink,
             sink_dir: std::path::PathBuf::new(),
+            warmup_ms: args.warmup_ms,
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
@@ -334,6 +341,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         }
         if let Some(e) = excess_line(&result) {
             println!("    {e}");
+        }
+        if let Some(w) = warmup_line(&result) {
+            println!("    {w}");
         }
         if let Some(e) = endpoint_line(&result) {
             println!("    {e}");
@@ -496,6 +506,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         keys: spec.keys,
         rate: spec.rate,
         events: spec.events,
+        warmup_records: spec.warmup_records(),
         sink_records: delivered,
         seconds,
         events_per_sec: spec.events as f64 / seconds,

@@ -381,6 +381,7 @@ impl Plan {
                 Some(o) if sink != SinkKind::Count => o.next(),
                 _ => PathBuf::new(),
             },
+            warmup_ms: crate::pipelines::DEFAULT_WARMUP_MS,
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();

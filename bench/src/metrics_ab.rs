@@ -215,6 +215,7 @@ pub fn run(args: &BenchArgs, plan: &AbPlan) -> Result<AbReport, CliError> {
         state: args.state,
         sink: SinkKind::Count,
         sink_dir: std::path::PathBuf::new(),
+        warmup_ms: 0,
     };
     let out = measure(&spec, config, args.mode, plan);
     let _ = std::fs::remove_dir_all(&dir);
@@ -692,6 +693,7 @@ mod tests {
             state: StateBackend::Heap,
             sink: SinkKind::Count,
             sink_dir: std::path::PathBuf::new(),
+            warmup_ms: 0,
         };
         let config = weir_core::RuntimeConfig {
             workers: 2,

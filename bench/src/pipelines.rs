@@ -111,6 +111,31 @@ pub struct Spec {
     pub sink: SinkKind,
     /// Folder for the sink's output (files, WAL, database).
     pub sink_dir: std::path::PathBuf,
+    /// Open loop: the records scheduled in the first this-many milliseconds
+    /// are the warm-up, processed but left out of the latency figures
+    /// ([`Spec::warmup_records`]).
+    pub warmup_ms: u64,
+}
+
+/// The open-loop warm-up of `weir bench` and `weir compare`, in ms: the job
+/// starts its threads, opens its sinks and maps its state while the
+/// generator's schedule has begun, and the first records wait for that
+/// (up to tens of milliseconds on a loaded 2-core guest, 2026-12-04), a
+/// start-up cost that would otherwise be read as the steady state's p99.9.
+pub const DEFAULT_WARMUP_MS: u64 = 100;
+
+impl Spec {
+    /// Open loop: the records scheduled in the first [`Spec::warmup_ms`],
+    /// at most a quarter of the run, stamped "unknown" (0) so that no sink
+    /// records their latency; closed loop: none.
+    pub fn warmup_records(&self) -> u64 {
+        match self.rate {
+            Some(rate) if self.kind.nexmark().is_none() => {
+                ((rate * self.warmup_ms as f64 / 1e3) as u64).min(self.events / 4)
+            }
+            _ => 0,
+        }
+    }
 }
 
 /// Which real sink the benchmark writes through, after counting.
@@ -252,6 +277,15 @@ pub fn real_sink(kind: SinkKind, dir: &std::path::Path, i: usize) -> Option<Box<
     })
 }
 
+/// Records `run` latencies stamped `stamp`, unless the stamp is 0 (unknown:
+/// the warm-up).
+#[inline]
+fn record_known(ctx: &mut SinkContext<'_>, stamp: u64, run: u64) {
+    if stamp != 0 {
+        ctx.record_latency_n(stamp, run);
+    }
+}
+
 impl Sink<Event> for CountSink {
     #[inline]
     fn write(&mut self, batch: &mut Vec<Event>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
@@ -266,12 +300,12 @@ impl Sink<Event> for CountSink {
             if e.emitted_ns == stamp {
                 run += 1;
             } else {
-                ctx.record_latency_n(stamp, run);
+                record_known(ctx, stamp, run);
                 stamp = e.emitted_ns;
                 run = 1;
             }
         }
-        ctx.record_latency_n(stamp, run);
+        record_known(ctx, stamp, run);
         self.checksum = checksum;
         self.count += batch.len() as u64;
         match &mut self.inner {
@@ -344,6 +378,7 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
     };
     let keys = spec.keys;
     let p = spec.parallelism;
+    let warmup = spec.warmup_records();
     let pipeline = Pipeline::new(&format!("bench-{}", spec.kind.name()));
     let events = pipeline.source("generator", p, move |i, p| {
         Generator::new(gen, i, p, move |c: GenContext| Event {
@@ -351,7 +386,8 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             // without a division.
             key: ((u128::from(c.random) * u128::from(keys)) >> 64) as u64,
             value: c.seq,
-            emitted_ns: c.emitted_ns,
+            // 0: unknown, not measured (the warm-up).
+            emitted_ns: if c.seq < warmup { 0 } else { c.emitted_ns },
             seq: c.seq,
         })
         .expect("generator settings are validated before the job is built")
@@ -400,4 +436,57 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
         _ => unreachable!("Nexmark jobs are built above"),
     }
     pipeline
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(rate: Option<f64>, events: u64, warmup_ms: u64) -> Spec {
+        Spec {
+            kind: Kind::Keyed,
+            events,
+            rate,
+            keys: 10,
+            parallelism: 1,
+            seed: 1,
+            slow_ns: 0,
+            state: StateBackend::Heap,
+            sink: SinkKind::Count,
+            sink_dir: std::path::PathBuf::new(),
+            warmup_ms,
+        }
+    }
+
+    /// The warm-up is the schedule's first `warmup_ms` in open loop, at most
+    /// a quarter of the run, and nothing in closed loop.
+    #[test]
+    fn the_warm_up_covers_the_schedule_s_first_milliseconds() {
+        assert_eq!(spec(Some(200_000.0), 1_000_000, 100).warmup_records(), 20_000);
+        assert_eq!(spec(Some(200_000.0), 40_000, 100).warmup_records(), 10_000);
+        assert_eq!(spec(Some(200_000.0), 1_000_000, 0).warmup_records(), 0);
+        assert_eq!(spec(None, 1_000_000, 100).warmup_records(), 0);
+    }
+
+    /// The counting sink counts every record but records no latency for a
+    /// stamp of 0 (unknown: the warm-up's records).
+    #[test]
+    fn the_counting_sink_leaves_unknown_stamps_out_of_the_latency() {
+        let (count, checksum) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+        let mut sink = CountSink::new(count.clone(), checksum);
+        let mut h = weir_core::harness::Harness::new(0, 1);
+        let now = weir_core::clock::now_ns();
+        let event = |seq: u64, emitted_ns: u64| Event {
+            key: seq,
+            value: seq,
+            emitted_ns,
+            seq,
+        };
+        let mut batch = vec![event(0, 0), event(1, 0), event(2, now), event(3, now), event(4, 0)];
+        h.write_sink(&mut sink, &mut batch).unwrap();
+        h.finish_sink(&mut sink).unwrap();
+        assert_eq!(h.latency_ns().len(), 2, "only the two known stamps");
+        drop(sink);
+        assert_eq!(count.load(Ordering::Relaxed), 5, "every record counted");
+    }
 }

@@ -227,6 +227,9 @@ pub struct BenchResult {
     pub rate: Option<f64>,
     /// Records generated.
     pub events: u64,
+    /// Open loop: the first records, by schedule, left out of the latency
+    /// figures as the warm-up (`--warmup-ms`); 0 closed loop.
+    pub warmup_records: u64,
     /// Records that reached the sinks (checked against the expected count).
     pub sink_records: u64,
     /// Wall-clock seconds from job start to the last worker's exit.
@@ -371,6 +374,17 @@ pub fn excess_line(r: &BenchResult) -> Option<String> {
         e.p99,
         e.p999,
         probe.describe()
+    ))
+}
+
+/// `warm-up: the first N records (X ms of the schedule) ...`; `None`
+/// without one.
+pub fn warmup_line(r: &BenchResult) -> Option<String> {
+    let rate = r.rate.filter(|_| r.warmup_records > 0)?;
+    Some(format!(
+        "warm-up: the first {} records ({:.0} ms of the schedule) ran but are not in the latency figures",
+        r.warmup_records,
+        r.warmup_records as f64 / rate * 1e3
     ))
 }
 
