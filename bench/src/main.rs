@@ -2,6 +2,7 @@
 
 mod bench_cmd;
 mod checkpoints_cmd;
+mod co_runners;
 mod compare_cmd;
 mod copy_probe;
 mod cpu_time;

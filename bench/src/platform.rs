@@ -12,6 +12,10 @@
 //! weir's percentiles, with weir's excess over it. The method and how to
 //! read it are in docs/benchmarks.md ("The platform probe").
 //!
+//! What `SCHED_FIFO` hides, the time a worker waits behind other ordinary
+//! threads on its core, is measured beside it by [`crate::co_runners`],
+//! which starts and stops with the probe.
+//!
 //! Nothing here runs per event: a probe thread wakes once per tick.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -21,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
+use crate::co_runners::{CoRunners, Sampler};
 use crate::cpu_time::{self, CpuTicks};
 
 /// Time between two ticks of a probe thread, nanoseconds.
@@ -106,6 +111,10 @@ pub struct PlatformResult {
     /// The probed cores' time over the probe's run, summed (`None`: no
     /// core was pinned, or no `/proc/stat`).
     pub cpu: Option<CpuTicks>,
+    /// How long the workers waited behind other threads on their cores,
+    /// which the probe itself cannot see (`None`: not measured); see
+    /// [`crate::co_runners`].
+    pub co_runners: Option<CoRunners>,
 }
 
 impl PlatformResult {
@@ -127,6 +136,13 @@ impl PlatformResult {
             }
             (a, b) => a.or(b),
         };
+        self.co_runners = match (self.co_runners, other.co_runners) {
+            (Some(mut a), Some(b)) => {
+                a.merge(&b);
+                Some(a)
+            }
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -137,6 +153,7 @@ pub struct PlatformProbe {
     cpu_start: Option<Vec<(usize, CpuTicks)>>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<ThreadResult>>,
+    co_runners: Option<Sampler>,
 }
 
 struct ThreadResult {
@@ -156,14 +173,14 @@ impl PlatformProbe {
     pub fn start(cores: usize) -> PlatformProbe {
         let ids = core_affinity::get_core_ids().unwrap_or_default();
         let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready) = mpsc::channel();
+        let (ready_tx, ready) = mpsc::channel::<(usize, i32)>();
         let mut threads = Vec::with_capacity(cores);
         for i in 0..cores.max(1) {
             let core = ids.get(i).copied();
             let (stop, ready_tx) = (stop.clone(), ready_tx.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("weir-platform-probe-{i}"))
-                .spawn(move || probe_thread(core, &stop, &ready_tx));
+                .spawn(move || probe_thread(i, core, &stop, &ready_tx));
             match spawned {
                 Ok(t) => threads.push(t),
                 // The run goes on; the result says on how many cores it measured.
@@ -171,24 +188,30 @@ impl PlatformProbe {
             }
         }
         let deadline = Instant::now() + READY_TIMEOUT;
+        let mut probes = Vec::with_capacity(threads.len());
         for _ in 0..threads.len() {
             let left = deadline.saturating_duration_since(Instant::now());
-            if ready.recv_timeout(left).is_err() {
+            match ready.recv_timeout(left) {
+                Ok(probe) => probes.push(probe),
                 // Still starting (a very busy machine): it measures from when it runs.
-                break;
+                Err(_) => break,
             }
         }
+        // The sampler on a core the workers do not use, if there is one.
+        let spare = ids.get(cores.max(1)..).and_then(|s| s.last()).copied();
         PlatformProbe {
             started: Instant::now(),
             cpu_start: cpu_time::read(),
             stop,
             threads,
+            co_runners: Sampler::start(probes, spare),
         }
     }
 
     /// Stops the threads (within a tick) and merges their figures.
     pub fn stop(self) -> PlatformResult {
         self.stop.store(true, Ordering::Relaxed);
+        let co_runners = self.co_runners.and_then(Sampler::stop);
         let cpu_end = cpu_time::read();
         let core_time = |core: Option<usize>| {
             let core = core?;
@@ -240,6 +263,7 @@ impl PlatformProbe {
             samples,
             seconds: self.started.elapsed().as_secs_f64(),
             cpu,
+            co_runners,
         }
     }
 }
@@ -249,7 +273,7 @@ fn new_histogram() -> Histogram<u64> {
 }
 
 /// CLOCK_MONOTONIC now, nanoseconds: the clock `clock_nanosleep` sleeps on.
-fn monotonic_ns() -> u64 {
+pub(crate) fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
     // SAFETY: `ts` is a valid, writable timespec for the duration of the
     // call; CLOCK_MONOTONIC is always supported on Linux.
@@ -258,7 +282,7 @@ fn monotonic_ns() -> u64 {
 }
 
 /// Sleeps until CLOCK_MONOTONIC reads `deadline_ns`.
-fn sleep_until(deadline_ns: u64) {
+pub(crate) fn sleep_until(deadline_ns: u64) {
     let ts = libc::timespec {
         tv_sec: (deadline_ns / 1_000_000_000) as libc::time_t,
         tv_nsec: (deadline_ns % 1_000_000_000) as libc::c_long,
@@ -275,9 +299,14 @@ fn sleep_until(deadline_ns: u64) {
     }
 }
 
-/// Asks for SCHED_FIFO, pins, says it is ready, then wakes on the grid
-/// until `stop`.
-fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool, ready: &mpsc::Sender<()>) -> ThreadResult {
+/// Asks for SCHED_FIFO, pins, says it is ready (with its index and thread
+/// id, for [`crate::co_runners`]), then wakes on the grid until `stop`.
+fn probe_thread(
+    index: usize,
+    core: Option<core_affinity::CoreId>,
+    stop: &AtomicBool,
+    ready: &mpsc::Sender<(usize, i32)>,
+) -> ThreadResult {
     let param = libc::sched_param { sched_priority: 1 };
     // SAFETY: `param` is a valid sched_param that outlives the call; pid 0
     // is the calling thread. First, so that the move to a core where a
@@ -299,8 +328,10 @@ fn probe_thread(core: Option<core_affinity::CoreId>, stop: &AtomicBool, ready: &
             0 as libc::c_ulong,
         )
     };
+    // SAFETY: gettid takes no arguments and cannot fail.
+    let tid = unsafe { libc::gettid() };
     // The receiver may have stopped waiting: nothing to do then.
-    let _ = ready.send(());
+    let _ = ready.send((index, tid));
     let mut latency_ns = new_histogram();
     let mut samples = 0u64;
     let mut tick = monotonic_ns() + TICK_NS;
@@ -359,6 +390,14 @@ mod tests {
                 .per_core
                 .iter()
                 .all(|c| c.steal_pct.is_some_and(|s| (0.0..=100.0).contains(&s))));
+        }
+
+        // The co-runner sampler ran beside the probe (it follows whatever
+        // worker threads other tests of this binary run meanwhile).
+        if cfg!(target_os = "linux") {
+            let c = r.co_runners.expect("the co-runner sampler's result");
+            assert!(c.worst_us <= c.total_ms * 1e3 + 1e-6, "{c:?}");
+            assert!(c.windows == 0 || c.workers > 0, "{c:?}");
         }
 
         let mut merged = r.clone();

@@ -52,6 +52,11 @@ pub struct ProbeInfo {
     pub steal_pct: Option<f64>,
     /// Percentage of the probed cores' time spent in interrupt handlers.
     pub irq_pct: Option<f64>,
+    /// How long the workers waited behind other threads on their cores
+    /// (the machine's delay a `fifo` probe cannot see; absent where
+    /// `schedstat` is missing); see [`crate::co_runners`].
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub co_runners: Option<crate::co_runners::CoRunners>,
 }
 
 impl ProbeInfo {
@@ -66,11 +71,13 @@ impl ProbeInfo {
             per_core: p.per_core.clone(),
             steal_pct: p.cpu.and_then(|c| c.steal_pct()),
             irq_pct: p.cpu.and_then(|c| c.irq_pct()),
+            co_runners: p.co_runners,
         }
     }
 
     /// `fifo, 200 µs ticks, 10234 samples on 2 cores; steal 0.0%,
-    /// interrupts 0.4% of those cores' time`.
+    /// interrupts 0.4% of those cores' time; no 10 ms window lost over
+    /// 100 µs to other threads`.
     pub fn describe(&self) -> String {
         let mut s = format!(
             "{}, {} µs ticks, {} samples on {} core{}",
@@ -85,6 +92,10 @@ impl ProbeInfo {
                 "; steal {steal:.1}%, interrupts {irq:.1}% of {} time",
                 if self.cores == 1 { "that core's" } else { "those cores'" }
             );
+        }
+        if let Some(c) = &self.co_runners {
+            s += "; ";
+            s += &c.describe();
         }
         s
     }
