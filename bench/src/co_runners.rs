@@ -342,10 +342,10 @@ mod tests {
     /// A thread named as a worker and another spinning thread pinned to the
     /// same core: the scheduler shares the core between them, so the
     /// "worker" waits for whole slices of the other, and the sampler must
-    /// report those waits. Exercises the whole path: finding the worker by
+    /// report those windows. Exercises the whole path: finding the worker by
     /// name, reading its `schedstat`, the intervals and the result.
     #[test]
-    fn a_thread_spinning_beside_a_worker_shows_as_waits() {
+    fn a_thread_spinning_beside_a_worker_shows_as_lost_windows() {
         if !cfg!(target_os = "linux") {
             return;
         }
