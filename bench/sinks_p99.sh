@@ -6,7 +6,13 @@
 # processing p99 / p99.9 beside its own platform probe, then per mode the
 # median over the series of each sink's p99, its ratio to the counting
 # sink's median (issue 15's target: at most 1.5) and its median excess over
-# the platform probe (target: p99 at most +20 us).
+# the platform probe (target: p99 at most +20 us). Each run also shows what
+# its worker lost to other threads on its core (the probe's co-runner
+# figure), and the end counts, per sink, the runs whose own platform p99
+# passed 300 us: on these guests the host stalls the vCPUs while it flushes
+# the guest's disk, so the file sinks' fsyncs can slow the machine itself
+# (docs/benchmarks.md, "What the workers wait behind, and the file sinks'
+# own fsyncs in the platform figure").
 #
 #   bench/sinks_p99.sh [SERIES] [INTERVAL_MS] [RATE]   (defaults 3, 10, 200000)
 #   WEIR=path/to/weir bench/sinks_p99.sh               (default: a release build)
@@ -55,11 +61,14 @@ for s in range(1, series + 1):
             with open(f"{out}/s{s}.{m}.{k}.json") as f:
                 runs[s, m, k] = json.loads(f.readline())
 probed = all(r.get("platform_us") for r in runs.values())
-print(f"{'series':>6} {'mode':<14} {'sink':<9} {'p99 us':>8} {'p99.9 us':>9} {'plat p99':>9} {'plat p99.9':>10}")
+def lost_ms(r):
+    co = (r.get("platform_probe") or {}).get("co_runners")
+    return f"{co['total_ms']:.1f}" if co else "-"
+print(f"{'series':>6} {'mode':<14} {'sink':<9} {'p99 us':>8} {'p99.9 us':>9} {'plat p99':>9} {'plat p99.9':>10} {'lost ms':>8}")
 for (s, m, k), r in runs.items():
     lat, plat = r["latency_us"], r.get("platform_us") or {}
     print(f"{s:>6} {m:<14} {k:<9} {lat['p99']:>8.1f} {lat['p999']:>9.1f}"
-          f" {plat.get('p99', float('nan')):>9.1f} {plat.get('p999', float('nan')):>10.1f}")
+          f" {plat.get('p99', float('nan')):>9.1f} {plat.get('p999', float('nan')):>10.1f} {lost_ms(r):>8}")
 print()
 print("medians over the series: p99 us (ratio to the counting sink's; excess over the probe's p99)")
 worst = 0.0
@@ -76,4 +85,10 @@ for m in modes:
             worst = max(worst, med[k] / med["count"])
     print(f"  {m:<14} " + "  ".join(cells))
 print(f"largest file-sink ratio: {worst:.2f} (issue 15, part 1: at most 1.5)")
+if probed:
+    stalled = []
+    for k in sinks:
+        n = sum(1 for (s, m, kk), r in runs.items() if kk == k and r["platform_us"]["p99"] > 300)
+        stalled.append(f"{k} {n} of {series * len(modes)}")
+    print("runs whose own platform p99 passed 300 us (the machine stalled): " + ", ".join(stalled))
 EOF

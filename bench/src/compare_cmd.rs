@@ -35,7 +35,7 @@ use serde::Serialize;
 use crate::bench_cmd::{
     run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, CliError, Mode, RunOutput, Switch,
 };
-use crate::co_runners::CoRunners;
+use crate::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::disk_probe::DiskProbe;
 use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::platform::PlatformResult;
@@ -783,8 +783,10 @@ fn co_runner_line(all: Option<CoRunners>, runs: &[(String, Option<CoRunners>)]) 
     };
     Some(format!(
         "- the workers lost {:.1} ms in all to other threads on their cores, which the probe does not see \
-         (10 ms windows over 100 µs): {rows}",
-        all.total_ms
+         ({} ms windows over {} µs): {rows}",
+        all.total_ms,
+        WINDOW_NS / 1_000_000,
+        WAIT_FLOOR_NS / 1000
     ))
 }
 
