@@ -22,9 +22,10 @@
 //!
 //! Why windows of 10 ms and not finer: a sampler waking every 250 µs on
 //! the spare core kept that vCPU from going idle, and the host then took
-//! the workers' vCPU away far more: steal 3.6-5.7% against 0.4-1.8% and a
-//! platform p99 of 4.4-6.6 ms against 0.04-1.8 ms, worse in 10 of 10
-//! interleaved pairs (2026-12-04, docs/benchmarks.md "The platform probe").
+//! the workers' vCPU away far more: a higher platform p99 in 10 of 10
+//! interleaved pairs (4.4-6.2 ms in nine, against 0.02-1.5 ms) and steal
+//! 3.6-5.7% against 0.4-1.8% in the six that printed it (2026-12-04,
+//! docs/benchmarks.md "The platform probe").
 //! At 100 wake-ups a second it is one more of weir's own periodic helpers.
 //!
 //! What it does not see: steal (the hypervisor stops the whole vCPU, the
