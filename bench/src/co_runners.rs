@@ -163,19 +163,19 @@ impl Windows {
     }
 }
 
-/// A followed worker: its counters at the last sample.
+/// A followed worker: its wait at the last sample.
 struct Worker {
     stat: Stat,
     /// Its index (`weir-worker-{index}`): the probe on core `index` shares its core.
     index: usize,
-    last: (u64, u64),
+    last_wait: u64,
     windows: Windows,
 }
 
 /// The sampler thread; see the module docs.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
-    thread: JoinHandle<Option<CoRunners>>,
+    thread: JoinHandle<CoRunners>,
 }
 
 impl Sampler {
@@ -205,7 +205,7 @@ impl Sampler {
     /// Stops the thread (within a window) and returns what it found.
     pub fn stop(self) -> Option<CoRunners> {
         self.stop.store(true, Ordering::Relaxed);
-        self.thread.join().ok().flatten()
+        self.thread.join().ok()
     }
 }
 
@@ -232,7 +232,7 @@ fn scan_workers(known: &HashMap<i32, Worker>) -> Vec<(i32, usize)> {
     found
 }
 
-fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> Option<CoRunners> {
+fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> CoRunners {
     let mut probe_stats: Vec<(usize, Stat, u64)> = probes
         .iter()
         .filter_map(|&(core, tid)| {
@@ -251,7 +251,7 @@ fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> Option<CoRunners> {
         if now >= next_scan {
             for (tid, index) in scan_workers(&workers) {
                 let Some(mut stat) = Stat::open(tid) else { continue };
-                let Some(last) = stat.read() else { continue };
+                let Some((_, last_wait)) = stat.read() else { continue };
                 seen += 1;
                 let windows = Windows::default();
                 workers.insert(
@@ -259,7 +259,7 @@ fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> Option<CoRunners> {
                     Worker {
                         stat,
                         index,
-                        last,
+                        last_wait,
                         windows,
                     },
                 );
@@ -280,27 +280,27 @@ fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> Option<CoRunners> {
             }
         }
         workers.retain(|_, w| {
-            let Some((run, wait)) = w.stat.read() else {
+            let Some((_, wait)) = w.stat.read() else {
                 // Exited.
                 done.merge(&w.windows);
                 return false;
             };
             let probe = probe_run.iter().find(|(c, _)| *c == w.index).map_or(0, |&(_, r)| r);
-            w.windows.window(wait.saturating_sub(w.last.1).saturating_sub(probe));
-            w.last = (run, wait);
+            w.windows.window(wait.saturating_sub(w.last_wait).saturating_sub(probe));
+            w.last_wait = wait;
             true
         });
     }
     for w in workers.values() {
         done.merge(&w.windows);
     }
-    Some(CoRunners {
+    CoRunners {
         windows: done.count,
         worst_us: done.worst as f64 / 1e3,
         total_ms: done.total as f64 / 1e6,
         workers: seen,
         window_ms: WINDOW_NS / 1_000_000,
-    })
+    }
 }
 
 #[cfg(test)]
