@@ -328,7 +328,10 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if temporary {
             let _ = std::fs::remove_dir_all(&dir);
         }
-        let result = result?;
+        let mut result = result?;
+        if args.pipeline == Kind::Keyed && args.rate.is_none() {
+            result.scaling = fit_scaling(&results, &result, args.batch_size);
+        }
         println!("{}", row(&result));
         if let Some(p) = platform_row(&result) {
             println!("{p}");
@@ -364,12 +367,36 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
                 v.max
             );
         }
+        if let Some(m) = &result.scaling {
+            println!("{}", m.describe());
+        }
         if let Some(path) = &args.json {
             append_json(path, &result)?;
         }
         results.push(result);
     }
     Ok(results)
+}
+
+/// The scaling model, fitted when `latest` and an earlier run of the sweep
+/// are the one- and two-worker runs of the same job (in either order),
+/// with the one-way handoff measured now, between the runs' cores, and the
+/// sweep's source batches of `batch` records.
+fn fit_scaling(earlier: &[BenchResult], latest: &BenchResult, batch: usize) -> Option<crate::scaling_model::Model> {
+    let workers_of = |r: &BenchResult| (r.workers, r.parallelism);
+    let other = match workers_of(latest) {
+        (1, 1) => (2, 2),
+        (2, 2) => (1, 1),
+        _ => return None,
+    };
+    let peer = earlier.iter().rev().find(|r| workers_of(r) == other)?;
+    let (one, two) = if latest.workers == 1 {
+        (latest, peer)
+    } else {
+        (peer, latest)
+    };
+    let handoff = crate::handoff_probe::one_way_ns()?;
+    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff)
 }
 
 /// One run's result with the raw data behind it (for plots).
@@ -513,6 +540,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         events_per_sec_per_worker: spec.events as f64 / seconds / workers.min(tasks).max(1) as f64,
         copy: None,
         parts: None,
+        scaling: None,
         latency_us,
         sink: spec.sink,
         visible_latency_us: (spec.sink != SinkKind::Count && !result.metrics.visible_latency_ns.is_empty())

@@ -8,6 +8,7 @@ mod copy_probe;
 mod cpu_time;
 mod disk_probe;
 mod event;
+mod handoff_probe;
 mod kafka_bench;
 mod metrics_ab;
 mod metrics_arg;
@@ -19,6 +20,7 @@ mod plot;
 mod report;
 mod run_cmd;
 mod scale_out;
+mod scaling_model;
 
 use clap::{Parser, Subcommand};
 

@@ -8,7 +8,8 @@
 //! - `ring`: 32-byte records through an `rtrb` ring between two threads
 //!   pinned to cores 0 and 1, written and read in chunks of the job's batch
 //!   size, with the job's ring capacity; the reader sums a field, so every
-//!   record is read;
+//!   record is read. For a one-worker job, whose rings never leave its
+//!   core, one thread on core 0 writes each chunk and reads it back;
 //! - `map`: the keyed job's update (a running sum per key) on a
 //!   `FxHashMap` (the heap state backend's map) of the job's number of
 //!   keys, one thread, records in batches, keys spread as the generator
@@ -22,7 +23,8 @@
 //! crossing (a write on one core and a read on another, each taking
 //! `1/ring` of a core, since the two sides ran in parallel at that rate)
 //! and one map update. On `threads` cores:
-//! `threads / (2 / ring + 1 / map)` events/s. Generating, partitioning,
+//! `threads / (2 / ring + 1 / map)` events/s; on one, where the ring
+//! figure already counts both sides, `1 / (1 / ring + 1 / map)`. Generating, partitioning,
 //! scheduling and the sink are left out, so weir cannot reach it; the
 //! issue's target is a third of it.
 
@@ -42,13 +44,15 @@ pub struct Parts {
     pub threads: usize,
     /// Distinct keys in the map figures.
     pub keys: u64,
-    /// Records per second through one ring, two threads.
+    /// Records per second through one ring: two threads on two cores, or
+    /// one thread writing and reading for a one-worker job.
     pub ring_items_per_sec: f64,
     /// Running-sum updates per second on a `FxHashMap`, one thread.
     pub map_updates_per_sec: f64,
     /// The same updates through weir's mapped value store, one thread.
     pub mapped_updates_per_sec: f64,
-    /// `threads / (2 / ring + 1 / map)`: events/s.
+    /// `threads / (2 / ring + 1 / map)` (one thread: `1 / (1 / ring + 1 /
+    /// map)`): events/s.
     pub limit_events_per_sec: f64,
 }
 
@@ -113,6 +117,27 @@ fn update_rate(events: &[Event], batch: usize, mut apply: impl FnMut(&mut Vec<Ev
     })
 }
 
+/// Writes `n` events (at most the free slots) numbered from `seq` on.
+fn write_events(tx: &mut rtrb::Producer<Event>, n: usize, seq: &mut u64) {
+    let w = tx.write_chunk_uninit(n).expect("the caller saw n free slots");
+    let written = w.fill_from_iter((*seq..).map(|s| Event {
+        key: s,
+        value: s,
+        emitted_ns: 0,
+        seq: s,
+    }));
+    *seq += written as u64;
+}
+
+/// Reads `n` events (at most the full slots), adding their values to `sum`
+/// so that every record is read.
+fn read_events(rx: &mut rtrb::Consumer<Event>, n: usize, sum: &mut u64) {
+    let c = rx.read_chunk(n).expect("the caller saw n full slots");
+    let (a, b) = c.as_slices();
+    *sum = a.iter().chain(b).fold(*sum, |s, e| s.wrapping_add(e.value));
+    c.commit_all();
+}
+
 /// Records/s through a ring of `capacity` between two pinned threads, in
 /// chunks of `chunk`.
 fn ring_rate(capacity: usize, chunk: usize) -> f64 {
@@ -129,14 +154,7 @@ fn ring_rate(capacity: usize, chunk: usize) -> f64 {
                     std::hint::spin_loop();
                     continue;
                 }
-                let w = tx.write_chunk_uninit(n).expect("n slots are free");
-                let written = w.fill_from_iter((seq..).map(|s| Event {
-                    key: s,
-                    value: s,
-                    emitted_ns: 0,
-                    seq: s,
-                }));
-                seq += written as u64;
+                write_events(&mut tx, n, &mut seq);
             }
         });
         // On a thread of its own: pinning the caller would pin the job
@@ -152,10 +170,7 @@ fn ring_rate(capacity: usize, chunk: usize) -> f64 {
                     std::hint::spin_loop();
                     return 0;
                 }
-                let c = rx.read_chunk(n).expect("n slots are full");
-                let (a, b) = c.as_slices();
-                sum = a.iter().chain(b).fold(sum, |s, e| s.wrapping_add(e.value));
-                c.commit_all();
+                read_events(&mut rx, n, &mut sum);
                 n as u64
             });
             std::hint::black_box(sum);
@@ -164,6 +179,30 @@ fn ring_rate(capacity: usize, chunk: usize) -> f64 {
         let rate = reader.join().unwrap_or(0.0);
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         rate
+    })
+}
+
+/// Records/s through a ring of `capacity` on one thread pinned to core 0,
+/// which writes a chunk of `chunk` and reads it back: a one-worker job's
+/// rings, whose both sides run on one core.
+fn one_core_ring_rate(capacity: usize, chunk: usize) -> f64 {
+    let (mut tx, mut rx) = rtrb::RingBuffer::<Event>::new(capacity);
+    let chunk = chunk.clamp(1, capacity);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to_core(0);
+            let (mut seq, mut sum) = (0u64, 0u64);
+            let r = best_rate(WINDOWS, || {
+                // The ring is empty between rounds, so a chunk fits.
+                write_events(&mut tx, chunk, &mut seq);
+                read_events(&mut rx, chunk, &mut sum);
+                chunk as u64
+            });
+            std::hint::black_box(sum);
+            r
+        })
+        .join()
+        .unwrap_or(0.0)
     })
 }
 
@@ -200,7 +239,11 @@ fn mapped_rate(events: &[Event], batch: usize, dir: &std::path::Path) -> Option<
 pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) -> Parts {
     let threads = threads.max(1);
     let batch = batch.max(1);
-    let ring = ring_rate(ring_capacity, batch);
+    let ring = if threads == 1 {
+        one_core_ring_rate(ring_capacity, batch)
+    } else {
+        ring_rate(ring_capacity, batch)
+    };
     let events = key_sequence(keys.max(1), 1 << 16);
     let (map, mapped) = std::thread::scope(|s| {
         s.spawn(|| {
@@ -222,10 +265,15 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) ->
     }
 }
 
-/// `threads / (2 / ring + 1 / map)`, or 0 if a part was not measured.
+/// `threads / (2 / ring + 1 / map)`, or for one thread (whose ring figure
+/// counts both sides) `1 / (1 / ring + 1 / map)`; 0 if a part was not
+/// measured.
 pub fn limit(threads: usize, ring: f64, map: f64) -> f64 {
     if ring <= 0.0 || map <= 0.0 {
         return 0.0;
+    }
+    if threads <= 1 {
+        return 1.0 / (1.0 / ring + 1.0 / map);
     }
     threads as f64 / (2.0 / ring + 1.0 / map)
 }
@@ -240,6 +288,9 @@ mod tests {
         // (4 ns): 8 ns of core time per event, 2 cores: 250 M ev/s.
         assert!((limit(2, 500e6, 250e6) - 250e6).abs() < 1.0);
         assert_eq!(limit(2, 0.0, 1.0), 0.0);
+        // One core: 500 M/s through the ring, both sides counted (2 ns),
+        // and 4 ns an update: 6 ns an event.
+        assert!((limit(1, 500e6, 250e6) - 1e9 / 6.0).abs() < 1.0);
     }
 
     #[test]
@@ -259,5 +310,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         assert!(mapped_rate(&events, 256, &dir.path().join("s")).unwrap() > 0.0);
         assert!(ring_rate(64, 16) > 0.0);
+        assert!(one_core_ring_rate(64, 16) > 0.0);
+        assert!(
+            one_core_ring_rate(16, 64) > 0.0,
+            "a chunk larger than the ring is clamped"
+        );
     }
 }

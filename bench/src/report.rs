@@ -258,6 +258,10 @@ pub struct BenchResult {
     /// just before the job in the same run, and the ceiling they give.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parts: Option<crate::parts_probe::Parts>,
+    /// Keyed, closed loop, a sweep over 1 and 2 workers: the scaling model
+    /// fitted to both (on the second of the two runs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<crate::scaling_model::Model>,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
     /// The sink records went through.
@@ -450,9 +454,10 @@ pub fn parts_line(r: &BenchResult) -> Option<String> {
     let p = r.parts.as_ref()?;
     let m = |v: f64| v / 1e6;
     Some(format!(
-        "parts, measured now: ring {:.0} M rec/s, FxHashMap {:.0} M upd/s, weir's mapped store {:.0} M upd/s \
+        "parts, measured now: ring {:.0} M rec/s ({}), FxHashMap {:.0} M upd/s, weir's mapped store {:.0} M upd/s \
          ({} keys): ceiling {:.0} M ev/s on {} core{}; weir reached {:.0}% of it",
         m(p.ring_items_per_sec),
+        if p.threads == 1 { "one core" } else { "core 0 to core 1" },
         m(p.map_updates_per_sec),
         m(p.mapped_updates_per_sec),
         p.keys,

@@ -1,0 +1,202 @@
+//! The scaling model of docs/scaling.md, fitted to a keyed sweep's one-
+//! and two-worker figures of the same run (`weir bench --pipeline keyed
+//! --parallelism 1,2`), and what it projects for 8, 32 and 64 cores
+//! (issue 19: "say what a larger machine would show, with a model fitted
+//! to the 1- and 2-core figures").
+//!
+//! With P workers on P cores, each worker spends per event:
+//! - `t1`: generate, partition, ring write and read, state update, sink;
+//!   all of one worker's cost at P = 1, where every ring is on one core;
+//! - `c * (P-1)/P`: the crossing; a record goes to another core's keyed
+//!   subtask with probability (P-1)/P, and its consumer then reads lines
+//!   the producer's core wrote;
+//! - `f * (P-1)/B`: the chunks; a source batch of B records is split over
+//!   P rings, P-1 of them to other cores, and each such chunk costs `f`
+//!   (the consumer misses on the producer's new tail index, the producer
+//!   on the consumer's new head: two one-way handoffs).
+//!
+//! `T(P) = P / (t1 + c*(P-1)/P + f*(P-1)/B)` events/s. One worker gives
+//! `t1 = 1/T(1)`; two give `c = 2 * (2/T(2) - t1 - f/B)`; `f` is twice the
+//! one-way handoff measured in the same run (`handoff_probe`). The model
+//! leaves out what grows only on larger machines (the P² rings outgrowing
+//! the caches, key-group skew, NUMA), so its projections are upper bounds.
+
+use serde::Serialize;
+
+/// The model's parameters, fitted to one run.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Model {
+    /// Events/s of the whole job with one worker (measured).
+    pub one_worker_events_per_sec: f64,
+    /// Events/s of the whole job with two workers (measured).
+    pub two_workers_events_per_sec: f64,
+    /// Source batch size B, records.
+    pub batch: usize,
+    /// One-way handoff between cores 0 and 1, ns (measured).
+    pub handoff_ns: f64,
+    /// `t1`: one worker's time per event, ns.
+    pub t1_ns: f64,
+    /// `c`: the crossing's cost per record that crosses, ns.
+    pub crossing_ns: f64,
+    /// `f`: the cost of one chunk to another core, ns (twice the handoff).
+    pub chunk_ns: f64,
+}
+
+/// What the model gives for one number of cores.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Projection {
+    /// Cores, one worker each.
+    pub cores: usize,
+    /// Events/s of the whole job.
+    pub events_per_sec: f64,
+    /// `T(P) / (P * T(1))`.
+    pub efficiency: f64,
+    /// The crossing's share of a worker's time per event, ns.
+    pub crossing_ns: f64,
+    /// The chunks' share of a worker's time per event, ns.
+    pub chunks_ns: f64,
+}
+
+/// The core counts `weir bench` prints projections for.
+pub const PROJECTED_CORES: [usize; 3] = [8, 32, 64];
+
+impl Model {
+    /// Fits the model to the job's events/s with one worker (`one`) and
+    /// two (`two`), batches of `batch` records and a one-way handoff of
+    /// `handoff_ns`. `None` unless every input is positive and finite.
+    ///
+    /// The crossing cost comes out negative when two workers ran more
+    /// than twice as fast per core as the model allows: the two runs then
+    /// do not fit the model (the machine's speed changed between them),
+    /// which [`Model::fits`] says.
+    pub fn fit(one: f64, two: f64, batch: usize, handoff_ns: f64) -> Option<Model> {
+        let ok = |v: f64| v.is_finite() && v > 0.0;
+        if !(ok(one) && ok(two) && ok(handoff_ns)) || batch == 0 {
+            return None;
+        }
+        let chunk_ns = 2.0 * handoff_ns;
+        let t1_ns = 1e9 / one;
+        let crossing_ns = 2.0 * (2e9 / two - t1_ns - chunk_ns / batch as f64);
+        Some(Model {
+            one_worker_events_per_sec: one,
+            two_workers_events_per_sec: two,
+            batch,
+            handoff_ns,
+            t1_ns,
+            crossing_ns,
+            chunk_ns,
+        })
+    }
+
+    /// True when the fitted costs are all non-negative.
+    pub fn fits(&self) -> bool {
+        self.crossing_ns >= 0.0
+    }
+
+    /// The model at `cores` cores (at least 1).
+    pub fn at(&self, cores: usize) -> Projection {
+        let p = cores.max(1) as f64;
+        let crossing_ns = self.crossing_ns * (p - 1.0) / p;
+        let chunks_ns = self.chunk_ns * (p - 1.0) / self.batch as f64;
+        let per_event_ns = self.t1_ns + crossing_ns + chunks_ns;
+        let events_per_sec = p * 1e9 / per_event_ns;
+        Projection {
+            cores: cores.max(1),
+            events_per_sec,
+            efficiency: events_per_sec / (p * self.one_worker_events_per_sec),
+            crossing_ns,
+            chunks_ns,
+        }
+    }
+
+    /// The lines `weir bench` prints under a sweep over 1 and 2 workers.
+    pub fn describe(&self) -> String {
+        let mut s = format!(
+            "scaling model (docs/scaling.md), fitted to this run's p=1 and p=2 and a one-way \
+             handoff of {:.0} ns measured now: t1 {:.2} ns per event, crossing {:.2} ns per record \
+             that crosses, {:.0} ns per chunk of B = {}",
+            self.handoff_ns, self.t1_ns, self.crossing_ns, self.chunk_ns, self.batch
+        );
+        if !self.fits() {
+            s.push_str(&format!(
+                "\n    not fitted: two workers ran {:.2}x one, more than the model allows with this \
+                 handoff (the crossing cost comes out negative); a machine whose speed drifts between \
+                 the two runs does this: run the sweep again",
+                self.two_workers_events_per_sec / self.one_worker_events_per_sec
+            ));
+            return s;
+        }
+        for p in PROJECTED_CORES {
+            let x = self.at(p);
+            s.push_str(&format!(
+                "\n    {} cores: {:.0} M ev/s at most, efficiency {:.2} (crossing {:.1} ns, chunks {:.1} ns \
+                 per event per worker)",
+                p,
+                x.events_per_sec / 1e6,
+                x.efficiency,
+                x.crossing_ns,
+                x.chunks_ns
+            ));
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0)
+    }
+
+    /// 100 M ev/s on one worker is 10 ns per event; 180 M on two is
+    /// 11.11 ns per event per worker, of which f/B = 400/1000 = 0.4 ns is
+    /// the chunks and the rest, 0.71 ns, is half the crossing.
+    #[test]
+    fn fits_a_worked_example() {
+        let m = Model::fit(100e6, 180e6, 1000, 200.0).unwrap();
+        assert!(close(m.t1_ns, 10.0));
+        assert!(close(m.chunk_ns, 400.0));
+        assert!(
+            close(m.crossing_ns, 2.0 * (2e9 / 180e6 - 10.0 - 0.4)),
+            "{}",
+            m.crossing_ns
+        );
+        assert!(m.fits());
+        let at64 = m.at(64);
+        let expected = 64e9 / (10.0 + m.crossing_ns * 63.0 / 64.0 + 400.0 * 63.0 / 1000.0);
+        assert!(close(at64.events_per_sec, expected));
+        assert!(m.describe().contains("64 cores"));
+    }
+
+    #[test]
+    fn rejects_what_cannot_be_fitted() {
+        assert_eq!(Model::fit(0.0, 1.0, 1, 1.0), None);
+        assert_eq!(Model::fit(1.0, f64::NAN, 1, 1.0), None);
+        assert_eq!(Model::fit(1.0, 1.0, 0, 1.0), None);
+        assert_eq!(Model::fit(1.0, 1.0, 1, 0.0), None);
+        // Two workers at 2.5x one: faster than linear, a negative crossing.
+        let m = Model::fit(100e6, 250e6, 1024, 200.0).unwrap();
+        assert!(!m.fits());
+        assert!(m.describe().contains("run the sweep again"));
+        assert!(!m.describe().contains("64 cores"));
+    }
+
+    proptest! {
+        /// The fitted model gives back the two measured figures, and its
+        /// efficiency falls as cores are added (when it fits).
+        #[test]
+        fn reproduces_its_inputs(one in 1e6f64..1e9, ratio in 1.0f64..2.0, batch in 1usize..8192, h in 10.0f64..2000.0) {
+            let two = one * ratio;
+            let m = Model::fit(one, two, batch, h).unwrap();
+            prop_assert!(close(m.at(1).events_per_sec, one));
+            prop_assert!(close(m.at(2).events_per_sec, two));
+            if m.fits() {
+                let e: Vec<f64> = [2, 8, 32, 64].iter().map(|&p| m.at(p).efficiency).collect();
+                prop_assert!(e.windows(2).all(|w| w[1] <= w[0] + 1e-9), "{e:?}");
+            }
+        }
+    }
+}
