@@ -330,7 +330,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         }
         let mut result = result?;
         if args.pipeline == Kind::Keyed && args.rate.is_none() {
-            result.scaling = fit_scaling(&results, &result, args.batch_size);
+            result.scaling = fit_scaling(&results, &result, args.batch_size, args.keys);
         }
         println!("{}", row(&result));
         if let Some(p) = platform_row(&result) {
@@ -380,9 +380,15 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
 
 /// The scaling model, fitted when `latest` and an earlier run of the sweep
 /// are the one- and two-worker runs of the same job (in either order),
-/// with the one-way handoff measured now, between the runs' cores, and the
-/// sweep's source batches of `batch` records.
-fn fit_scaling(earlier: &[BenchResult], latest: &BenchResult, batch: usize) -> Option<crate::scaling_model::Model> {
+/// with the one-way handoff between the runs' cores and the exchange's
+/// routing measured now, and the sweep's source batches of `batch` records
+/// over `keys` keys.
+fn fit_scaling(
+    earlier: &[BenchResult],
+    latest: &BenchResult,
+    batch: usize,
+    keys: u64,
+) -> Option<crate::scaling_model::Model> {
     let workers_of = |r: &BenchResult| (r.workers, r.parallelism);
     let other = match workers_of(latest) {
         (1, 1) => (2, 2),
@@ -396,7 +402,8 @@ fn fit_scaling(earlier: &[BenchResult], latest: &BenchResult, batch: usize) -> O
         (peer, latest)
     };
     let handoff = crate::handoff_probe::one_way_ns()?;
-    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff)
+    let route = crate::parts_probe::route_ns(keys, batch);
+    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route)
 }
 
 /// One run's result with the raw data behind it (for plots).

@@ -231,6 +231,46 @@ fn mapped_rate(events: &[Event], batch: usize, dir: &std::path::Path) -> Option<
     Some(r)
 }
 
+/// The hash exchange's routing alone, nanoseconds per record: each key's
+/// stable hash, key group and target (two targets), one thread pinned to
+/// core 0, over the job's key spread. What a keyed job with more than one
+/// worker pays per record and a one-worker job does not (its exchange has
+/// one target and computes no key): the scaling model's `h`.
+pub fn route_ns(keys: u64, batch: usize) -> f64 {
+    use weir_core::keyed::{key_group, stable_hash, subtask_for_key_group, DEFAULT_MAX_PARALLELISM};
+    let events = key_sequence(keys.max(1), 1 << 16);
+    let routes: Vec<u8> = (0..DEFAULT_MAX_PARALLELISM)
+        .map(|kg| subtask_for_key_group(kg, DEFAULT_MAX_PARALLELISM, 2) as u8)
+        .collect();
+    let rate = std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to_core(0);
+            let (mut to_second, mut at) = (0u64, 0usize);
+            let batch = batch.max(1);
+            // Read in place, not copied as the map figures' batches are: the
+            // exchange reads its records where the generator wrote them.
+            let r = best_rate(WINDOWS, || {
+                let end = (at + batch).min(events.len());
+                for e in &events[at..end] {
+                    to_second += u64::from(routes[key_group(stable_hash(&e.key), DEFAULT_MAX_PARALLELISM)]);
+                }
+                let n = end - at;
+                at = if end == events.len() { 0 } else { end };
+                n as u64
+            });
+            std::hint::black_box(to_second);
+            r
+        })
+        .join()
+        .unwrap_or(0.0)
+    });
+    if rate > 0.0 {
+        1e9 / rate
+    } else {
+        0.0
+    }
+}
+
 /// Measures the three parts for a job of `threads` workers, `keys` keys,
 /// batches of `batch` records and rings of `ring_capacity`: the ring
 /// first, then the two map figures on one thread pinned to core 0. Every
@@ -311,6 +351,8 @@ mod tests {
         assert!(mapped_rate(&events, 256, &dir.path().join("s")).unwrap() > 0.0);
         assert!(ring_rate(64, 16) > 0.0);
         assert!(one_core_ring_rate(64, 16) > 0.0);
+        let h = route_ns(100, 256);
+        assert!(h > 0.0 && h.is_finite(), "{h}");
         assert!(
             one_core_ring_rate(16, 64) > 0.0,
             "a chunk larger than the ring is clamped"

@@ -5,8 +5,11 @@
 //! to the 1- and 2-core figures").
 //!
 //! With P workers on P cores, each worker spends per event:
-//! - `t1`: generate, partition, ring write and read, state update, sink;
-//!   all of one worker's cost at P = 1, where every ring is on one core;
+//! - `t1`: generate, stage, ring write and read, state update, sink; all
+//!   of one worker's cost at P = 1, where every ring is on one core and
+//!   the exchange has one target, so it computes no key;
+//! - `h` once P > 1: the exchange's routing (stable hash, key group,
+//!   target), measured alone in the same run (`parts_probe::route_ns`);
 //! - `c * (P-1)/P`: the crossing; a record goes to another core's keyed
 //!   subtask with probability (P-1)/P, and its consumer then reads lines
 //!   the producer's core wrote;
@@ -15,9 +18,10 @@
 //!   (the consumer misses on the producer's new tail index, the producer
 //!   on the consumer's new head: two one-way handoffs).
 //!
-//! `T(P) = P / (t1 + c*(P-1)/P + f*(P-1)/B)` events/s. One worker gives
-//! `t1 = 1/T(1)`; two give `c = 2 * (2/T(2) - t1 - f/B)`; `f` is twice the
-//! one-way handoff measured in the same run (`handoff_probe`). The model
+//! `T(P) = P / (t1 + h + c*(P-1)/P + f*(P-1)/B)` events/s (no `h` at
+//! P = 1). One worker gives `t1 = 1/T(1)`; two give
+//! `c = 2 * (2/T(2) - t1 - h - f/B)`; `f` is twice the one-way handoff
+//! measured in the same run (`handoff_probe`). The model
 //! leaves out what grows only on larger machines (the P² rings outgrowing
 //! the caches, key-group skew, NUMA), so its projections are upper bounds.
 
@@ -34,6 +38,9 @@ pub struct Model {
     pub batch: usize,
     /// One-way handoff between cores 0 and 1, ns (measured).
     pub handoff_ns: f64,
+    /// `h`: the exchange's routing per record when it has more than one
+    /// target, ns (measured).
+    pub route_ns: f64,
     /// `t1`: one worker's time per event, ns.
     pub t1_ns: f64,
     /// `c`: the crossing's cost per record that crosses, ns.
@@ -51,6 +58,8 @@ pub struct Projection {
     pub events_per_sec: f64,
     /// `T(P) / (P * T(1))`.
     pub efficiency: f64,
+    /// The routing's share of a worker's time per event, ns (0 on one core).
+    pub route_ns: f64,
     /// The crossing's share of a worker's time per event, ns.
     pub crossing_ns: f64,
     /// The chunks' share of a worker's time per event, ns.
@@ -62,26 +71,28 @@ pub const PROJECTED_CORES: [usize; 3] = [8, 32, 64];
 
 impl Model {
     /// Fits the model to the job's events/s with one worker (`one`) and
-    /// two (`two`), batches of `batch` records and a one-way handoff of
-    /// `handoff_ns`. `None` unless every input is positive and finite.
+    /// two (`two`), batches of `batch` records, a one-way handoff of
+    /// `handoff_ns` and routing of `route_ns` per record. `None` unless
+    /// every input is positive and finite (the routing may be 0).
     ///
     /// The crossing cost comes out negative when two workers ran more
     /// than twice as fast per core as the model allows: the two runs then
     /// do not fit the model (the machine's speed changed between them),
     /// which [`Model::fits`] says.
-    pub fn fit(one: f64, two: f64, batch: usize, handoff_ns: f64) -> Option<Model> {
+    pub fn fit(one: f64, two: f64, batch: usize, handoff_ns: f64, route_ns: f64) -> Option<Model> {
         let ok = |v: f64| v.is_finite() && v > 0.0;
-        if !(ok(one) && ok(two) && ok(handoff_ns)) || batch == 0 {
+        if !(ok(one) && ok(two) && ok(handoff_ns)) || batch == 0 || !(route_ns.is_finite() && route_ns >= 0.0) {
             return None;
         }
         let chunk_ns = 2.0 * handoff_ns;
         let t1_ns = 1e9 / one;
-        let crossing_ns = 2.0 * (2e9 / two - t1_ns - chunk_ns / batch as f64);
+        let crossing_ns = 2.0 * (2e9 / two - t1_ns - route_ns - chunk_ns / batch as f64);
         Some(Model {
             one_worker_events_per_sec: one,
             two_workers_events_per_sec: two,
             batch,
             handoff_ns,
+            route_ns,
             t1_ns,
             crossing_ns,
             chunk_ns,
@@ -96,14 +107,16 @@ impl Model {
     /// The model at `cores` cores (at least 1).
     pub fn at(&self, cores: usize) -> Projection {
         let p = cores.max(1) as f64;
+        let route_ns = if cores > 1 { self.route_ns } else { 0.0 };
         let crossing_ns = self.crossing_ns * (p - 1.0) / p;
         let chunks_ns = self.chunk_ns * (p - 1.0) / self.batch as f64;
-        let per_event_ns = self.t1_ns + crossing_ns + chunks_ns;
+        let per_event_ns = self.t1_ns + route_ns + crossing_ns + chunks_ns;
         let events_per_sec = p * 1e9 / per_event_ns;
         Projection {
             cores: cores.max(1),
             events_per_sec,
             efficiency: events_per_sec / (p * self.one_worker_events_per_sec),
+            route_ns,
             crossing_ns,
             chunks_ns,
         }
@@ -112,16 +125,16 @@ impl Model {
     /// The lines `weir bench` prints under a sweep over 1 and 2 workers.
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "scaling model (docs/scaling.md), fitted to this run's p=1 and p=2 and a one-way \
-             handoff of {:.0} ns measured now: t1 {:.2} ns per event, crossing {:.2} ns per record \
-             that crosses, {:.0} ns per chunk of B = {}",
-            self.handoff_ns, self.t1_ns, self.crossing_ns, self.chunk_ns, self.batch
+            "scaling model (docs/scaling.md), fitted to this run's p=1 and p=2, a one-way handoff of \
+             {:.0} ns and routing of {:.2} ns per record measured now: t1 {:.2} ns per event, crossing \
+             {:.2} ns per record that crosses, {:.0} ns per chunk of B = {}",
+            self.handoff_ns, self.route_ns, self.t1_ns, self.crossing_ns, self.chunk_ns, self.batch
         );
         if !self.fits() {
             s.push_str(&format!(
                 "\n    not fitted: two workers ran {:.2}x one, more than the model allows with this \
-                 handoff (the crossing cost comes out negative); a machine whose speed drifts between \
-                 the two runs does this: run the sweep again",
+                 handoff and routing (the crossing cost comes out negative); a machine whose speed \
+                 drifts between the two runs does this: run the sweep again",
                 self.two_workers_events_per_sec / self.one_worker_events_per_sec
             ));
             return s;
@@ -129,11 +142,12 @@ impl Model {
         for p in PROJECTED_CORES {
             let x = self.at(p);
             s.push_str(&format!(
-                "\n    {} cores: {:.0} M ev/s at most, efficiency {:.2} (crossing {:.1} ns, chunks {:.1} ns \
-                 per event per worker)",
+                "\n    {} cores: {:.0} M ev/s at most, efficiency {:.2} (routing {:.1} ns, crossing {:.1} ns, \
+                 chunks {:.1} ns per event per worker)",
                 p,
                 x.events_per_sec / 1e6,
                 x.efficiency,
+                x.route_ns,
                 x.crossing_ns,
                 x.chunks_ns
             ));
@@ -151,34 +165,34 @@ mod tests {
         (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1.0)
     }
 
-    /// 100 M ev/s on one worker is 10 ns per event; 180 M on two is
-    /// 11.11 ns per event per worker, of which f/B = 400/1000 = 0.4 ns is
-    /// the chunks and the rest, 0.71 ns, is half the crossing.
+    /// 100 M ev/s on one worker is 10 ns per event; 160 M on two is
+    /// 12.5 ns per event per worker, of which 1.5 ns is the routing,
+    /// f/B = 400/1000 = 0.4 ns the chunks and the rest, 0.6 ns, half the
+    /// crossing.
     #[test]
     fn fits_a_worked_example() {
-        let m = Model::fit(100e6, 180e6, 1000, 200.0).unwrap();
+        let m = Model::fit(100e6, 160e6, 1000, 200.0, 1.5).unwrap();
         assert!(close(m.t1_ns, 10.0));
         assert!(close(m.chunk_ns, 400.0));
-        assert!(
-            close(m.crossing_ns, 2.0 * (2e9 / 180e6 - 10.0 - 0.4)),
-            "{}",
-            m.crossing_ns
-        );
+        assert!(close(m.crossing_ns, 1.2), "{}", m.crossing_ns);
         assert!(m.fits());
+        assert_eq!(m.at(1).route_ns, 0.0);
+        assert_eq!(m.at(2).route_ns, 1.5);
         let at64 = m.at(64);
-        let expected = 64e9 / (10.0 + m.crossing_ns * 63.0 / 64.0 + 400.0 * 63.0 / 1000.0);
+        let expected = 64e9 / (10.0 + 1.5 + 1.2 * 63.0 / 64.0 + 400.0 * 63.0 / 1000.0);
         assert!(close(at64.events_per_sec, expected));
         assert!(m.describe().contains("64 cores"));
     }
 
     #[test]
     fn rejects_what_cannot_be_fitted() {
-        assert_eq!(Model::fit(0.0, 1.0, 1, 1.0), None);
-        assert_eq!(Model::fit(1.0, f64::NAN, 1, 1.0), None);
-        assert_eq!(Model::fit(1.0, 1.0, 0, 1.0), None);
-        assert_eq!(Model::fit(1.0, 1.0, 1, 0.0), None);
-        // Two workers at 2.5x one: faster than linear, a negative crossing.
-        let m = Model::fit(100e6, 250e6, 1024, 200.0).unwrap();
+        assert_eq!(Model::fit(0.0, 1.0, 1, 1.0, 0.0), None);
+        assert_eq!(Model::fit(1.0, f64::NAN, 1, 1.0, 0.0), None);
+        assert_eq!(Model::fit(1.0, 1.0, 0, 1.0, 0.0), None);
+        assert_eq!(Model::fit(1.0, 1.0, 1, 0.0, 0.0), None);
+        assert_eq!(Model::fit(1.0, 1.0, 1, 1.0, -1.0), None);
+        // Two workers at 1.9x one with 1 ns of routing: a negative crossing.
+        let m = Model::fit(100e6, 190e6, 1024, 200.0, 1.0).unwrap();
         assert!(!m.fits());
         assert!(m.describe().contains("run the sweep again"));
         assert!(!m.describe().contains("64 cores"));
@@ -188,9 +202,15 @@ mod tests {
         /// The fitted model gives back the two measured figures, and its
         /// efficiency falls as cores are added (when it fits).
         #[test]
-        fn reproduces_its_inputs(one in 1e6f64..1e9, ratio in 1.0f64..2.0, batch in 1usize..8192, h in 10.0f64..2000.0) {
+        fn reproduces_its_inputs(
+            one in 1e6f64..1e9,
+            ratio in 1.0f64..2.0,
+            batch in 1usize..8192,
+            handoff in 10.0f64..2000.0,
+            route in 0.0f64..5.0,
+        ) {
             let two = one * ratio;
-            let m = Model::fit(one, two, batch, h).unwrap();
+            let m = Model::fit(one, two, batch, handoff, route).unwrap();
             prop_assert!(close(m.at(1).events_per_sec, one));
             prop_assert!(close(m.at(2).events_per_sec, two));
             if m.fits() {

@@ -423,7 +423,13 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
             // `routes_stay_in_range` below).
             unsafe { *routes.get_unchecked(key_group(stable_hash(&key_fn(r)), maxp)) as usize }
         };
-        if outboxes.len() <= STAGE_TARGETS {
+        if let [only] = outboxes {
+            // One target takes every record: no key to hash. (The keyed
+            // operator behind it computes each key anyway, so a key
+            // function's panic still names it.)
+            only.staged.reserve(batch.len());
+            only.staged.extend(batch.drain(..).map(Message::Data));
+        } else if outboxes.len() <= STAGE_TARGETS {
             stage_routed(outboxes, batch, route);
         } else {
             for record in batch.drain(..) {
@@ -552,6 +558,38 @@ mod tests {
         stage_routed(&mut outboxes, &mut big, |_| 2);
         assert_eq!(outboxes[2].pending().len(), 16 + 1000);
         assert_eq!(outboxes[2].pending().last(), Some(&Message::Data("999".to_string())));
+    }
+
+    /// A hash exchange to one target hands it every record, in order and
+    /// behind what it staged before, without computing a key (the key
+    /// function here panics if called).
+    #[test]
+    fn one_target_takes_every_record_in_order_without_a_key() {
+        use crate::metrics::{MetricsRegistry, TaskCounters};
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0, 0));
+        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
+        let mut ctx = TaskContext::new(0, 1, vec!["x".to_string()].into(), counters, registry);
+        let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 8);
+        let mut out = HashOutput::<String, u64, _>::new(
+            vec![Outbox::new(p, 4)],
+            |_: &String| -> u64 { panic!("one target needs no key") },
+            128,
+            0,
+        );
+        out.watermark(3, &mut ctx).unwrap();
+        let mut batch: Vec<String> = (0..20).map(|i| i.to_string()).collect();
+        out.collect(&mut batch, &mut ctx).unwrap();
+        assert!(batch.is_empty());
+        let mut got = Vec::new();
+        while got.len() < 21 {
+            while let Ok(m) = c.pop() {
+                got.push(m);
+            }
+            out.flush(&mut ctx).unwrap();
+        }
+        let mut want = vec![Message::Watermark(3)];
+        want.extend((0..20).map(|i| Message::Data(i.to_string())));
+        assert_eq!(got, want);
     }
 
     #[test]
