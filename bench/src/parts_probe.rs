@@ -117,6 +117,20 @@ fn update_rate(events: &[Event], batch: usize, mut apply: impl FnMut(&mut Vec<Ev
     })
 }
 
+/// Runs `f` on a thread of its own pinned to core 0 and returns what it
+/// gives, or `failed` should it panic: the caller's affinity (the job's,
+/// after the probe) is left alone.
+fn on_core_0<R: Send>(failed: R, f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to_core(0);
+            f()
+        })
+        .join()
+        .unwrap_or(failed)
+    })
+}
+
 /// Writes `n` events (at most the free slots) numbered from `seq` on.
 fn write_events(tx: &mut rtrb::Producer<Event>, n: usize, seq: &mut u64) {
     let w = tx.write_chunk_uninit(n).expect("the caller saw n free slots");
@@ -188,21 +202,16 @@ fn ring_rate(capacity: usize, chunk: usize) -> f64 {
 fn one_core_ring_rate(capacity: usize, chunk: usize) -> f64 {
     let (mut tx, mut rx) = rtrb::RingBuffer::<Event>::new(capacity);
     let chunk = chunk.clamp(1, capacity);
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            pin_to_core(0);
-            let (mut seq, mut sum) = (0u64, 0u64);
-            let r = best_rate(WINDOWS, || {
-                // The ring is empty between rounds, so a chunk fits.
-                write_events(&mut tx, chunk, &mut seq);
-                read_events(&mut rx, chunk, &mut sum);
-                chunk as u64
-            });
-            std::hint::black_box(sum);
-            r
-        })
-        .join()
-        .unwrap_or(0.0)
+    on_core_0(0.0, || {
+        let (mut seq, mut sum) = (0u64, 0u64);
+        let r = best_rate(WINDOWS, || {
+            // The ring is empty between rounds, so a chunk fits.
+            write_events(&mut tx, chunk, &mut seq);
+            read_events(&mut rx, chunk, &mut sum);
+            chunk as u64
+        });
+        std::hint::black_box(sum);
+        r
     })
 }
 
@@ -241,27 +250,22 @@ fn mapped_rate(events: &[Event], batch: usize, dir: &std::path::Path) -> Option<
 pub fn route_ns(keys: u64, batch: usize) -> f64 {
     use weir_core::keyed::stable_hash;
     let events = key_sequence(keys.max(1), 1 << 16);
-    let rate = std::thread::scope(|s| {
-        s.spawn(|| {
-            pin_to_core(0);
-            let (mut to_second, mut at) = (0u64, 0usize);
-            let batch = batch.max(1);
-            // Read in place, not copied as the map figures' batches are: the
-            // exchange reads its records where the generator wrote them.
-            let r = best_rate(WINDOWS, || {
-                let end = (at + batch).min(events.len());
-                for e in &events[at..end] {
-                    to_second += stable_hash(&e.key) >> 63;
-                }
-                let n = end - at;
-                at = if end == events.len() { 0 } else { end };
-                n as u64
-            });
-            std::hint::black_box(to_second);
-            r
-        })
-        .join()
-        .unwrap_or(0.0)
+    let rate = on_core_0(0.0, || {
+        let (mut to_second, mut at) = (0u64, 0usize);
+        let batch = batch.max(1);
+        // Read in place, not copied as the map figures' batches are: the
+        // exchange reads its records where the generator wrote them.
+        let r = best_rate(WINDOWS, || {
+            let end = (at + batch).min(events.len());
+            for e in &events[at..end] {
+                to_second += stable_hash(&e.key) >> 63;
+            }
+            let n = end - at;
+            at = if end == events.len() { 0 } else { end };
+            n as u64
+        });
+        std::hint::black_box(to_second);
+        r
     });
     if rate > 0.0 {
         1e9 / rate
@@ -284,15 +288,10 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) ->
         ring_rate(ring_capacity, batch)
     };
     let events = key_sequence(keys.max(1), 1 << 16);
-    let (map, mapped) = std::thread::scope(|s| {
-        s.spawn(|| {
-            pin_to_core(0);
-            let map = map_rate(&events, batch);
-            let dir = weir_core::default_state_dir().join(format!("weir-parts-{}", std::process::id()));
-            (map, mapped_rate(&events, batch, &dir).unwrap_or(0.0))
-        })
-        .join()
-        .unwrap_or((0.0, 0.0))
+    let (map, mapped) = on_core_0((0.0, 0.0), || {
+        let map = map_rate(&events, batch);
+        let dir = weir_core::default_state_dir().join(format!("weir-parts-{}", std::process::id()));
+        (map, mapped_rate(&events, batch, &dir).unwrap_or(0.0))
     });
     Parts {
         threads,
