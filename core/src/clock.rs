@@ -1,6 +1,6 @@
 //! A process-wide monotonic clock in nanoseconds.
 //!
-//! Reading it costs about as much as `Instant::now` (16-18 ns here), so the
+//! Reading it costs what `Instant::now` costs (16-29 ns on these guests), so the
 //! runtime reads it once per batch, never once per record. Timestamps are
 //! `u64` nanoseconds since the first use of the clock in this process, which
 //! fits in a record field and subtracts without overflow checks.
@@ -14,6 +14,13 @@ fn origin() -> Instant {
 }
 
 /// Nanoseconds since this process first read the clock.
+///
+/// A reading ordered after another thread's reading (by a release store
+/// and an acquire load) is not smaller: a sink subtracts a stamp taken by a
+/// source on another core. A raw read of the time-stamp counter breaks
+/// this: the CPU may execute it before the load that orders it, and on this
+/// guest such readings came out up to 270 ns before the other core's
+/// (`readings_order_across_threads`; docs/benchmarks.md, "A cheaper clock").
 ///
 /// ```
 /// let a = weir_core::clock::now_ns();
@@ -49,5 +56,48 @@ mod tests {
             assert!(now >= last);
             last = now;
         }
+    }
+
+    /// The contract the sink's latency rests on: a reading taken after an
+    /// acquire load of another core's reading is not smaller. One thread
+    /// publishes readings without pause; the other loads the latest and
+    /// reads the clock at once, so a clock read that the CPU may run ahead
+    /// of the load (a bare `rdtsc`) comes out early.
+    #[test]
+    fn readings_order_across_threads() {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        const LOADS: usize = 2_000_000;
+        let cores = core_affinity::get_core_ids().unwrap_or_default();
+        let (first, last) = (cores.first().copied(), cores.last().copied());
+        let (stamp, done) = (&AtomicU64::new(0), &AtomicBool::new(false));
+        let (worst, seen) = std::thread::scope(|s| {
+            s.spawn(move || {
+                if let Some(c) = first {
+                    core_affinity::set_for_current(c);
+                }
+                while !done.load(Ordering::Relaxed) {
+                    stamp.store(super::now_ns(), Ordering::Release);
+                }
+            });
+            let reader = s.spawn(move || {
+                if let Some(c) = last {
+                    core_affinity::set_for_current(c);
+                }
+                let (mut worst, mut seen) = (i64::MAX, 0);
+                for _ in 0..LOADS {
+                    let theirs = stamp.load(Ordering::Acquire);
+                    let ours = super::now_ns();
+                    if theirs != 0 {
+                        worst = worst.min(ours as i64 - theirs as i64);
+                        seen += 1;
+                    }
+                }
+                done.store(true, Ordering::Relaxed);
+                (worst, seen)
+            });
+            reader.join().expect("the reader does not panic")
+        });
+        assert!(seen > LOADS / 2, "only {seen} of {LOADS} loads saw a reading");
+        assert!(worst >= 0, "a reading {} ns before the other core's", -worst);
     }
 }
