@@ -54,6 +54,11 @@ pub struct Parts {
     /// `threads / (2 / ring + 1 / map)` (one thread: `1 / (1 / ring + 1 /
     /// map)`): events/s.
     pub limit_events_per_sec: f64,
+    /// One-way handoff between cores 0 and 1 at this moment, ns
+    /// (`handoff_probe`), for a job on more than one core: this guest's
+    /// path between its cores runs at 34-39 ns or at 150-190 ns, and a
+    /// two-worker job's events/s follow it. `None` for one core.
+    pub handoff_ns: Option<f64>,
 }
 
 /// Windows per figure, and the time of all of them.
@@ -300,6 +305,7 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) ->
         map_updates_per_sec: map,
         mapped_updates_per_sec: mapped,
         limit_events_per_sec: limit(threads, ring, map),
+        handoff_ns: (threads > 1).then(crate::handoff_probe::one_way_ns).flatten(),
     }
 }
 

@@ -457,7 +457,7 @@ pub fn parts_line(r: &BenchResult) -> Option<String> {
         "parts, measured now: ring {:.0} M rec/s ({}), FxHashMap {:.0} M upd/s, weir's mapped store {:.0} M upd/s \
          ({} keys): ceiling {:.0} M ev/s on {} core{}; weir reached {:.0}% of it",
         m(p.ring_items_per_sec),
-        if p.threads == 1 { "one core" } else { "core 0 to core 1" },
+        ring_place(p),
         m(p.map_updates_per_sec),
         m(p.mapped_updates_per_sec),
         p.keys,
@@ -470,6 +470,16 @@ pub fn parts_line(r: &BenchResult) -> Option<String> {
             0.0
         }
     ))
+}
+
+/// Where the parts line's ring ran: on one core, or between cores 0 and 1
+/// with the handoff between them at that moment (the host's state).
+fn ring_place(p: &crate::parts_probe::Parts) -> String {
+    match (p.threads, p.handoff_ns) {
+        (0 | 1, _) => "one core".to_string(),
+        (_, Some(h)) => format!("core 0 to core 1, one-way handoff {h:.0} ns"),
+        (_, None) => "core 0 to core 1".to_string(),
+    }
 }
 
 /// The copy-bandwidth line under a stateless run's [`row`]: weir's bytes/s
@@ -490,4 +500,27 @@ pub fn copy_line(r: &BenchResult) -> Option<String> {
         c.threads,
         if c.threads == 1 { "" } else { "s" }
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_parts_line_names_the_handoff_of_a_run_on_two_cores() {
+        let mut p = crate::parts_probe::Parts {
+            threads: 2,
+            keys: 10_000,
+            ring_items_per_sec: 250e6,
+            map_updates_per_sec: 300e6,
+            mapped_updates_per_sec: 230e6,
+            limit_events_per_sec: 180e6,
+            handoff_ns: Some(36.4),
+        };
+        assert_eq!(ring_place(&p), "core 0 to core 1, one-way handoff 36 ns");
+        p.handoff_ns = None;
+        assert_eq!(ring_place(&p), "core 0 to core 1");
+        p.threads = 1;
+        assert_eq!(ring_place(&p), "one core");
+    }
 }

@@ -78,7 +78,9 @@ def main():
             share = f"{100 * w['events_per_sec'] / limit:.0f}%" if limit else "-"
             print(f"  {pipeline}/{mode}: {si(w['events_per_sec'])} ev/s = {share} of {si(limit)} ev/s on {p['threads']} cores"
                   f" (ring {si(p['ring_items_per_sec'])}/s, FxHashMap {si(p['map_updates_per_sec'])}/s,"
-                  f" weir's mapped store {si(p['mapped_updates_per_sec'])}/s, {p['keys']} keys)")
+                  f" weir's mapped store {si(p['mapped_updates_per_sec'])}/s, {p['keys']} keys"
+                  + (f"; one-way handoff between the cores {p['handoff_ns']:.0f} ns" if p.get("handoff_ns") else "")
+                  + ")")
 
 
 if __name__ == "__main__":
