@@ -19,8 +19,9 @@ fn origin() -> Instant {
 /// and an acquire load) is not smaller: a sink subtracts a stamp taken by a
 /// source on another core. A raw read of the time-stamp counter breaks
 /// this: the CPU may execute it before the load that orders it, and on this
-/// guest such readings came out up to 270 ns before the other core's
-/// (`readings_order_across_threads`; docs/benchmarks.md, "A cheaper clock").
+/// guest such readings came out up to 300 ns before the other core's
+/// (`readings_order_across_threads`; `cargo bench -p weir-bench --bench
+/// clock_read`).
 ///
 /// ```
 /// let a = weir_core::clock::now_ns();
