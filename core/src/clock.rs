@@ -67,38 +67,51 @@ mod tests {
     #[test]
     fn readings_order_across_threads() {
         use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::time::{Duration, Instant};
         const LOADS: usize = 2_000_000;
+        // On one core the two threads take turns instead; the check holds
+        // all the same.
         let cores = core_affinity::get_core_ids().unwrap_or_default();
-        let (first, last) = (cores.first().copied(), cores.last().copied());
+        let (first, last) = match cores.as_slice() {
+            [a, .., b] => (Some(*a), Some(*b)),
+            _ => (None, None),
+        };
         let (stamp, done) = (&AtomicU64::new(0), &AtomicBool::new(false));
-        let (worst, seen) = std::thread::scope(|s| {
+        let worst = std::thread::scope(|s| {
             s.spawn(move || {
                 if let Some(c) = first {
                     core_affinity::set_for_current(c);
                 }
                 while !done.load(Ordering::Relaxed) {
-                    stamp.store(super::now_ns(), Ordering::Release);
+                    // +1: a first reading of 0 would read as "none yet".
+                    stamp.store(super::now_ns() + 1, Ordering::Release);
                 }
             });
             let reader = s.spawn(move || {
                 if let Some(c) = last {
                     core_affinity::set_for_current(c);
                 }
-                let (mut worst, mut seen) = (i64::MAX, 0);
+                // The writer may not have run yet on a busy machine: wait
+                // for its first reading (bounded), so that every load
+                // below compares two readings.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                while stamp.load(Ordering::Acquire) == 0 && Instant::now() < deadline {
+                    std::thread::yield_now();
+                }
+                let mut worst = i64::MAX;
                 for _ in 0..LOADS {
                     let theirs = stamp.load(Ordering::Acquire);
-                    let ours = super::now_ns();
+                    let ours = super::now_ns() + 1;
                     if theirs != 0 {
                         worst = worst.min(ours as i64 - theirs as i64);
-                        seen += 1;
                     }
                 }
                 done.store(true, Ordering::Relaxed);
-                (worst, seen)
+                worst
             });
             reader.join().expect("the reader does not panic")
         });
-        assert!(seen > LOADS / 2, "only {seen} of {LOADS} loads saw a reading");
+        assert!(worst != i64::MAX, "the other thread published no reading in 30 s");
         assert!(worst >= 0, "a reading {} ns before the other core's", -worst);
     }
 }
