@@ -381,8 +381,9 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
 /// The scaling model, fitted when `latest` and an earlier run of the sweep
 /// are the one- and two-worker runs of the same job (in either order),
 /// with the one-way handoff between the runs' cores and the exchange's
-/// routing measured now, and the sweep's source batches of `batch` records
-/// over `keys` keys.
+/// routing measured now (and the handoff measured just before the
+/// two-worker run, which tells whether the host changed state around it),
+/// and the sweep's source batches of `batch` records over `keys` keys.
 fn fit_scaling(
     earlier: &[BenchResult],
     latest: &BenchResult,
@@ -403,7 +404,9 @@ fn fit_scaling(
     };
     let handoff = crate::handoff_probe::one_way_ns()?;
     let route = crate::parts_probe::route_ns(keys, batch);
+    let before = two.parts.and_then(|p| p.handoff_ns);
     crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route)
+        .map(|m| m.with_handoff_before(before))
 }
 
 /// One run's result with the raw data behind it (for plots).
