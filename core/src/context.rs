@@ -54,6 +54,19 @@ pub(crate) struct TaskContext {
     pub(crate) idle_ns: u64,
 }
 
+#[cfg(test)]
+impl TaskContext {
+    /// A context for unit tests: subtask 0 of 1, one operator named `op`,
+    /// its counters sized for `inputs` input rings of `input_capacity`
+    /// slots in all, registered alone.
+    pub(crate) fn for_test(op: &str, inputs: usize, input_capacity: u64) -> (TaskContext, Arc<TaskCounters>) {
+        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, inputs, input_capacity));
+        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
+        let ctx = TaskContext::new(0, 1, vec![op.to_string()].into(), counters.clone(), registry);
+        (ctx, counters)
+    }
+}
+
 impl TaskContext {
     pub(crate) fn new(
         subtask: usize,

@@ -230,10 +230,7 @@ mod tests {
     }
 
     fn ctx() -> TaskContext {
-        use crate::metrics::{MetricsRegistry, TaskCounters};
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0, 0));
-        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
-        TaskContext::new(0, 1, vec!["map".to_string()].into(), counters, registry)
+        TaskContext::for_test("map", 0, 0).0
     }
 
     /// What the chain's end took.

@@ -602,6 +602,14 @@ mod tests {
         }
     }
 
+    /// The next word of a xorshift sequence: test hashes and keys.
+    fn xorshift(x: &mut u64) -> u64 {
+        *x ^= *x << 13;
+        *x ^= *x >> 7;
+        *x ^= *x << 17;
+        *x
+    }
+
     /// With powers of two of targets and key groups, the hash's top bits
     /// name the target its key group routes to (the shortcut
     /// `HashOutput::collect` takes), and `new` takes the shortcut exactly
@@ -621,9 +629,7 @@ mod tests {
                 };
                 assert!(q.is_power_of_two() && q >= 2);
                 for _ in 0..2000 {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
+                    let x = xorshift(&mut x);
                     assert_eq!(
                         (x >> shift) as u32,
                         out.routes[key_group(x, maxp)],
@@ -667,10 +673,7 @@ mod tests {
     /// function here panics if called).
     #[test]
     fn one_target_takes_every_record_in_order_without_a_key() {
-        use crate::metrics::{MetricsRegistry, TaskCounters};
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0, 0));
-        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
-        let mut ctx = TaskContext::new(0, 1, vec!["x".to_string()].into(), counters, registry);
+        let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
         let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 8);
         let mut out = HashOutput::<String, u64, _>::new(
             vec![Outbox::new(p, 4)],
@@ -710,14 +713,7 @@ mod tests {
         let (mut two, mut general) = (fresh(), fresh());
         let mut x = 0x2545_f491_4f6c_dd1du64;
         for size in [0usize, 1, 5, 50, 1000] {
-            let words: Vec<u64> = (0..size)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x
-                })
-                .collect();
+            let words: Vec<u64> = (0..size).map(|_| xorshift(&mut x)).collect();
             let route = |r: &String| (r.split(':').nth(1).unwrap().parse::<u64>().unwrap() >> 63) as usize;
             let mut a: Vec<String> = words
                 .iter()
@@ -871,10 +867,7 @@ mod tests {
     #[test]
     fn output_channel_state_keeps_staged_watermarks() {
         use crate::checkpoint::snapshot::TaskSnapshot;
-        use crate::metrics::{MetricsRegistry, TaskCounters};
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 0, 0));
-        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
-        let mut ctx = TaskContext::new(0, 1, vec!["x".to_string()].into(), counters, registry);
+        let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
         let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 2);
         let mut out = RebalanceOutput {
             outboxes: vec![Outbox::new(p, 8)],

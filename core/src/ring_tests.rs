@@ -11,7 +11,7 @@ use crate::collector::Collector;
 use crate::context::TaskContext;
 use crate::error::BoxError;
 use crate::message::Message;
-use crate::metrics::{MetricsRegistry, TaskCounters};
+use crate::metrics::TaskCounters;
 use crate::output::{HashOutput, Outbox, RebalanceOutput};
 use crate::task::{Inbox, InputTask, Task, TaskPoll};
 
@@ -64,10 +64,7 @@ fn wait(start: Instant, what: &str) {
 }
 
 fn test_ctx(input_capacity: u64) -> (TaskContext, Arc<TaskCounters>) {
-    let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, 1, input_capacity));
-    let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
-    let ops: Arc<[String]> = vec!["test".to_string()].into();
-    (TaskContext::new(0, 1, ops, counters.clone(), registry), counters)
+    TaskContext::for_test("test", 1, input_capacity)
 }
 
 /// Number of records per stream: large enough for millions of wrap-arounds

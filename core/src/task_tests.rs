@@ -15,7 +15,6 @@ use crate::checkpoint::{CheckpointMode, DEFAULT_INLINE_STATE_MAX};
 use crate::clock;
 use crate::context::TaskContext;
 use crate::message::{Barrier, Message};
-use crate::metrics::{MetricsRegistry, TaskCounters};
 use crate::output::{Outbox, RebalanceOutput};
 use crate::task::{Inbox, InputTask, Task, TaskPoll};
 
@@ -51,10 +50,7 @@ impl Harness {
             next: 0,
         };
         let task = InputTask::new(inboxes, Box::new(chain), 64);
-        let counters = Arc::new(TaskCounters::new("test".into(), 0, 1, n, 64));
-        let registry = Arc::new(MetricsRegistry::new(vec![counters.clone()]));
-        let ops: Arc<[String]> = vec!["test".to_string()].into();
-        let mut ctx = TaskContext::new(0, 1, ops, counters, registry);
+        let (mut ctx, _) = TaskContext::for_test("test", n, 64);
         let signals = Arc::new(Signals::new(mode, alignment_timeout_ns, 0, 1));
         let (tx, events) = mpsc::channel();
         let dir = tempfile::tempdir().unwrap();
