@@ -153,13 +153,18 @@ impl BuildCtx {
         &self.state_root
     }
 
-    /// The parker of the worker that runs subtask `subtask` of chain `group`.
-    fn parker(&self, group: usize, subtask: usize) -> Option<Arc<Parker>> {
+    /// The worker that runs subtask `subtask` of chain `group` (task `k`
+    /// runs on worker `k mod workers`); `None` before workers are known.
+    fn worker(&self, group: usize, subtask: usize) -> Option<usize> {
         if self.parkers.is_empty() {
             return None;
         }
-        let k = self.group_offsets.get(group)? + subtask;
-        Some(self.parkers[k % self.parkers.len()].clone())
+        Some((self.group_offsets.get(group)? + subtask) % self.parkers.len())
+    }
+
+    /// The parker of the worker that runs subtask `subtask` of chain `group`.
+    fn parker(&self, group: usize, subtask: usize) -> Option<Arc<Parker>> {
+        self.worker(group, subtask).map(|w| self.parkers[w].clone())
     }
 
     fn ring_set<T: Send + 'static>(&mut self, edge: EdgeId) -> &mut RingSet<T> {
@@ -185,12 +190,20 @@ impl BuildCtx {
 
     fn producers<T: Send + 'static>(&mut self, edge: EdgeId, from: usize) -> Vec<Outbox<T>> {
         let batch = self.config.batch_size;
-        let to_group = self.edge_groups[edge].1;
-        let wakes: Vec<_> = (0..self.edges[edge].1).map(|j| self.parker(to_group, j)).collect();
+        let (from_group, to_group) = self.edge_groups[edge];
+        let here = self.worker(from_group, from);
+        let targets: Vec<_> = (0..self.edges[edge].1)
+            .map(|j| {
+                let there = self.worker(to_group, j);
+                (self.parker(to_group, j), here.is_some() && here == there)
+            })
+            .collect();
         self.ring_set::<T>(edge).producers[from]
             .iter_mut()
-            .zip(wakes)
-            .map(|(p, w)| Outbox::with_wake(p.take().expect("each producer is taken once"), batch, w))
+            .zip(targets)
+            .map(|(p, (wake, same_worker))| {
+                Outbox::with_wake(p.take().expect("each producer is taken once"), batch, wake, same_worker)
+            })
             .collect()
     }
 
@@ -874,5 +887,46 @@ where
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
         });
         Stream::new(graph, q, vec!["process".to_string()], p, edges_in, chain)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A build context for one exchange edge from a chain of `p` subtasks
+    /// to one of `q`, the chains placed first and second, on `workers`.
+    fn ctx(p: usize, q: usize, workers: usize) -> BuildCtx {
+        BuildCtx {
+            config: RuntimeConfig::default(),
+            edges: vec![(p, q)],
+            edge_groups: vec![(0, 1)],
+            group_offsets: vec![0, p],
+            parkers: (0..workers).map(|_| Arc::new(Parker::default())).collect(),
+            state_root: std::path::PathBuf::new(),
+            stores: 0,
+            rings: HashMap::new(),
+            max_parallelism: crate::keyed::DEFAULT_MAX_PARALLELISM,
+        }
+    }
+
+    /// An outbox knows whether its consumer runs on the producer's worker
+    /// (task `k` on worker `k mod workers`): only then may records go
+    /// straight into its ring.
+    #[test]
+    fn an_outbox_knows_whether_its_consumer_shares_its_worker() {
+        let same = |c: &mut BuildCtx, from: usize| -> Vec<bool> {
+            c.producers::<u64>(0, from).iter().map(|o| o.same_worker).collect()
+        };
+        // One worker runs source and consumer.
+        assert_eq!(same(&mut ctx(1, 1, 1), 0), [true]);
+        // Two workers: the source on worker 0, the consumer on worker 1.
+        assert_eq!(same(&mut ctx(1, 1, 2), 0), [false]);
+        // Two by two on two workers: subtask i of each chain on worker i.
+        let mut two = ctx(2, 2, 2);
+        assert_eq!(same(&mut two, 0), [true, false]);
+        assert_eq!(same(&mut two, 1), [false, true]);
+        // Before workers are known, nothing is assumed.
+        assert_eq!(same(&mut ctx(1, 1, 0), 0), [false]);
     }
 }
