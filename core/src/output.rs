@@ -24,7 +24,7 @@ use crate::data::Data;
 use crate::error::BoxError;
 use crate::idle::Parker;
 use crate::keyed::{key_group, stable_hash, subtask_for_key_group};
-use crate::message::{Barrier, Message};
+use crate::message::{Barrier, BatchPool, Message};
 
 /// Ring slots that records never use: a control message (a barrier that
 /// must overtake a backpressured channel) always finds room. Eight covers
@@ -52,21 +52,24 @@ pub(crate) struct Outbox<T> {
     /// The consumer runs on the producer's worker, so the ring's lines
     /// were last touched by this core ([`Self::write_straight_in`]).
     pub(crate) same_worker: bool,
+    /// A same-worker channel's empty boxes, for batches handed over by
+    /// reference (`None` across workers).
+    pool: Option<BatchPool<T>>,
 }
 
 impl<T> Outbox<T> {
     #[cfg(test)]
     pub(crate) fn new(ring: Producer<Message<T>>, batch_size: usize) -> Self {
-        Self::with_wake(ring, batch_size, None, false)
+        Self::with_wake(ring, batch_size, None, None)
     }
 
-    /// An outbox on `ring` whose consumer's worker is `wake`; `same_worker`
-    /// when that is the producer's worker too.
+    /// An outbox on `ring` whose consumer's worker is `wake`; with the
+    /// channel's `pool` when that is the producer's worker too.
     pub(crate) fn with_wake(
         ring: Producer<Message<T>>,
         batch_size: usize,
         wake: Option<Arc<Parker>>,
-        same_worker: bool,
+        pool: Option<BatchPool<T>>,
     ) -> Self {
         assert!(
             ring.buffer().capacity() > RESERVED_SLOTS,
@@ -78,15 +81,21 @@ impl<T> Outbox<T> {
             controls: 0,
             ring,
             wake,
-            same_worker,
+            same_worker: pool.is_some(),
+            pool,
         }
     }
 
-    /// Moves records from the front of `batch` straight into the ring, as
-    /// many as fit (never into the reserved slots), when the consumer runs
-    /// on this worker and nothing is staged (so nothing is overtaken); the
-    /// rest stay in `batch`, to be staged behind them.
+    /// When the consumer runs on this worker and nothing is staged (so
+    /// nothing is overtaken): hands the whole batch over by reference if
+    /// the channel's pool has a box and the ring a data slot (one message;
+    /// `batch` gets the box's empty vector), and otherwise moves records
+    /// from its front straight into the ring, as many as fit (never into
+    /// the reserved slots). What is left stays in `batch`, to be staged
+    /// behind them.
     ///
+    /// Handing over copies nothing: the consumer's chain works on the
+    /// producer's vector.
     /// One copy instead of two (into the staging vector, then in bulk into
     /// the ring): the one-worker keyed job faster in 14 of 16 interleaved
     /// pairs, median +7% (docs/benchmarks.md, 2026-12-05). Only for one
@@ -99,10 +108,22 @@ impl<T> Outbox<T> {
         if !self.same_worker || !self.pending().is_empty() {
             return;
         }
-        let n = self.ring.slots().saturating_sub(RESERVED_SLOTS).min(batch.len());
-        if n == 0 {
+        let free = self.ring.slots().saturating_sub(RESERVED_SLOTS);
+        if free == 0 || batch.is_empty() {
             return;
         }
+        if let Some(mut boxed) = self.pool.as_mut().and_then(|p| p.pop().ok()) {
+            std::mem::swap(&mut *boxed, batch);
+            debug_assert!(batch.is_empty(), "boxes come back empty");
+            if self.ring.push(Message::batch(boxed)).is_err() {
+                unreachable!("slots() promised a free slot and only this producer writes");
+            }
+            if let Some(w) = &self.wake {
+                w.wake();
+            }
+            return;
+        }
+        let n = free.min(batch.len());
         let chunk = self
             .ring
             .write_chunk_uninit(n)
@@ -180,6 +201,9 @@ impl<T> Outbox<T> {
             match m {
                 Message::Data(r) => out.record(r)?,
                 Message::Watermark(wm) => out.watermark(*wm),
+                // Never staged (handed over only when nothing is), but
+                // recorded as its records if it were.
+                Message::Batch(records) => records.iter().try_for_each(|r| out.record(r))?,
                 Message::Barrier(_) | Message::End => {}
             }
         }
@@ -285,7 +309,7 @@ impl<T> Drop for Outbox<T> {
 /// ring slots reserved for barriers and end-of-stream.
 #[inline]
 fn is_data_like<T>(m: &Message<T>) -> bool {
-    matches!(m, Message::Data(_) | Message::Watermark(_))
+    matches!(m, Message::Data(_) | Message::Watermark(_) | Message::Batch(_))
 }
 
 /// Flushes every outbox; true if nothing remains staged.
@@ -743,16 +767,20 @@ mod tests {
         assert_eq!(got, want);
     }
 
-    /// A one-target exchange whose consumer runs on its worker writes what
-    /// fits straight into the ring, never into the reserved slots, and
-    /// stages the rest behind it; a later batch waits behind what is
-    /// staged. Values with drop glue: each is moved once, in order.
+    /// A one-target exchange whose consumer runs on its worker, with every
+    /// box of its pool in flight, writes what fits straight into the ring,
+    /// never into the reserved slots, and stages the rest behind it; a
+    /// later batch waits behind what is staged. Values with drop glue:
+    /// each is moved once, in order.
     #[test]
     fn records_for_this_worker_go_straight_into_the_ring_in_order() {
         let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
         let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 4);
+        let (_back, mut pool) = crate::message::batch_pool::<String>(4);
+        let in_flight: Vec<_> = std::iter::from_fn(|| pool.pop().ok()).collect();
+        assert_eq!(in_flight.len(), crate::message::BATCHES_IN_FLIGHT);
         let mut out = HashOutput::<String, u64, _>::new(
-            vec![Outbox::with_wake(p, 4, None, true)],
+            vec![Outbox::with_wake(p, 4, None, Some(pool))],
             |_: &String| -> u64 { panic!("one target needs no key") },
             128,
             0,
@@ -782,12 +810,64 @@ mod tests {
         assert!(c.pop().is_err());
     }
 
+    /// A one-target exchange whose consumer runs on its worker hands each
+    /// batch over whole, as one message, while its pool has a box; the
+    /// caller keeps the box's empty vector. With every box in flight it
+    /// writes records into the ring's slots; boxes back, it hands batches
+    /// over again. Everything arrives once, in order.
+    #[test]
+    fn a_batch_for_this_worker_is_handed_over_whole_while_its_pool_has_a_box() {
+        use crate::message::{batch_pool, BATCHES_IN_FLIGHT};
+        let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
+        let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 64);
+        let (mut back, pool) = batch_pool::<String>(3);
+        let mut out = HashOutput::<String, u64, _>::new(
+            vec![Outbox::with_wake(p, 3, None, Some(pool))],
+            |_: &String| -> u64 { panic!("one target needs no key") },
+            128,
+            0,
+        );
+        let mut next = 0;
+        let mut send = |out: &mut HashOutput<String, u64, _>| {
+            let mut batch: Vec<String> = (next..next + 3).map(|i: usize| i.to_string()).collect();
+            next += 3;
+            out.collect(&mut batch, &mut ctx).unwrap();
+            assert!(batch.is_empty());
+            batch.capacity()
+        };
+        for _ in 0..BATCHES_IN_FLIGHT {
+            assert!(send(&mut out) >= 3, "the caller keeps a box's vector");
+        }
+        assert_eq!(c.slots(), BATCHES_IN_FLIGHT, "one message a batch");
+        send(&mut out);
+        assert_eq!(c.slots(), BATCHES_IN_FLIGHT + 3, "no box left: records in slots");
+        let mut got = Vec::new();
+        while let Ok(m) = c.pop() {
+            match m {
+                Message::Batch(b) => {
+                    let mut b = std::mem::ManuallyDrop::into_inner(b);
+                    got.append(&mut b);
+                    back.push(b).unwrap();
+                }
+                Message::Data(r) => got.push(r),
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        send(&mut out);
+        assert!(
+            matches!(c.pop(), Ok(Message::Batch(_))),
+            "boxes back: handed over again"
+        );
+        let want: Vec<String> = (0..(BATCHES_IN_FLIGHT + 1) * 3).map(|i| i.to_string()).collect();
+        assert_eq!(got, want);
+    }
+
     /// An outbox whose consumer runs on another worker never writes
     /// straight into the ring: the batch is left whole for staging.
     #[test]
     fn records_for_another_worker_are_staged() {
         let (p, c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 4);
-        let mut o = Outbox::with_wake(p, 4, None, false);
+        let mut o = Outbox::with_wake(p, 4, None, None);
         let mut batch = vec![1u64, 2, 3];
         o.write_straight_in(&mut batch);
         assert_eq!(batch, [1, 2, 3]);

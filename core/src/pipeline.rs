@@ -26,7 +26,7 @@ use crate::error::{Error, Result};
 use crate::idle::Parker;
 use crate::job::JobHandle;
 use crate::keyed::{KeyedProcess, MappedKeyedProcess, Output, DEFAULT_MAX_PARALLELISM};
-use crate::message::Message;
+use crate::message::{batch_pool, BatchPool, BatchReturn, Message};
 use crate::operators::{Filter, FlatMap, Map, SinkTail};
 use crate::output::{HashOutput, Outbox, RebalanceOutput};
 use crate::sink::Sink;
@@ -93,6 +93,10 @@ pub(crate) struct Graph {
 struct RingSet<T> {
     producers: Vec<Vec<Option<Producer<Message<T>>>>>,
     consumers: Vec<Vec<Option<Consumer<Message<T>>>>>,
+    /// Same-worker pairs only: the pool's two ends, the producer's and the
+    /// consumer's.
+    pools: Vec<Vec<Option<BatchPool<T>>>>,
+    returns: Vec<Vec<Option<BatchReturn<T>>>>,
 }
 
 /// What [`Pipeline::run`] hands to chain builders.
@@ -169,20 +173,45 @@ impl BuildCtx {
 
     fn ring_set<T: Send + 'static>(&mut self, edge: EdgeId) -> &mut RingSet<T> {
         let (from, to) = self.edges[edge];
+        let (from_group, to_group) = self.edge_groups[edge];
         let capacity = self.config.ring_capacity;
+        let batch = self.config.batch_size;
+        let same: Vec<Vec<bool>> = (0..from)
+            .map(|f| {
+                let here = self.worker(from_group, f);
+                (0..to)
+                    .map(|t| here.is_some() && here == self.worker(to_group, t))
+                    .collect()
+            })
+            .collect();
         self.rings
             .entry(edge)
             .or_insert_with(|| {
                 let mut producers: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
                 let mut consumers: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
+                let mut pools: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
+                let mut returns: Vec<Vec<_>> = (0..from).map(|_| Vec::with_capacity(to)).collect();
                 for f in 0..from {
-                    for _ in 0..to {
+                    for &same_worker in &same[f] {
                         let (p, c) = RingBuffer::new(capacity);
                         producers[f].push(Some(p));
                         consumers[f].push(Some(c));
+                        let (back, pool) = if same_worker {
+                            let (back, pool) = batch_pool::<T>(batch);
+                            (Some(back), Some(pool))
+                        } else {
+                            (None, None)
+                        };
+                        pools[f].push(pool);
+                        returns[f].push(back);
                     }
                 }
-                Box::new(RingSet::<T> { producers, consumers })
+                Box::new(RingSet::<T> {
+                    producers,
+                    consumers,
+                    pools,
+                    returns,
+                })
             })
             .downcast_mut::<RingSet<T>>()
             .expect("an edge carries one record type")
@@ -190,19 +219,15 @@ impl BuildCtx {
 
     fn producers<T: Send + 'static>(&mut self, edge: EdgeId, from: usize) -> Vec<Outbox<T>> {
         let batch = self.config.batch_size;
-        let (from_group, to_group) = self.edge_groups[edge];
-        let here = self.worker(from_group, from);
-        let targets: Vec<_> = (0..self.edges[edge].1)
-            .map(|j| {
-                let there = self.worker(to_group, j);
-                (self.parker(to_group, j), here.is_some() && here == there)
-            })
-            .collect();
-        self.ring_set::<T>(edge).producers[from]
+        let to_group = self.edge_groups[edge].1;
+        let wakes: Vec<_> = (0..self.edges[edge].1).map(|j| self.parker(to_group, j)).collect();
+        let set = self.ring_set::<T>(edge);
+        set.producers[from]
             .iter_mut()
-            .zip(targets)
-            .map(|(p, (wake, same_worker))| {
-                Outbox::with_wake(p.take().expect("each producer is taken once"), batch, wake, same_worker)
+            .zip(set.pools[from].iter_mut())
+            .zip(wakes)
+            .map(|((p, pool), wake)| {
+                Outbox::with_wake(p.take().expect("each producer is taken once"), batch, wake, pool.take())
             })
             .collect()
     }
@@ -215,11 +240,18 @@ impl BuildCtx {
     pub(crate) fn consumers<T: Send + 'static>(&mut self, edge: EdgeId, to: usize) -> Vec<Inbox<T>> {
         let from_group = self.edge_groups[edge].0;
         let wakes: Vec<_> = (0..self.edges[edge].0).map(|i| self.parker(from_group, i)).collect();
-        self.ring_set::<T>(edge)
-            .consumers
+        let set = self.ring_set::<T>(edge);
+        set.consumers
             .iter_mut()
+            .zip(set.returns.iter_mut())
             .zip(wakes)
-            .map(|(row, w)| Inbox::new(row[to].take().expect("each consumer is taken once"), w))
+            .map(|((row, backs), w)| {
+                Inbox::new(
+                    row[to].take().expect("each consumer is taken once"),
+                    w,
+                    backs[to].take(),
+                )
+            })
             .collect()
     }
 }

@@ -392,7 +392,7 @@ fn input_task_merges_producers_in_order_and_respects_pending_output() {
     let mut senders = Vec::new();
     for source in 0..PRODUCERS {
         let (p, c) = RingBuffer::<Message<(usize, u64)>>::new(CAP);
-        inboxes.push(Inbox::new(c, None));
+        inboxes.push(Inbox::new(c, None, None));
         senders.push(thread::spawn(move || {
             let start = Instant::now();
             let mut outbox = Outbox::new(p, 128);

@@ -380,13 +380,45 @@ pub(crate) struct Inbox<T> {
     ahead: Option<u64>,
     /// Id of the latest barrier this input delivered or look-ahead found.
     delivered: u64,
+    /// A same-worker channel: where each batch handed over by reference
+    /// goes back, emptied, to its producer's pool.
+    returns: Option<crate::message::BatchReturn<T>>,
+}
+
+/// Hands `batch` to `chain` when it holds records, counting them in, and
+/// leaves it empty.
+fn hand_on<T>(batch: &mut Vec<T>, chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    ctx.count_in::<T>(batch.len());
+    chain.collect(batch, ctx)?;
+    batch.clear();
+    Ok(())
+}
+
+impl<T> Drop for Inbox<T> {
+    /// Frees the batches still in the ring: a batch message's box has no
+    /// drop glue of its own ([`Message::Batch`]).
+    fn drop(&mut self) {
+        while let Ok(m) = self.ring.pop() {
+            if let Message::Batch(records) = m {
+                drop(std::mem::ManuallyDrop::into_inner(records));
+            }
+        }
+    }
 }
 
 impl<T> Inbox<T> {
-    pub(crate) fn new(ring: Consumer<Message<T>>, wake: Option<std::sync::Arc<crate::idle::Parker>>) -> Self {
+    pub(crate) fn new(
+        ring: Consumer<Message<T>>,
+        wake: Option<std::sync::Arc<crate::idle::Parker>>,
+        returns: Option<crate::message::BatchReturn<T>>,
+    ) -> Self {
         Inbox {
             ring,
             wake,
+            returns,
             ended: false,
             blocked: false,
             scanned: 0,
@@ -527,6 +559,14 @@ impl<T: Data> InputTask<T> {
                         if let Some(buf) = buffer.as_deref_mut() {
                             buf.record(r)?;
                             *records += 1;
+                        }
+                    }
+                    Message::Batch(batch) => {
+                        if let Some(buf) = buffer.as_deref_mut() {
+                            for r in batch.iter() {
+                                buf.record(r)?;
+                            }
+                            *records += batch.len() as u64;
                         }
                     }
                     // Recorded in place: replayed between the same records
@@ -1083,16 +1123,37 @@ impl<T: Data> Task for InputTask<T> {
                         j += 1;
                         consumed += 1;
                         match message {
+                            Message::Batch(records) => {
+                                let mut records = std::mem::ManuallyDrop::into_inner(records);
+                                // A batch handed over by reference: the records
+                                // before it first, then the batch itself, whose
+                                // emptied box goes back to the producer.
+                                if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
+                                    failed = Some(e);
+                                    break 'parts;
+                                }
+                                let result = hand_on(&mut records, &mut *self.chain, ctx);
+                                records.clear();
+                                if let Some(back) = inbox.returns.as_mut() {
+                                    // The pool's ring holds every box of the
+                                    // channel, so there is room.
+                                    let _ = back.push(records);
+                                }
+                                if let Err(e) = result {
+                                    failed = Some(e);
+                                    break 'parts;
+                                }
+                                if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
+                                    out_of_time = true;
+                                    break 'parts;
+                                }
+                            }
                             Message::Watermark(wm) => {
                                 // In order with the data: hand on the records
                                 // before it, then the watermark, and read on.
-                                if !self.batch.is_empty() {
-                                    ctx.count_in::<T>(self.batch.len());
-                                    if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
-                                        failed = Some(e);
-                                        break 'parts;
-                                    }
-                                    self.batch.clear();
+                                if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
+                                    failed = Some(e);
+                                    break 'parts;
                                 }
                                 let update = self.watermarks.on_watermark(i, wm);
                                 if let Err(e) = forward_watermark(&mut *self.chain, update, ctx) {
@@ -1143,7 +1204,7 @@ impl<T: Data> Task for InputTask<T> {
                     self.finish_recording_if_done(ctx)?;
                 }
                 Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
-                Some(Message::Watermark(_)) | Some(Message::Data(_)) | None => {}
+                Some(Message::Watermark(_) | Message::Data(_) | Message::Batch(_)) | None => {}
             }
             if budget == 0 {
                 break;
