@@ -304,13 +304,16 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             .then(|| crate::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
         // Keyed, closed loop: the ceiling its parts give at this moment
         // (ring and map microbenchmarks, `parts_probe`), measured before
-        // the job like the copy bandwidth.
+        // the job like the copy bandwidth. At parallelism 1 the keyed
+        // subtask runs on its source's worker and takes each batch by
+        // reference: no ring on the path.
         let parts = (args.pipeline == Kind::Keyed && args.rate.is_none()).then(|| {
             crate::parts_probe::measure(
                 config.workers.min(parallelism),
                 args.keys,
                 args.batch_size,
                 args.ring_capacity,
+                parallelism > 1,
             )
         });
         config.metrics_addr = args.metrics_addr;
@@ -405,7 +408,14 @@ fn fit_scaling(
     let handoff = crate::handoff_probe::one_way_ns()?;
     let route = crate::parts_probe::route_ns(keys, batch);
     let before = two.parts.and_then(|p| p.handoff_ns);
-    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route)
+    // One worker takes its batches by reference; two send every record
+    // through a ring: its trip, from the one-core ring probe measured
+    // before the one-worker run.
+    let ring = one
+        .parts
+        .filter(|p| !p.ring_on_path && p.ring_items_per_sec > 0.0)
+        .map_or(0.0, |p| 1e9 / p.ring_items_per_sec);
+    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route, ring)
         .map(|m| m.with_handoff_before(before))
 }
 

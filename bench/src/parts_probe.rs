@@ -53,8 +53,14 @@ pub struct Parts {
     /// The same updates through weir's mapped value store, one thread.
     pub mapped_updates_per_sec: f64,
     /// `threads / (2 / ring + 1 / map)` (one thread: `1 / (1 / ring + 1 /
-    /// map)`): events/s.
+    /// map)`; without the ring on the job's path, `threads * map`):
+    /// events/s.
     pub limit_events_per_sec: f64,
+    /// The job's records go through rings: false for a keyed job of
+    /// parallelism 1, whose one keyed subtask runs on its source's worker
+    /// and takes each batch by reference (the ring figure is still
+    /// measured: the scaling model charges it to more workers).
+    pub ring_on_path: bool,
     /// One-way handoff between cores 0 and 1 at this moment, ns
     /// (`handoff_probe`), for a job on more than one core: this guest's
     /// path between its cores runs at 34-39 ns or at 150-190 ns, and a
@@ -297,8 +303,9 @@ pub fn route_ns(keys: u64, batch: usize) -> f64 {
 /// batches of `batch` records and rings of `ring_capacity`: the ring
 /// first, then the two map figures on one thread pinned to core 0. Every
 /// figure runs on threads of its own: the caller's affinity (the job's,
-/// after the probe) is left alone.
-pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) -> Parts {
+/// after the probe) is left alone. `ring_on_path`: the job's records go
+/// through rings (the ceiling counts the ring only then).
+pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize, ring_on_path: bool) -> Parts {
     let threads = threads.max(1);
     let batch = batch.max(1);
     let ring = if threads == 1 {
@@ -318,7 +325,12 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize) ->
         ring_items_per_sec: ring,
         map_updates_per_sec: map,
         mapped_updates_per_sec: mapped,
-        limit_events_per_sec: limit(threads, ring, map),
+        limit_events_per_sec: if ring_on_path {
+            limit(threads, ring, map)
+        } else {
+            threads as f64 * map
+        },
+        ring_on_path,
         handoff_ns: (threads > 1).then(crate::handoff_probe::one_way_ns).flatten(),
     }
 }

@@ -473,8 +473,12 @@ pub fn parts_line(r: &BenchResult) -> Option<String> {
 }
 
 /// Where the parts line's ring ran: on one core, or between cores 0 and 1
-/// with the handoff between them at that moment (the host's state).
+/// with the handoff between them at that moment (the host's state); and
+/// when the job's records do not go through it, that it is off the path.
 fn ring_place(p: &crate::parts_probe::Parts) -> String {
+    if !p.ring_on_path {
+        return "one core; not on this job's path: its one keyed subtask takes each batch by reference".to_string();
+    }
     match (p.threads, p.handoff_ns) {
         (0 | 1, _) => "one core".to_string(),
         (_, Some(h)) => format!("core 0 to core 1, one-way handoff {h:.0} ns"),
@@ -515,6 +519,7 @@ mod tests {
             map_updates_per_sec: 300e6,
             mapped_updates_per_sec: 230e6,
             limit_events_per_sec: 180e6,
+            ring_on_path: true,
             handoff_ns: Some(36.4),
         };
         assert_eq!(ring_place(&p), "core 0 to core 1, one-way handoff 36 ns");
@@ -522,5 +527,7 @@ mod tests {
         assert_eq!(ring_place(&p), "core 0 to core 1");
         p.threads = 1;
         assert_eq!(ring_place(&p), "one core");
+        p.ring_on_path = false;
+        assert!(ring_place(&p).contains("not on this job's path"));
     }
 }
