@@ -95,9 +95,9 @@ impl<T> Outbox<T> {
     /// behind them.
     ///
     /// Handing over copies nothing: the consumer's chain works on the
-    /// producer's vector.
-    /// One copy instead of two (into the staging vector, then in bulk into
-    /// the ring): the one-worker keyed job faster in 14 of 16 interleaved
+    /// producer's vector (the one-worker keyed job +44%, 10 of 10 pairs).
+    /// The records path copies once instead of twice (into the staging
+    /// vector, then in bulk into the ring): the one-worker keyed job faster in 14 of 16 interleaved
     /// pairs, median +7% (docs/benchmarks.md, 2026-12-05). Only for one
     /// target: in a routing loop over two, storing records into a ring
     /// was slower than staging and the bulk copy in each of three trials
@@ -130,6 +130,37 @@ impl<T> Outbox<T> {
             .expect("slots() promised n free slots and only this producer writes");
         let moved = chunk.fill_from_iter(batch.drain(..n).map(Message::Data));
         debug_assert_eq!(moved, n, "the drain yields exactly n records");
+        if let Some(w) = &self.wake {
+            w.wake();
+        }
+    }
+
+    /// True when a batch can go over by reference now: nothing staged, a
+    /// box in the pool, a data slot in the ring.
+    #[inline]
+    fn can_hand_over(&self) -> bool {
+        self.pending().is_empty()
+            && self.pool.as_ref().is_some_and(|p| !p.is_empty())
+            && self.ring.slots() > RESERVED_SLOTS
+    }
+
+    /// Hands `part`'s records over as one batch, the vector itself
+    /// (`part` gets the box's empty one); [`Self::can_hand_over`] must have
+    /// said yes. Nothing when `part` is empty.
+    #[inline]
+    fn hand_over(&mut self, part: &mut Vec<T>) {
+        if part.is_empty() {
+            return;
+        }
+        let mut boxed = self
+            .pool
+            .as_mut()
+            .and_then(|p| p.pop().ok())
+            .expect("can_hand_over saw a box and only this producer takes them");
+        std::mem::swap(&mut *boxed, part);
+        if self.ring.push(Message::batch(boxed)).is_err() {
+            unreachable!("can_hand_over saw a free slot and only this producer writes");
+        }
         if let Some(w) = &self.wake {
             w.wake();
         }
@@ -453,6 +484,9 @@ pub(crate) struct HashOutput<T, K, KF> {
     /// Powers of two of targets and key groups: the target is the hash's
     /// top bits, `64 - log2(targets)` down (no group, no lookup).
     route_shift: Option<u32>,
+    /// A batch split over two targets, for a target on this worker to take
+    /// its part by reference (empty between batches).
+    split: [Vec<T>; 2],
     _k: std::marker::PhantomData<fn() -> K>,
 }
 
@@ -475,6 +509,7 @@ impl<T, K, KF> HashOutput<T, K, KF> {
             op,
             route_shift: (q >= 2 && q.is_power_of_two() && max_parallelism.is_power_of_two())
                 .then(|| 64 - q.trailing_zeros()),
+            split: [Vec::new(), Vec::new()],
             _k: std::marker::PhantomData,
         }
     }
@@ -518,6 +553,23 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
                 only.staged.extend(batch.drain(..).map(Message::Data));
             }
             // `shift` is 63 here: the route is the hash's top bit.
+            // A target on this worker takes its part by reference; a part
+            // for another worker is staged and copied in bulk as before.
+            (2, Some(shifted))
+                if outboxes.iter().any(|o| o.same_worker)
+                    && outboxes.iter().all(|o| !o.same_worker || o.can_hand_over()) =>
+            {
+                let [s0, s1] = &mut self.split;
+                split_two(s0, s1, batch, shifted, |r| r);
+                for (o, part) in outboxes.iter_mut().zip(self.split.iter_mut()) {
+                    if o.same_worker {
+                        o.hand_over(part);
+                    } else {
+                        o.staged.reserve(part.len());
+                        o.staged.extend(part.drain(..).map(Message::Data));
+                    }
+                }
+            }
             (2, Some(shifted)) => stage_routed_two(outboxes, batch, shifted),
             (q, Some(shifted)) if q <= STAGE_TARGETS => stage_routed(outboxes, batch, shifted),
             (q, None) if q <= STAGE_TARGETS => stage_routed(outboxes, batch, route),
@@ -588,31 +640,40 @@ fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: im
     let [o0, o1] = outboxes else {
         panic!("{} targets, not two", outboxes.len())
     };
+    split_two(&mut o0.staged, &mut o1.staged, batch, route, Message::Data);
+}
+
+/// Moves every record of `batch` to the end of `v0` or `v1` by
+/// `route(record)` (0 or 1), as `wrap(record)`, in order, with both write
+/// positions in registers ([`stage_routed_two`]).
+#[inline(always)]
+fn split_two<T, M>(
+    v0: &mut Vec<M>,
+    v1: &mut Vec<M>,
+    batch: &mut Vec<T>,
+    route: impl Fn(&T) -> usize,
+    wrap: impl Fn(T) -> M,
+) {
     let n = batch.len();
-    o0.staged.reserve(n);
-    o1.staged.reserve(n);
+    v0.reserve(n);
+    v1.reserve(n);
     // SAFETY: each `len` is within its allocation (one past the end at most).
-    let (start0, start1) = unsafe {
-        (
-            o0.staged.as_mut_ptr().add(o0.staged.len()),
-            o1.staged.as_mut_ptr().add(o1.staged.len()),
-        )
-    };
+    let (start0, start1) = unsafe { (v0.as_mut_ptr().add(v0.len()), v1.as_mut_ptr().add(v1.len())) };
     let (mut end0, mut end1) = (start0, start1);
     for record in batch.drain(..) {
         let k = route(&record);
-        debug_assert!(k < 2, "a route past the two outboxes");
+        debug_assert!(k < 2, "a route past the two targets");
         let to_second = k != 0;
         let slot = if to_second { end1 } else { end0 };
-        // SAFETY: `slot` is one past the last written slot of one outbox's
-        // vector, which has room for `n` more (the reserves above); at most
+        // SAFETY: `slot` is one past the last written slot of one of the
+        // two vectors, which has room for `n` more (the reserves above); at most
         // `n` records are written in all, each once, so every write stays
         // within its reserve. The slot is uninitialised, so writing drops
         // nothing, and the lengths below cover exactly the written slots.
         // Should `route` panic (a user's key function), the records
         // written so far are leaked, never dropped twice.
         unsafe {
-            slot.write(Message::Data(record));
+            slot.write(wrap(record));
             end0 = end0.add(usize::from(!to_second));
             end1 = end1.add(usize::from(to_second));
         }
@@ -621,8 +682,8 @@ fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: im
     // order; each end lies in the same allocation as its start, at or
     // after it.
     unsafe {
-        o0.staged.set_len(o0.staged.len() + end0.offset_from(start0) as usize);
-        o1.staged.set_len(o1.staged.len() + end1.offset_from(start1) as usize);
+        v0.set_len(v0.len() + end0.offset_from(start0) as usize);
+        v1.set_len(v1.len() + end1.offset_from(start1) as usize);
     }
 }
 
@@ -860,6 +921,63 @@ mod tests {
         );
         let want: Vec<String> = (0..(BATCHES_IN_FLIGHT + 1) * 3).map(|i| i.to_string()).collect();
         assert_eq!(got, want);
+    }
+
+    /// A two-target exchange hands the part of each batch for its own
+    /// worker over as one message, by reference, and stages the other
+    /// worker's part as records; with the pool empty it stages both parts
+    /// as before. Every record arrives once, in order, on its target's ring.
+    #[test]
+    fn a_two_target_exchange_hands_its_own_worker_s_part_over_as_one_batch() {
+        use crate::message::{batch_pool, BATCHES_IN_FLIGHT};
+        let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
+        let (p0, mut c0) = rtrb::RingBuffer::new(RESERVED_SLOTS + 512);
+        let (p1, mut c1) = rtrb::RingBuffer::new(RESERVED_SLOTS + 512);
+        let (mut back, pool) = batch_pool::<u64>(64);
+        let outboxes = vec![
+            Outbox::with_wake(p0, 64, None, Some(pool)),
+            Outbox::with_wake(p1, 64, None, None),
+        ];
+        let mut out = HashOutput::<u64, u64, _>::new(outboxes, |r: &u64| *r, 128, 0);
+        let target = |r: u64| (stable_hash(&r) >> 63) as usize;
+        let mut next = 0u64;
+        for round in 0..BATCHES_IN_FLIGHT + 2 {
+            let mut batch: Vec<u64> = (next..next + 50).collect();
+            next += 50;
+            out.collect(&mut batch, &mut ctx).unwrap();
+            assert!(batch.is_empty() && out.split.iter().all(Vec::is_empty));
+            if round < BATCHES_IN_FLIGHT {
+                assert_eq!(c0.slots(), round + 1, "one message for this worker's part");
+            }
+        }
+        let mut local = Vec::new();
+        let (mut batches, mut records) = (0, 0);
+        while let Ok(m) = c0.pop() {
+            match m {
+                Message::Batch(b) => {
+                    let mut b = std::mem::ManuallyDrop::into_inner(b);
+                    batches += 1;
+                    local.append(&mut b);
+                    back.push(b).unwrap();
+                }
+                Message::Data(r) => {
+                    records += 1;
+                    local.push(r);
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(batches, BATCHES_IN_FLIGHT, "by reference while the pool had boxes");
+        assert!(records > 0, "then staged as records");
+        let mut remote = Vec::new();
+        while let Ok(m) = c1.pop() {
+            match m {
+                Message::Data(r) => remote.push(r),
+                other => panic!("the other worker's part goes as records, not {other:?}"),
+            }
+        }
+        assert_eq!(local, (0..next).filter(|&r| target(r) == 0).collect::<Vec<_>>());
+        assert_eq!(remote, (0..next).filter(|&r| target(r) == 1).collect::<Vec<_>>());
     }
 
     /// An outbox whose consumer runs on another worker never writes
