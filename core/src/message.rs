@@ -34,7 +34,8 @@ pub(crate) enum Message<T> {
     /// `ManuallyDrop`, so that a message of a plain record type keeps no
     /// drop glue: rings drop every slot they free, and with glue that is a
     /// check per record (measured: the two-worker keyed job, whose rings
-    /// carry no batches, ran 9-30% slower with a plain `Box` here). The
+    /// carry no batches, ran 9-30% slower in three pairs with a plain
+    /// `Box` here). The
     /// consumer takes the box out when it reads the message, and an input
     /// drains its ring when it is dropped ([`crate::task::Inbox`]), so a
     /// batch still in flight is freed too.

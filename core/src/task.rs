@@ -1137,7 +1137,8 @@ impl<T: Data> Task for InputTask<T> {
                                 if let Some(back) = inbox.returns.as_mut() {
                                     // The pool's ring holds every box of the
                                     // channel, so there is room.
-                                    let _ = back.push(records);
+                                    let returned = back.push(records);
+                                    debug_assert!(returned.is_ok(), "a pool holds every box of its channel");
                                 }
                                 if let Err(e) = result {
                                     failed = Some(e);
