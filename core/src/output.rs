@@ -49,11 +49,8 @@ pub(crate) struct Outbox<T> {
     ring: Producer<Message<T>>,
     /// The consumer's worker, woken after each transfer if it sleeps.
     wake: Option<Arc<Parker>>,
-    /// The consumer runs on the producer's worker, so the ring's lines
-    /// were last touched by this core ([`Self::write_straight_in`]).
-    pub(crate) same_worker: bool,
     /// A same-worker channel's empty boxes, for batches handed over by
-    /// reference (`None` across workers).
+    /// reference (`None` across workers: [`Self::same_worker`]).
     pool: Option<BatchPool<T>>,
 }
 
@@ -81,9 +78,15 @@ impl<T> Outbox<T> {
             controls: 0,
             ring,
             wake,
-            same_worker: pool.is_some(),
             pool,
         }
+    }
+
+    /// The consumer runs on the producer's worker (only such channels
+    /// have a pool), so the ring's lines were last touched by this core.
+    #[inline]
+    pub(crate) fn same_worker(&self) -> bool {
+        self.pool.is_some()
     }
 
     /// When the consumer runs on this worker and nothing is staged (so
@@ -97,33 +100,30 @@ impl<T> Outbox<T> {
     /// Handing over copies nothing: the consumer's chain works on the
     /// producer's vector (the one-worker keyed job +44%, 10 of 10 pairs).
     /// The records path copies once instead of twice (into the staging
-    /// vector, then in bulk into the ring): the one-worker keyed job faster in 14 of 16 interleaved
-    /// pairs, median +7% (docs/benchmarks.md, 2026-12-05). Only for one
+    /// vector, then in bulk into the ring): the one-worker keyed job
+    /// faster in 14 of 16 interleaved pairs, median +7%
+    /// (docs/benchmarks.md, 2026-12-05). Only for one
     /// target: in a routing loop over two, storing records into a ring
     /// was slower than staging and the bulk copy in each of three trials
     /// (into both rings twice, into the same worker's ring once). Only for
     /// the same worker: into lines another core read last, not measured.
     #[inline]
     pub(crate) fn write_straight_in(&mut self, batch: &mut Vec<T>) {
-        if !self.same_worker || !self.pending().is_empty() {
+        if !self.same_worker() || batch.is_empty() {
             return;
         }
-        let free = self.ring.slots().saturating_sub(RESERVED_SLOTS);
-        if free == 0 || batch.is_empty() {
-            return;
-        }
-        if let Some(mut boxed) = self.pool.as_mut().and_then(|p| p.pop().ok()) {
-            std::mem::swap(&mut *boxed, batch);
+        if self.can_hand_over() {
+            self.hand_over(batch);
             debug_assert!(batch.is_empty(), "boxes come back empty");
-            if self.ring.push(Message::batch(boxed)).is_err() {
-                unreachable!("slots() promised a free slot and only this producer writes");
-            }
-            if let Some(w) = &self.wake {
-                w.wake();
-            }
             return;
         }
-        let n = free.min(batch.len());
+        if !self.pending().is_empty() {
+            return;
+        }
+        let n = self.ring.slots().saturating_sub(RESERVED_SLOTS).min(batch.len());
+        if n == 0 {
+            return;
+        }
         let chunk = self
             .ring
             .write_chunk_uninit(n)
@@ -164,6 +164,13 @@ impl<T> Outbox<T> {
         if let Some(w) = &self.wake {
             w.wake();
         }
+    }
+
+    /// Stages every record of `records`, in order, leaving it empty.
+    #[inline]
+    fn stage_records(&mut self, records: &mut Vec<T>) {
+        self.staged.reserve(records.len());
+        self.staged.extend(records.drain(..).map(Message::Data));
     }
 
     #[inline]
@@ -549,24 +556,22 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
                 // job.)
                 let only = &mut outboxes[0];
                 only.write_straight_in(batch);
-                only.staged.reserve(batch.len());
-                only.staged.extend(batch.drain(..).map(Message::Data));
+                only.stage_records(batch);
             }
-            // `shift` is 63 here: the route is the hash's top bit.
-            // A target on this worker takes its part by reference; a part
-            // for another worker is staged and copied in bulk as before.
+            // With two targets `shift` is 63: the route is the hash's top
+            // bit. A target on this worker takes its part by reference; a
+            // part for another worker is staged and copied in bulk as before.
             (2, Some(shifted))
-                if outboxes.iter().any(|o| o.same_worker)
-                    && outboxes.iter().all(|o| !o.same_worker || o.can_hand_over()) =>
+                if outboxes.iter().any(Outbox::same_worker)
+                    && outboxes.iter().all(|o| !o.same_worker() || o.can_hand_over()) =>
             {
                 let [s0, s1] = &mut self.split;
                 split_two(s0, s1, batch, shifted, |r| r);
                 for (o, part) in outboxes.iter_mut().zip(self.split.iter_mut()) {
-                    if o.same_worker {
+                    if o.same_worker() {
                         o.hand_over(part);
                     } else {
-                        o.staged.reserve(part.len());
-                        o.staged.extend(part.drain(..).map(Message::Data));
+                        o.stage_records(part);
                     }
                 }
             }

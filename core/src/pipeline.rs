@@ -948,7 +948,7 @@ mod tests {
     #[test]
     fn an_outbox_knows_whether_its_consumer_shares_its_worker() {
         let same = |c: &mut BuildCtx, from: usize| -> Vec<bool> {
-            c.producers::<u64>(0, from).iter().map(|o| o.same_worker).collect()
+            c.producers::<u64>(0, from).iter().map(|o| o.same_worker()).collect()
         };
         // One worker runs source and consumer.
         assert_eq!(same(&mut ctx(1, 1, 1), 0), [true]);
