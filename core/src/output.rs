@@ -651,6 +651,15 @@ fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: im
 /// Moves every record of `batch` to the end of `v0` or `v1` by
 /// `route(record)` (0 or 1), as `wrap(record)`, in order, with both write
 /// positions in registers ([`stage_routed_two`]).
+///
+/// Each record is read out of `batch` only once its target is known, so
+/// that it goes from the batch to its slot without waiting in registers
+/// through the route's hash: held across it, the record was spilled to the
+/// stack and read back, a store and a load more per record. Measured on
+/// the two-worker keyed job, 13 interleaved pairs in the host's fast state:
+/// faster in 12, median +6.0%; `--workers 1 --parallelism 2`: faster in 6
+/// of 6, +7%. (The same reading in `stage_routed`, four targets: slower in
+/// 5 of 6 pairs, so that loop keeps its `drain`.)
 #[inline(always)]
 fn split_two<T, M>(
     v0: &mut Vec<M>,
@@ -662,11 +671,22 @@ fn split_two<T, M>(
     let n = batch.len();
     v0.reserve(n);
     v1.reserve(n);
-    // SAFETY: each `len` is within its allocation (one past the end at most).
-    let (start0, start1) = unsafe { (v0.as_mut_ptr().add(v0.len()), v1.as_mut_ptr().add(v1.len())) };
+    let records = batch.as_ptr();
+    // SAFETY: the batch's records now belong to the loop below, which
+    // moves each exactly once (should `route`, a user's key function,
+    // panic, the records not yet moved are leaked, never dropped twice).
+    // Each `len` is within its allocation (one past the end at most).
+    let (start0, start1) = unsafe {
+        batch.set_len(0);
+        (v0.as_mut_ptr().add(v0.len()), v1.as_mut_ptr().add(v1.len()))
+    };
     let (mut end0, mut end1) = (start0, start1);
-    for record in batch.drain(..) {
-        let k = route(&record);
+    for i in 0..n {
+        // SAFETY: `i < n`, the batch's length before it was cleared: an
+        // initialised record its allocation still holds, read (moved)
+        // once, below, after its route.
+        let record = unsafe { records.add(i) };
+        let k = route(unsafe { &*record });
         debug_assert!(k < 2, "a route past the two targets");
         let to_second = k != 0;
         let slot = if to_second { end1 } else { end0 };
@@ -675,10 +695,9 @@ fn split_two<T, M>(
         // `n` records are written in all, each once, so every write stays
         // within its reserve. The slot is uninitialised, so writing drops
         // nothing, and the lengths below cover exactly the written slots.
-        // Should `route` panic (a user's key function), the records
-        // written so far are leaked, never dropped twice.
+        // Should `route` panic, the records written so far are leaked too.
         unsafe {
-            slot.write(wrap(record));
+            slot.write(wrap(record.read()));
             end0 = end0.add(usize::from(!to_second));
             end1 = end1.add(usize::from(to_second));
         }
@@ -926,6 +945,32 @@ mod tests {
         );
         let want: Vec<String> = (0..(BATCHES_IN_FLIGHT + 1) * 3).map(|i| i.to_string()).collect();
         assert_eq!(got, want);
+    }
+
+    /// A key function that panics midway through a batch leaves every
+    /// record owned at most once: `split_two` leaks the records it has not
+    /// published (both parts' lengths are set at the end), and drops none
+    /// twice.
+    #[test]
+    fn a_route_that_panics_midway_through_a_split_drops_no_record_twice() {
+        use std::rc::Rc;
+        let marker = Rc::new(());
+        let mut batch: Vec<Rc<()>> = (0..10).map(|_| Rc::clone(&marker)).collect();
+        let (mut v0, mut v1) = (vec![Rc::clone(&marker)], Vec::new());
+        let routed = std::cell::Cell::new(0usize);
+        let route = |_: &Rc<()>| {
+            routed.set(routed.get() + 1);
+            assert!(routed.get() < 6, "a key function that fails");
+            routed.get() % 2
+        };
+        let split = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            split_two(&mut v0, &mut v1, &mut batch, route, |r| r)
+        }));
+        assert!(split.is_err());
+        assert_eq!((batch.len(), v0.len(), v1.len()), (0, 1, 0), "nothing published");
+        drop((batch, v0, v1));
+        // The one record published before dropped; the ten leaked.
+        assert_eq!(Rc::strong_count(&marker), 11);
     }
 
     /// A two-target exchange hands the part of each batch for its own
