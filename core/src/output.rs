@@ -969,7 +969,8 @@ mod tests {
         assert!(split.is_err());
         assert_eq!((batch.len(), v0.len(), v1.len()), (0, 1, 0), "nothing published");
         drop((batch, v0, v1));
-        // The one record published before dropped; the ten leaked.
+        // `v0`'s record from before the split went with `v0`; the batch's
+        // ten are leaked, none dropped.
         assert_eq!(Rc::strong_count(&marker), 11);
     }
 
