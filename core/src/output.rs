@@ -4,8 +4,10 @@
 //! Records are first staged per target ring, then moved into each ring
 //! with one chunked write (`write_chunk_uninit`), so a handoff costs a
 //! memcpy and two atomic index updates per chunk, not per record. A hash
-//! exchange whose one target runs on the same worker writes the records
-//! straight into its ring instead, one copy fewer. When a
+//! exchange hands a target on its own worker that target's records as one
+//! batch, by reference, while the channel's pool has a box; with one target
+//! and no box it writes the records straight into the ring, one copy fewer
+//! than staging. When a
 //! ring is full, what did not fit stays staged; the task reports pending
 //! output and reads no new input until it is flushed (backpressure). The
 //! staging buffers are bounded by one input batch times the chain's fan-out.

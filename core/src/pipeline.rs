@@ -943,8 +943,8 @@ mod tests {
     }
 
     /// An outbox knows whether its consumer runs on the producer's worker
-    /// (task `k` on worker `k mod workers`): only then may records go
-    /// straight into its ring.
+    /// (task `k` on worker `k mod workers`): only then does it get a pool
+    /// of boxes, to hand batches over by reference.
     #[test]
     fn an_outbox_knows_whether_its_consumer_shares_its_worker() {
         let same = |c: &mut BuildCtx, from: usize| -> Vec<bool> {
