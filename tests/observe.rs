@@ -2,7 +2,8 @@
 //! its Prometheus text parses and matches `JobMetrics`, bad requests do not
 //! disturb the job, its checkpoint figures agree with the checkpoint folder
 //! and with `weir checkpoints list`, and the live page shows the job in
-//! headless Chromium (Debian's `chromium`; `.ci/run` installs it).
+//! headless Chromium (Debian's `chromium`; tests/support/chromium.sh installs it
+//! when missing).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -390,9 +391,30 @@ fn checkpoint_figures_agree_with_the_folder_and_weir_checkpoints() {
     assert_eq!(api["checkpoints"]["completed"].as_u64().unwrap(), ids.len() as u64);
 }
 
+/// The path of a Chromium: tests/support/chromium.sh finds one on the PATH
+/// or installs Debian's package (once per test binary).
+fn chromium_path() -> &'static str {
+    static PATH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/support/chromium.sh");
+        let out = Command::new("bash")
+            .arg(script)
+            .stderr(std::process::Stdio::inherit())
+            .output()
+            .expect("run tests/support/chromium.sh");
+        assert!(
+            out.status.success(),
+            "tests/support/chromium.sh found no Chromium and could not install one ({}); \
+             install Debian's chromium package by hand",
+            out.status
+        );
+        String::from_utf8(out.stdout).expect("a UTF-8 path").trim().to_owned()
+    })
+}
+
 /// Runs headless Chromium on `url` with `args`; returns its stdout.
 fn chromium(args: &[&str], url: &str) -> String {
-    let out = Command::new("chromium")
+    let out = Command::new(chromium_path())
         .args([
             "--headless",
             "--no-sandbox",
@@ -403,7 +425,7 @@ fn chromium(args: &[&str], url: &str) -> String {
         .args(args)
         .arg(url)
         .output()
-        .expect("Debian's chromium is installed (.ci/run installs it)");
+        .expect("run the Chromium that tests/support/chromium.sh found");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 

@@ -43,6 +43,26 @@ die() { say "$*"; exit 1; }
 
 usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
+# Java 17+ and Maven, from Debian's packages when missing and this user may
+# install them (root, or password-less sudo); otherwise a message naming them.
+prerequisites() {
+    if command -v java >/dev/null && command -v mvn >/dev/null; then
+        return 0
+    fi
+    local as_root=()
+    if [ "$(id -u)" != 0 ]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            as_root=(sudo -n)
+        else
+            die "java or mvn not found, and no root to install them: install a JDK 17+ and Maven"
+        fi
+    fi
+    command -v apt-get >/dev/null || die "java or mvn not found, and no apt-get: install a JDK 17+ and Maven"
+    say "installing Debian's default-jdk-headless and maven (once)"
+    "${as_root[@]}" apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive "${as_root[@]}" apt-get install -y -qq default-jdk-headless maven >&2
+}
+
 # The jars of kafka_2.13 and a logging backend, copied from Maven Central (through
 # the local Maven repository, ~/.m2) into $KAFKA_JARS once; later calls find the
 # stamp and return at once.
@@ -50,8 +70,7 @@ install() {
     if [ -f "$KAFKA_JARS/.installed" ]; then
         return 0
     fi
-    command -v java >/dev/null || die "java not found: install a JDK (17 or newer)"
-    command -v mvn >/dev/null || die "mvn not found: install Maven (apt-get install maven)"
+    prerequisites
     say "installing Kafka $KAFKA_VERSION jars into $KAFKA_JARS"
     local tmp="$KAFKA_JARS.tmp.$$"
     rm -rf "$tmp"
@@ -75,7 +94,7 @@ tools() {
     if [ -f "$KAFKA_TOOLS_JARS/.installed" ]; then
         return 0
     fi
-    command -v mvn >/dev/null || die "mvn not found: install Maven (apt-get install maven)"
+    prerequisites
     say "installing Kafka $KAFKA_VERSION tools jars into $KAFKA_TOOLS_JARS"
     local tmp="$KAFKA_TOOLS_JARS.tmp.$$"
     rm -rf "$tmp"
