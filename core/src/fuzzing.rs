@@ -57,7 +57,7 @@ impl std::fmt::Debug for Decoder {
 
 /// `bytes` with one bit flipped, for each of the 8 bits of every byte in
 /// turn: `(byte, bit, the flipped bytes)`. For the unit tests (weir-core's
-/// and weir-io's) that hold a decoder to the rule of [`crate::corruption`]:
+/// and weir-io's) that hold a decoder to the rule of [`crate::storage::corruption`]:
 /// a flipped bit is refused with a position at or before the flipped byte
 /// (where the damage may start, never past it), or provably not used.
 pub fn bit_flips(bytes: &[u8]) -> impl Iterator<Item = (usize, u32, Vec<u8>)> + '_ {
@@ -356,7 +356,7 @@ fn task_state(bytes: &[u8]) -> Result<(), String> {
 /// Decodes `op` as state handles if it is some (other operator states are
 /// opaque here) and restores those with an inline image.
 fn restore_handles(op: &[u8]) -> Result<(), String> {
-    let Ok(handles) = crate::stores::decode_handles(op) else {
+    let Ok(handles) = crate::operators::stores::decode_handles(op) else {
         return Ok(());
     };
     for h in handles.iter().take(4) {
@@ -376,13 +376,13 @@ fn fix_task_state(b: &mut Vec<u8>) {
     b[8..16].copy_from_slice(&(len as u64).to_le_bytes());
     if let Ok(mut st) = postcard::from_bytes::<TaskState>(&b[16..16 + len]) {
         for (_, op) in &mut st.operators {
-            if let Ok(mut handles) = crate::stores::decode_handles(op) {
+            if let Ok(mut handles) = crate::operators::stores::decode_handles(op) {
                 for h in &mut handles {
                     if let Some(image) = &mut h.inline {
                         fix_state_image(image);
                     }
                 }
-                *op = crate::stores::encode_handles(&handles);
+                *op = crate::operators::stores::encode_handles(&handles);
             }
         }
         *b = st.encode();
@@ -511,14 +511,14 @@ pub fn seeds(dir: &Path) -> Result<Vec<Seed>, String> {
         group: 1,
         subtask: 0,
         parallelism: 1,
-        operators: vec![(0, crate::stores::encode_handles(&inline_handles[..1]))],
+        operators: vec![(0, crate::operators::stores::encode_handles(&inline_handles[..1]))],
         input_channels: vec![(0, vec![1, 2, 3])],
         output_channels: vec![(1, vec![4])],
         channel_records: 2,
         ..TaskState::default()
     };
     let mapped = TaskState {
-        operators: vec![(1, crate::stores::encode_handles(&inline_handles[1..]))],
+        operators: vec![(1, crate::operators::stores::encode_handles(&inline_handles[1..]))],
         ..keyed.clone()
     };
     for (name, st) in [("source", &source), ("keyed-value", &keyed), ("keyed-map", &mapped)] {

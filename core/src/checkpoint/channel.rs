@@ -5,7 +5,7 @@
 //! [`crate::data::encode_into`] writes them; unchanged since task state
 //! format 1). Its watermarks are kept beside them as `(position, value)`
 //! pairs: `position` is the number of the channel's records in front of
-//! the watermark, `value` the watermark ([`crate::time::IDLE`] for an
+//! the watermark, `value` the watermark ([`crate::operators::time::IDLE`] for an
 //! idle marker). Positions never decrease and are at most the number of
 //! records. Task state format 1 had no watermarks: its records replay
 //! without any (see `docs/checkpointing.md`).

@@ -62,7 +62,7 @@ pub(crate) struct TaskInfo {
 
 pub(crate) struct Coordinator {
     /// Woken as checkpoints are triggered and completed (`set_relay`).
-    relay: Option<Arc<crate::relay::WakeRelay>>,
+    relay: Option<Arc<crate::threads::relay::WakeRelay>>,
     cfg: CheckpointConfig,
     root: PathBuf,
     signals: Arc<Signals>,
@@ -138,7 +138,7 @@ impl Coordinator {
 
     /// Primes `relay` as each checkpoint is triggered and as it completes
     /// (`WakeRelay::prime`): the workers' hand-offs for it follow at once.
-    pub(crate) fn set_relay(&mut self, relay: Arc<crate::relay::WakeRelay>) {
+    pub(crate) fn set_relay(&mut self, relay: Arc<crate::threads::relay::WakeRelay>) {
         self.relay = Some(relay);
     }
 
@@ -613,8 +613,8 @@ impl Coordinator {
             if oldest_pending <= *fence {
                 return true;
             }
-            match crate::vfs::remove_file(root.join(path)) {
-                Ok(()) => crate::disk::trace::note(|| format!("delete {}", root.join(path).display())),
+            match crate::storage::vfs::remove_file(root.join(path)) {
+                Ok(()) => crate::storage::disk::trace::note(|| format!("delete {}", root.join(path).display())),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => tracing::warn!(file = %path, error = %e, "could not delete an unreferenced state file"),
             }
@@ -674,7 +674,7 @@ impl Coordinator {
             }
             // Their manifests gone durably first, as for any shared file.
             if self.sync_removals() {
-                let _ = crate::vfs::remove_dir_all(self.root.join(storage::SHARED));
+                let _ = crate::storage::vfs::remove_dir_all(self.root.join(storage::SHARED));
             }
         }
     }
@@ -877,13 +877,13 @@ mod tests {
             "checkpoint 1's folder holds its manifest only"
         );
         let (mut c, _signals, _stats) = coordinator(root, 2, |cfg| cfg.retained = 1);
-        crate::disk::trace::start();
+        crate::storage::disk::trace::start();
         // Checkpoint 2 completes (it no longer uses the shared file):
         // retention drops 1, and the shared file goes with it.
         c.trigger(Instant::now(), false).unwrap();
         c.handle(ack(2, 0)).unwrap();
         c.handle(ack(2, 1)).unwrap();
-        let log = crate::disk::trace::take();
+        let log = crate::storage::disk::trace::take();
         assert_eq!(c.retained(), VecDeque::from([2]));
         assert!(!chk1.exists() && !root.join(&shared.path).exists(), "{log:#?}");
         let removed = log
@@ -960,7 +960,7 @@ mod tests {
     /// The damaged bytes of `file` were reported (`corruption::report`),
     /// at or before byte `flipped`, the message naming the file.
     fn assert_damage_reported(file: &Path, flipped: u64) {
-        let reports = crate::corruption::recent_under(file);
+        let reports = crate::storage::corruption::recent_under(file);
         let r = reports
             .last()
             .unwrap_or_else(|| panic!("no damage reported in {}", file.display()));
@@ -1016,9 +1016,9 @@ mod tests {
         c.trigger(Instant::now(), false).unwrap();
         c.handle(ack(1, 0)).unwrap();
         c.handle(ack(1, 1)).unwrap();
-        crate::disk::trace::start();
+        crate::storage::disk::trace::start();
         let restored = recovery::find(root, RestoreFrom::Latest, "fp", 1).unwrap().unwrap();
-        let log = crate::disk::trace::take();
+        let log = crate::storage::disk::trace::take();
         assert_eq!(restored.manifest.id, 1);
         let chk1 = format!("sync {}", storage::checkpoint_dir(root, 1).display());
         assert!(log.contains(&chk1), "{log:#?}");

@@ -105,7 +105,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
     let ids = storage::list_ids(root).map_err(|e| Error::Restore(format!("listing {}: {e}", root.display())))?;
     Ok(ids
         .into_iter()
-        .filter(|&id| crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)))
+        .filter(|&id| crate::storage::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)))
         .collect())
 }
 
@@ -114,7 +114,7 @@ pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
 pub(crate) fn remove_incomplete(root: &Path) {
     if let Ok(ids) = storage::list_ids(root) {
         for id in ids {
-            if !crate::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)) {
+            if !crate::storage::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)) {
                 let _ = storage::remove_checkpoint(root, id);
             }
         }
@@ -126,7 +126,7 @@ pub(crate) fn remove_incomplete(root: &Path) {
 /// any task starts, so no snapshot in flight can need them.
 pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
     let shared = root.join(storage::SHARED);
-    let names = match crate::vfs::read_dir(&shared) {
+    let names = match crate::storage::vfs::read_dir(&shared) {
         Ok(e) => e,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => return Err(Error::Restore(format!("listing {}: {e}", shared.display()))),
@@ -147,7 +147,7 @@ pub(crate) fn remove_orphaned_shared_files(root: &Path) -> Result<usize> {
     let mut removed = 0;
     for name in names {
         let rel = format!("{}/{name}", storage::SHARED);
-        if !referenced.contains(&rel) && crate::vfs::remove_file(shared.join(&name)).is_ok() {
+        if !referenced.contains(&rel) && crate::storage::vfs::remove_file(shared.join(&name)).is_ok() {
             removed += 1;
         }
     }
@@ -167,7 +167,7 @@ pub(crate) fn find(root: &Path, from: RestoreFrom, fingerprint: &str, groups: us
             for &id in completed_ids(root)?.iter().rev() {
                 match load_located(root, id, fingerprint, groups) {
                     Ok(r) => return Ok(Some(r)),
-                    Err((e, Some((file, at)))) => crate::corruption::report(
+                    Err((e, Some((file, at)))) => crate::storage::corruption::report(
                         &file,
                         at,
                         &format!("{e}; restoring an older checkpoint instead of {id}"),
@@ -188,7 +188,7 @@ mod tests {
     use crate::checkpoint::snapshot::TaskState;
     use crate::checkpoint::storage::{DirSync, FileRef, ManifestGroup, ManifestTask, MANIFEST};
     use crate::fuzzing::bit_flips;
-    use crate::vfs::sim::{Faults, SimFs};
+    use crate::storage::vfs::sim::{Faults, SimFs};
     use std::io::Write;
     use std::sync::Arc;
 
@@ -257,7 +257,7 @@ mod tests {
     }
 
     fn put(path: &Path, bytes: &[u8]) {
-        let mut f = crate::vfs::OpenOptions::new()
+        let mut f = crate::storage::vfs::OpenOptions::new()
             .write(true)
             .truncate(true)
             .open(path)
@@ -274,12 +274,12 @@ mod tests {
     #[test]
     fn every_flipped_bit_and_cut_of_a_checkpoint_is_located_at_or_before_it() {
         let root = Path::new("/weir-recovery-flips");
-        crate::vfs::mount(root, Arc::new(SimFs::new(root, 1, Faults::default())));
+        crate::storage::vfs::mount(root, Arc::new(SimFs::new(root, 1, Faults::default())));
         let (states, files) = write_checkpoint(root);
         let load = || load_located(root, ID, "fp-1", 1);
         assert_eq!(load().unwrap().states, vec![states]);
         for path in &files {
-            let bytes = crate::vfs::read(path).unwrap();
+            let bytes = crate::storage::vfs::read(path).unwrap();
             let located = |damaged: &[u8], what: &str| -> u64 {
                 put(path, damaged);
                 match load() {
@@ -306,6 +306,6 @@ mod tests {
             put(path, &bytes);
         }
         assert!(load().is_ok());
-        crate::vfs::unmount(root);
+        crate::storage::vfs::unmount(root);
     }
 }

@@ -33,7 +33,6 @@ use super::channel::{check_positions, ChannelWatermarks};
 use super::signals::{Event, TaskCheckpointing};
 use super::storage::{self, FileRef};
 use crate::error::BoxError;
-use crate::time::InputEventTime;
 
 /// Magic at the start of every task state frame written: format 2.
 pub(crate) const TASK_MAGIC: &[u8; 8] = b"WEIRTSK2";
@@ -398,6 +397,19 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
         async_ns: async_start.elapsed().as_nanos() as u64,
         alignment_ns: snapshot.alignment_ns,
     })
+}
+
+/// The event time of a task's inputs at a snapshot (task state format 2,
+/// exactly-once modes): each input channel's watermark and idleness, and
+/// the combined watermark the task had handed its chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct InputEventTime {
+    /// Per input channel: its largest watermark, and whether it is idle.
+    pub(crate) channels: Vec<(i64, bool)>,
+    /// The combined watermark handed to the chain.
+    pub(crate) emitted: i64,
+    /// The task had told its chain it is idle.
+    pub(crate) emitted_idle: bool,
 }
 
 #[cfg(test)]

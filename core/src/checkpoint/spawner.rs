@@ -17,7 +17,7 @@
 //! bounded lock-free queue and wakes the **spawner** thread only if it
 //! parked (a fence and a load otherwise: the protocol of the workers' own
 //! parking, [`Parker`]), through the job's wake-up relay
-//! ([`crate::relay`]); the spawner, on the helper cores, moves each job
+//! ([`crate::threads::relay`]); the spawner, on the helper cores, moves each job
 //! into the rayon pool. Contract:
 //!
 //! - **Never lost.** Every job handed to `spawn` runs on the pool: if the
@@ -37,9 +37,9 @@ use std::thread::JoinHandle;
 
 use crossbeam_queue::ArrayQueue;
 
-use crate::idle::Parker;
-use crate::placement::HelperCores;
-use crate::relay::{Doorbell, WakeRelay};
+use crate::threads::idle::Parker;
+use crate::threads::placement::HelperCores;
+use crate::threads::relay::{Doorbell, WakeRelay};
 
 /// Jobs the queue holds at most before [`SnapshotPool::spawn`] hands a job
 /// to the pool itself: 1024, against one job per task per checkpoint.
@@ -88,7 +88,7 @@ impl SnapshotPool {
         let spawner = std::thread::Builder::new()
             .name("weir-snapshot-spawner".into())
             .spawn(move || {
-                crate::placement::enter(helpers);
+                crate::threads::placement::enter(helpers);
                 park.register();
                 loop {
                     // The stop first: what was queued before it still goes

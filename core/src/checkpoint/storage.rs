@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::vfs::{self, OpenOptions};
+use crate::storage::vfs::{self, OpenOptions};
 
 /// Name of a checkpoint's manifest inside its folder.
 pub const MANIFEST: &str = "MANIFEST";
@@ -166,7 +166,7 @@ pub(crate) fn task_file_name(group: usize, subtask: usize) -> String {
 
 /// fsyncs a folder so that renames and creations in it are durable.
 pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    crate::disk::sync_dir(dir)
+    crate::storage::disk::sync_dir(dir)
 }
 
 /// When the folder entry of a file written by [`write_durable`] becomes
@@ -201,7 +201,7 @@ pub(crate) fn write_durable(
     bytes: &[u8],
     dir_sync: DirSync,
 ) -> std::io::Result<FileRef> {
-    crate::fault::hit("checkpoint.write.before")?;
+    crate::storage::fault::hit("checkpoint.write.before")?;
     if !vfs::exists(dir) {
         vfs::create_dir_all(dir)?;
         if let Some(parent) = dir.parent() {
@@ -213,11 +213,11 @@ pub(crate) fn write_durable(
     {
         let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp)?;
         f.write_all(bytes)?;
-        crate::fault::hit("checkpoint.write.before-fsync")?;
+        crate::storage::fault::hit("checkpoint.write.before-fsync")?;
         // Data and size; other metadata (times) does not matter here.
         f.sync_data()?;
     }
-    crate::fault::hit("checkpoint.write.before-rename")?;
+    crate::storage::fault::hit("checkpoint.write.before-rename")?;
     vfs::rename(&tmp, &target)?;
     if dir_sync == DirSync::Now {
         sync_dir(dir)?;
@@ -381,7 +381,7 @@ impl Manifest {
         folder_synced: bool,
     ) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
-        crate::fault::hit("checkpoint.manifest.before")?;
+        crate::storage::fault::hit("checkpoint.manifest.before")?;
         if task_files {
             sync_dir(&dir)?;
         }
@@ -395,7 +395,7 @@ impl Manifest {
             // syncs the root itself when it had to create the folder).
             sync_dir(root)?;
         }
-        crate::fault::hit("checkpoint.manifest.after")?;
+        crate::storage::fault::hit("checkpoint.manifest.after")?;
         Ok(())
     }
 }
@@ -433,12 +433,12 @@ pub(crate) struct CheckFailed {
 }
 
 impl CheckFailed {
-    /// Reports damaged bytes ([`crate::corruption::report`]) that the
+    /// Reports damaged bytes ([`crate::storage::corruption::report`]) that the
     /// caller goes on without, `instead` saying what it does; an I/O error
     /// is no damage and is not reported.
     pub(crate) fn report_damage(&self, instead: &str) {
         if let Some((file, at)) = &self.damaged {
-            crate::corruption::report(file, *at, &format!("{}; {instead}", self.message));
+            crate::storage::corruption::report(file, *at, &format!("{}; {instead}", self.message));
         }
     }
 }
@@ -620,7 +620,7 @@ pub fn remove_checkpoint(root: &Path, id: u64) -> std::io::Result<Removal> {
     };
     match vfs::remove_dir_all(&dir) {
         Ok(()) => {
-            crate::disk::trace::note(|| format!("remove {}", dir.display()));
+            crate::storage::disk::trace::note(|| format!("remove {}", dir.display()));
             Ok(removal)
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(removal),

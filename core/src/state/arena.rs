@@ -793,7 +793,7 @@ impl Arena {
 
     /// The key group of `key` under this arena's maximum parallelism.
     pub(crate) fn key_group_of<K: std::hash::Hash + ?Sized>(&self, key: &K) -> usize {
-        crate::keyed::key_group(crate::keyed::stable_hash(key), self.opts.max_parallelism)
+        crate::state::key_groups::key_group(crate::state::key_groups::stable_hash(key), self.opts.max_parallelism)
     }
 
     /// The key group a page belongs to (from its trailer).

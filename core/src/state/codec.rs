@@ -23,7 +23,7 @@ pub const MAX_KEY_BYTES: usize = 64;
 /// fixed-size area of a slot.
 ///
 /// The key group of a key is `key_group(stable_hash(&key), max_parallelism)`
-/// ([`crate::keyed`]), the same formula the runtime routes records by, so a
+/// ([`crate::operators::keyed`]), the same formula the runtime routes records by, so a
 /// key is always stored by the subtask that receives it.
 ///
 /// Implemented for the integer types, `[u8; N]`, `String`, `Vec<u8>`

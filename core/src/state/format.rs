@@ -34,7 +34,7 @@ use rayon::prelude::*;
 use super::handle::{SlotLayout, StateFile, StateKind};
 use super::snapshot::FailPoint;
 use crate::error::{Error, Result};
-use crate::vfs::{self, File};
+use crate::storage::vfs::{self, File};
 
 const MAGIC: &[u8; 8] = b"WEIRSTAT";
 const TRAILER_MAGIC: &[u8; 8] = b"WEIREND1";
@@ -188,7 +188,7 @@ fn io_error(context: String) -> impl FnOnce(std::io::Error) -> Error {
 }
 
 fn sync_dir(dir: &Path) -> Result<()> {
-    crate::disk::sync_dir(dir).map_err(io_error(format!("syncing directory {}", dir.display())))
+    crate::storage::disk::sync_dir(dir).map_err(io_error(format!("syncing directory {}", dir.display())))
 }
 
 fn injected(what: &str) -> Error {

@@ -13,7 +13,7 @@ use super::options::StoreOptions;
 use super::snapshot::SnapshotJob;
 use super::user_map::UserMap;
 use crate::error::{Error, Result};
-use crate::keyed::{key_group, stable_hash};
+use crate::state::key_groups::{key_group, stable_hash};
 
 /// Checks an encoded value against the slot's room.
 pub(crate) fn check_len(len: usize, max: usize) -> Result<()> {

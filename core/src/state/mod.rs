@@ -47,6 +47,7 @@ pub(crate) mod arena;
 mod codec;
 pub(crate) mod format;
 mod handle;
+pub(crate) mod key_groups;
 mod list;
 mod map;
 mod options;
@@ -77,7 +78,7 @@ pub use value::ValueStore;
 /// many were removed.
 pub fn remove_temp_files(checkpoint_root: &std::path::Path) -> crate::Result<usize> {
     let dir = checkpoint_root.join("shared");
-    let names = match crate::vfs::read_dir(&dir) {
+    let names = match crate::storage::vfs::read_dir(&dir) {
         Ok(entries) => entries,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
         Err(e) => {
@@ -89,7 +90,7 @@ pub fn remove_temp_files(checkpoint_root: &std::path::Path) -> crate::Result<usi
     };
     let mut removed = 0;
     for name in names {
-        if name.ends_with(".tmp") && crate::vfs::remove_file(dir.join(&name)).is_ok() {
+        if name.ends_with(".tmp") && crate::storage::vfs::remove_file(dir.join(&name)).is_ok() {
             removed += 1;
         }
     }

@@ -4,7 +4,7 @@ use std::ops::Range;
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
-use crate::keyed::DEFAULT_MAX_PARALLELISM;
+use crate::state::key_groups::DEFAULT_MAX_PARALLELISM;
 
 /// Default page size: 4 KiB, the operating system's page.
 ///

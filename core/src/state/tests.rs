@@ -11,7 +11,7 @@ use proptest::prelude::*;
 use super::snapshot::FailPoint;
 use super::*;
 use crate::error::Error;
-use crate::keyed::{key_group, stable_hash, subtask_for_key_group};
+use crate::state::key_groups::{key_group, stable_hash, subtask_for_key_group};
 
 type Value = [u64; 2];
 type Store = ValueStore<u64, Value>;
@@ -131,7 +131,7 @@ fn restored_store_keeps_working_and_snapshots_again() {
 #[test]
 fn one_table_grown_far_past_the_others_is_found_before_and_after_a_restore() {
     let dir = tempfile::tempdir().unwrap();
-    let maxp = crate::keyed::DEFAULT_MAX_PARALLELISM;
+    let maxp = crate::state::key_groups::DEFAULT_MAX_PARALLELISM;
     let in_group = |g: usize| (0u64..).filter(move |k| key_group(stable_hash(k), maxp) == g);
     let crowded: Vec<u64> = in_group(5).take(3_000).collect();
     let mut s = Store::create(opts(dir.path(), "a")).unwrap();
@@ -740,8 +740,8 @@ fn a_paced_copy_holds_the_state_at_its_barrier_and_completes_by_writes_steps_or_
 /// waits for one step, never for the whole copy. Steps alone complete it.
 #[test]
 fn a_paced_copy_step_is_bounded_in_every_turn_and_steps_complete_it() {
+    use crate::operators::stores::{Snapshottable, StoreLifecycle};
     use crate::state::arena::PACED_COPY_PAGES;
-    use crate::stores::{Snapshottable, StoreLifecycle};
     use std::time::Duration;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("chk");

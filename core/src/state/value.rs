@@ -29,7 +29,7 @@ use super::options::StoreOptions;
 use super::slot_cache::{self, SlotCache};
 use super::snapshot::SnapshotJob;
 use crate::error::{Error, Result};
-use crate::keyed::{key_group, stable_hash};
+use crate::state::key_groups::{key_group, stable_hash};
 
 /// The table of one key group: the page at each position.
 #[derive(Default)]
