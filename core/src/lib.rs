@@ -44,6 +44,7 @@ mod threads; // helper threads: placement, parking, waking, I/O threads // Pipel
 pub mod clock;
 mod data;
 mod error;
+#[cfg(any(test, feature = "fuzzing"))]
 #[doc(hidden)]
 pub mod fuzzing;
 mod latency;

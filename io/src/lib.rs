@@ -65,6 +65,7 @@ pub mod direct;
 mod error;
 pub mod files;
 mod fsutil;
+#[cfg(feature = "fuzzing")]
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod generator;

@@ -1,23 +1,35 @@
 //! Named fault points for crash tests.
 //!
 //! Durable steps call [`hit`] with a point name. Tests arm a point with
-//! [`arm`] to make its next hits fail with an I/O error, or to abort the
+//! `arm` to make its next hits fail with an I/O error, or to abort the
 //! process (simulating a crash between two durable steps). Unarmed, a hit is
 //! one relaxed atomic load: nothing armed, nothing to look up.
+//!
+//! Arming exists only with the cargo feature `fault-injection` (the tests
+//! and CI turn it on): in a default build [`hit`] always passes and
+//! [`arm_from_env`] arms nothing, so no environment variable can make a
+//! production build fail or abort.
 //!
 //! Since every durable step passes a fault point, they also tell where I/O
 //! runs: with [`forbid_on_workers`] on, a point hit on a worker thread fails
 //! like an armed one, naming the point and the thread, which is how tests
 //! show that no sink waits for the disk on a worker.
 
+#[cfg(any(test, feature = "fault-injection"))]
 use std::collections::HashMap;
+#[cfg(any(test, feature = "fault-injection"))]
 use std::sync::atomic::{AtomicBool, Ordering};
+#[cfg(any(test, feature = "fault-injection"))]
 use std::sync::Mutex;
 
+#[cfg(any(test, feature = "fault-injection"))]
 static ANY_ARMED: AtomicBool = AtomicBool::new(false);
+#[cfg(any(test, feature = "fault-injection"))]
 static FORBID_ON_WORKERS: AtomicBool = AtomicBool::new(false);
+#[cfg(any(test, feature = "fault-injection"))]
 static POINTS: Mutex<Option<HashMap<String, Action>>> = Mutex::new(None);
 
+#[cfg(any(test, feature = "fault-injection"))]
 /// What an armed fault point does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Action {
@@ -31,6 +43,7 @@ pub enum Action {
     Sleep(u32),
 }
 
+#[cfg(any(test, feature = "fault-injection"))]
 /// Arms fault point `name` (process-wide).
 pub fn arm(name: &str, action: Action) {
     let mut p = POINTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -38,6 +51,7 @@ pub fn arm(name: &str, action: Action) {
     ANY_ARMED.store(true, Ordering::Release);
 }
 
+#[cfg(any(test, feature = "fault-injection"))]
 /// Disarms every fault point.
 pub fn disarm_all() {
     let mut p = POINTS.lock().unwrap_or_else(|e| e.into_inner());
@@ -45,6 +59,7 @@ pub fn disarm_all() {
     ANY_ARMED.store(false, Ordering::Release);
 }
 
+#[cfg(any(test, feature = "fault-injection"))]
 /// Makes every fault point hit on a worker thread fail (process-wide)
 /// while `on`: durable steps belong on a sink's own thread (see
 /// [`crate::threads::io_thread`]). Also set by the environment variable
@@ -53,6 +68,7 @@ pub fn forbid_on_workers(on: bool) {
     FORBID_ON_WORKERS.store(on, Ordering::Release);
 }
 
+#[cfg(any(test, feature = "fault-injection"))]
 /// Arms the points listed in the environment variable `WEIR_FAULTS`
 /// (`name=fail:N`, `name=fail-after:N`, `name=abort-after:N` or
 /// `name=sleep-us:N`,
@@ -82,6 +98,28 @@ pub fn arm_from_env() {
     }
 }
 
+/// Without the `fault-injection` feature: arms nothing. If `WEIR_FAULTS` or
+/// `WEIR_FORBID_WORKER_IO` is set, says (as a warning) that it is ignored.
+#[cfg(not(any(test, feature = "fault-injection")))]
+pub fn arm_from_env() {
+    for var in ["WEIR_FAULTS", "WEIR_FORBID_WORKER_IO"] {
+        if std::env::var_os(var).is_some() {
+            tracing::warn!(
+                "{var} is set but ignored: this build has no fault injection (cargo feature fault-injection)"
+            );
+        }
+    }
+}
+
+/// Passes through fault point `name`: always `Ok` in a build without the
+/// `fault-injection` feature.
+#[cfg(not(any(test, feature = "fault-injection")))]
+#[inline(always)]
+pub fn hit(_name: &str) -> std::io::Result<()> {
+    Ok(())
+}
+
+#[cfg(any(test, feature = "fault-injection"))]
 /// Passes through fault point `name`.
 #[inline]
 pub fn hit(name: &str) -> std::io::Result<()> {

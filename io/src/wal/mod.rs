@@ -126,8 +126,11 @@ use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
 use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
 pub(crate) use log::LogReader;
 use log::{list_segments, segment_path, LogIo, LogReply, LogRequest};
+#[cfg(feature = "fuzzing")]
+pub(crate) use marker::decode_marker;
 pub use marker::Committed;
-pub(crate) use marker::{decode_marker, Marker};
+#[cfg(any(test, feature = "fuzzing"))]
+pub(crate) use marker::Marker;
 pub use target::{EpochTarget, FileTarget};
 
 pub use commit::{MAX_EPOCHS_PER_COMMIT, QUEUED_COMMITS, RECORD_INTERVAL_MS};
@@ -265,10 +268,11 @@ const SPARE_BUFFERS: usize = 4;
 /// starts with, at least: 8 MiB, or [`WalSinkConfig::memory_bytes`] if
 /// less; after an epoch that needed more, what it needed. A buffer that
 /// grows doubles, copying what it holds on the worker: with empty buffers,
-/// a 1000 ms interval (epochs of some 5 MB at 200,000 records/s) gave the
-/// WAL rows of `weir compare` a processing p99.9 of 417-614 µs against
-/// 54-161 µs with 8 MiB (unaligned, interleaved, 2026-12-03). Capacity
-/// costs address space, not memory, until it is written.
+/// a 1000 ms interval (epochs of some 5 MB at 200,000 records/s) puts
+/// those copies into the WAL sink's processing p99.9, several times what it
+/// is with 8 MiB (docs/notebook/benchmarks-2026-12.md, "The WAL sink's
+/// epoch buffer at a 1000 ms interval"). Capacity costs address space, not
+/// memory, until it is written.
 const EPOCH_BUFFER_BYTES: usize = 8 << 20;
 
 /// Epochs handed to the committer thread to stage ahead of their commit

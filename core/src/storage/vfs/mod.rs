@@ -21,6 +21,7 @@
 //! read back after a crash. The snapshot files written from them at
 //! checkpoints go through this interface.
 
+#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 
 use std::io::{self, Read, Seek, SeekFrom, Write};
