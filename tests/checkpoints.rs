@@ -298,12 +298,12 @@ fn folder_files(dir: &std::path::Path, id: u64) -> Vec<(String, u64)> {
     files
 }
 
-/// Issue 17b: a job that restores an older checkpoint than the newest on
-/// disk (`Id(1)`), or nothing (`Nothing`), while checkpoints 1 to 3 exist,
+/// A job that restores an older checkpoint than the newest on disk
+/// (`Id(1)`), or nothing (`Nothing`), while checkpoints 1 to 3 exist,
 /// numbers its checkpoints after them, from 4, and writes nothing into
 /// their folders: they still verify, with every file untouched. Task
 /// states are in task files (`inline_state_max` 0), the case where a
-/// barrier numbered like an existing checkpoint overwrote that
+/// barrier numbered like an existing checkpoint would overwrite that
 /// checkpoint's files.
 #[test]
 fn a_restore_from_an_older_checkpoint_never_writes_into_newer_ones() {
@@ -380,14 +380,16 @@ fn a_restore_from_an_older_checkpoint_never_writes_into_newer_ones() {
     }
 }
 
-/// Issue 17 (c), end to end. A fast source ends early, so its channel into
-/// the union carries an unaligned barrier `n` and then the final barrier
-/// back to back, while the other input reaches the union through a slow
-/// task that still holds `n`. With `max_concurrent` 2 the final checkpoint
-/// is triggered while `n` is pending, so the union task is often still
-/// recording `n` when the final barrier arrives. The final checkpoint must
-/// still be taken aligned: no channel state, and nothing overtaken that
-/// would reach the sink after its final pre-commit (lost from the output).
+/// The final checkpoint behind an unaligned one, end to end
+/// (docs/design/checkpoints.md#barrier-flow). A fast source ends early, so
+/// its channel into the union carries an unaligned barrier `n` and then
+/// the final barrier back to back, while the other input reaches the union
+/// through a slow task that still holds `n`. With `max_concurrent` 2 the
+/// final checkpoint is triggered while `n` is pending, so the union task
+/// is often still recording `n` when the final barrier arrives. The final
+/// checkpoint must still be taken aligned: no channel state, and nothing
+/// overtaken that would reach the sink after its final pre-commit (lost
+/// from the output).
 #[test]
 fn final_checkpoint_stays_aligned_behind_concurrent_unaligned_ones() {
     use weir_core::{CheckpointConfig, Pipeline};

@@ -274,7 +274,7 @@ fn kafka_to_kafka_survives_kills_exactly_once_or_at_least_once() {
     assert!(kafka_scenario("at-least-once", "direct", 3, 9) >= 2);
 }
 
-/// The soak (issue 17 part 5): `weir run` killed at random, over every
+/// The soak (docs/design/testing.md#the-soak): `weir run` killed at random, over every
 /// mode and sink, files and Kafka (the seed picks the combination: consecutive seeds
 /// go round robin), for `WEIR_SOAK_SECONDS` (default 1800),
 /// each run's committed output checked exactly (at-least-once and none: no

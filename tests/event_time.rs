@@ -986,9 +986,9 @@ fn late_records_run(mode: Option<CheckpointMode>, failures: u32, batches: i64) -
     (rows, stats.restarts.len(), channel_bytes)
 }
 
-/// Issue 17 (d): watermarks are part of channel state. Under unaligned
-/// checkpoints with in-flight records and injected failures, the window
-/// results and the late side output equal those of the failure-free run.
+/// Watermarks are part of channel state. Under unaligned checkpoints with
+/// in-flight records and injected failures, the window results and the
+/// late side output equal those of the failure-free run.
 /// Every batch holds a record that only the watermark in front of it
 /// makes late: replayed without that watermark (or after a restore that
 /// starts event time again from the beginning), it would join a window

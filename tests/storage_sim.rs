@@ -51,7 +51,7 @@ use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, Run
 use weir_io::{DirectFileSink, WalSink, WalSinkConfig};
 
 /// Seeds per sink in a default run: 3,600 crash points, some 20 s on a 2-core
-/// machine (see `docs/checkpointing.md` for the measured figures).
+/// machine (see `docs/design/testing.md#storage-faults-and-the-simulated-disk`).
 const DEFAULT_SEEDS: u64 = 200;
 /// Crash points per seed before its last, uncrashed run.
 const CRASHES_PER_SEED: u32 = 6;

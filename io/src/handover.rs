@@ -81,13 +81,13 @@ impl<B: Buffer> Handover<B> {
     /// [`weir_core::io_thread::MAX_NAP`]. The worker hands over the next
     /// batch an interval after the last one, so under a steady stream it
     /// comes while the thread naps, costs the worker no wake-up, and waits
-    /// at most the tenth for the thread. Measured under the direct sink
-    /// (docs/benchmarks.md, "The direct sink's thread naps between
-    /// hand-overs"): the worker's `futex` calls fell from about 1,800 a
-    /// second, 16-18 µs each, to 50-100 (the barriers' hand-overs, off the
-    /// cadence), and visibility p50 rose by 50-90 µs (a quarter's margin
-    /// cost 130-150 µs, for no fewer calls). An idle sink's thread naps
-    /// once, then parks.
+    /// at most the tenth for the thread. Under the direct sink this spares
+    /// the worker nearly all of its `futex` calls (those left are the
+    /// barriers' hand-overs, off the cadence) for a small rise in
+    /// visibility latency; a larger margin costs more latency and spares no
+    /// more calls (docs/notebook/benchmarks-2026-12.md, "The direct sink's
+    /// thread naps between hand-overs"). An idle sink's thread naps once,
+    /// then parks.
     pub(crate) fn thread_nap(&self) -> std::time::Duration {
         let nap = std::time::Duration::from_nanos(self.interval_ns.saturating_add(self.interval_ns / 10));
         nap.min(weir_core::io_thread::MAX_NAP)

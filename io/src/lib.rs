@@ -2,7 +2,7 @@
 //!
 //! Sources, sinks and file formats for weir. Everything here is built on
 //! the [`weir_core::Source`] and [`weir_core::Sink`] traits; nothing in
-//! `weir-core` depends on this crate. `docs/end-to-end.md` explains which
+//! `weir-core` depends on this crate. `docs/guide/guarantees.md` explains which
 //! combination gives which guarantee.
 //!
 //! ## Sources

@@ -6,10 +6,11 @@
 //! goes through `core::fmt`: a dynamically dispatched writer per piece,
 //! padding logic per integer. In the keyed benchmark with the direct file
 //! sink (`weir bench --pipeline keyed --sink direct`, closed loop, two
-//! workers) that formatting took more than half of each worker's `perf`
-//! samples (2026-12-03). [`Line`] writes integers with `itoa` straight
-//! into the sink's buffer: no formatter, no allocation once the buffer
-//! has grown.
+//! workers) that formatting takes more than half of each worker's time
+//! (docs/notebook/benchmarks-2026-12.md, "Sinks' encode on the worker:
+//! integers without `core::fmt`"). [`Line`] writes integers with `itoa`
+//! straight into the sink's buffer: no formatter, no allocation once the
+//! buffer has grown.
 //!
 //! ```
 //! use weir_io::text::Line;

@@ -8,7 +8,7 @@
 //! the watermark, `value` the watermark ([`crate::operators::time::IDLE`] for an
 //! idle marker). Positions never decrease and are at most the number of
 //! records. Task state format 1 had no watermarks: its records replay
-//! without any (see `docs/checkpointing.md`).
+//! without any (see `docs/design/checkpoints.md#barrier-flow`).
 //!
 //! Recording happens only while an unaligned checkpoint's channel state
 //! is being taken (look-ahead over an input ring, or the output staged at

@@ -110,11 +110,13 @@ pub struct CheckpointConfig {
     /// manifest instead of a file of its own: one durable write per
     /// checkpoint instead of one per task. Memory-mapped stores whose full
     /// snapshots together fit are snapshotted whole, packed, on the task's
-    /// thread at the barrier (see `docs/state.md`) instead of incrementally
-    /// into files. `0` puts every task state in a file and every store
-    /// snapshot in `shared/`. Default 1 MiB ([`DEFAULT_INLINE_STATE_MAX`]);
-    /// at most 16 MiB ([`MAX_INLINE_STATE`]). Such states are framed on the
-    /// task's own thread at the barrier, so this also bounds that pause.
+    /// thread at the barrier (see
+    /// `docs/design/state.md#the-snapshot-protocol`) instead of
+    /// incrementally into files. `0` puts every task state in a file and
+    /// every store snapshot in `shared/`. Default 1 MiB
+    /// ([`DEFAULT_INLINE_STATE_MAX`]); at most 16 MiB ([`MAX_INLINE_STATE`]).
+    /// Such states are framed on the task's own thread at the barrier, so
+    /// this also bounds that pause.
     pub inline_state_max: usize,
 }
 

@@ -791,10 +791,10 @@ mod tests {
         }))
     }
 
-    /// Issue 17a: with two checkpoints in flight and one retained, the
-    /// older one completing after the newer must not push the newer one
-    /// out: it is subsumed (aborted and discarded), and the newer stays
-    /// the latest, the one a restore takes and sinks committed.
+    /// With two checkpoints in flight and one retained, the older one
+    /// completing after the newer must not push the newer one out: it is
+    /// subsumed (aborted and discarded), and the newer stays the latest,
+    /// the one a restore takes and sinks committed.
     #[test]
     fn a_checkpoint_completing_after_a_newer_one_is_subsumed() {
         let dir = tempfile::tempdir().unwrap();
@@ -836,10 +836,11 @@ mod tests {
         assert_eq!(signals.aborted_after(0), vec![1], "the tasks are told 1 was aborted");
     }
 
-    /// Issue 17b, the coordinator's half: a checkpoint never writes into
-    /// an existing folder. Ids start past every folder on disk, so one
-    /// found at the trigger belongs to something else: the attempt fails,
-    /// the tasks never hear of the id, and the folder is left as it was.
+    /// The coordinator's half of unique checkpoint ids (the job's half is
+    /// in `tests/checkpoints.rs`): a checkpoint never writes into an
+    /// existing folder. Ids start past every folder on disk, so one found
+    /// at the trigger belongs to something else: the attempt fails, the
+    /// tasks never hear of the id, and the folder is left as it was.
     #[test]
     fn a_trigger_never_takes_an_existing_folder() {
         let dir = tempfile::tempdir().unwrap();
@@ -859,8 +860,8 @@ mod tests {
         );
     }
 
-    /// Issue 17e: a checkpoint whose task states are all inline is a
-    /// folder with only its manifest, which may still name `shared/` files.
+    /// A checkpoint whose task states are all inline is a folder with only
+    /// its manifest, which may still name `shared/` files.
     /// Once retention drops it, garbage collection deletes those files; if
     /// the folder's removal were not durable by then, a crash could bring
     /// the manifest back naming deleted files. So `<dir>` is synced after

@@ -11,7 +11,8 @@
 //! completed checkpoint: operator state restored, sources rewound to their
 //! offsets, in-flight records of an unaligned checkpoint replayed first.
 //!
-//! See `docs/checkpointing.md` for the modes, settings and file layout.
+//! See `docs/design/checkpoints.md` for the modes and file layout, and
+//! `docs/guide/configuration.md` for the settings.
 
 pub(crate) mod channel;
 mod config;

@@ -8,10 +8,11 @@
 //! holds as it falls asleep and as it wakes; when another thread on the
 //! helper core preempts it there, the spawning thread waits for the lock.
 //! On a worker that is a stall of every record on its core: with the
-//! two-phase file sink at a 10 ms interval (2 cores, one worker), 1-23
-//! spawns in 5 s (five runs) took over 150 µs on the worker, up to 1.6 ms,
-//! always that of the second task to reach the barrier (a temporary timer,
-//! 2026-12-03).
+//! two-phase file sink at a 10 ms interval (2 cores, one worker), the
+//! second task to reach a barrier can wait over 150 µs, up to
+//! milliseconds, to spawn (docs/design/architecture.md#where-weirs-own-threads-run;
+//! the figures: docs/notebook/benchmarks-2026-12.md, "The two-phase file
+//! sink's p99.9 on the worker").
 //!
 //! So a task does not spawn: [`SnapshotPool::spawn`] pushes the job on a
 //! bounded lock-free queue and wakes the **spawner** thread only if it

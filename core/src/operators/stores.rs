@@ -133,9 +133,9 @@ impl StoreLifecycle {
 
     /// One step of the paced copies going: [`PACED_COPY_PAGES`] pages in
     /// all, in a turn with input or without. A record that arrives while a
-    /// step runs waits for that step only; a turn without input used to
-    /// copy every page left, and a record arriving then waited for all of
-    /// them (up to 90 µs: see `PACED_COPY_PAGES`). The copy still ends
+    /// step runs waits for that step only; were a turn without input to
+    /// copy every page left, a record arriving then would wait for all of
+    /// them (tens of µs: see `PACED_COPY_PAGES`). The copy still ends
     /// within microseconds of the barrier: an idle worker takes a turn per
     /// round, and spins and yields for thousands of rounds before it parks
     /// (and parks for a bounded time, [`crate::threads::idle::MAX_PARK`]).
@@ -173,12 +173,13 @@ impl StoreLifecycle {
         self.pending.push_back(id);
         let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
         if whole <= snap.inline_max {
-            // Packing and checksumming 10,000 keys' pages took the task
-            // 0.3-1 ms at every barrier, a stall of every record behind it:
-            // the task only copies them, and the pool packs the copies,
-            // also where the pool has no core of its own (packing on the
-            // task also cost it heap trims: 223-256 `madvise` calls in 3 s;
-            // docs/benchmarks.md).
+            // Packing and checksumming 10,000 keys' pages takes the task
+            // a few hundred µs or more at every barrier, a stall of every
+            // record behind it: the task only copies them, and the pool
+            // packs the copies, also where the pool has no core of its own
+            // (packing on the task also costs it heap trims, `madvise`
+            // calls of up to milliseconds; docs/notebook/benchmarks-2026-12.md,
+            // "Inline snapshots packed on the pool without a spare core").
             // Copied in steps after the barrier when the operator takes
             // them (not at the final barrier, after which the task may take
             // no more turns), whole now otherwise.

@@ -9,12 +9,12 @@
 //! channels forwards the minimum over its channels, skipping the channels
 //! marked idle and the ones that ended; end of a bounded input sends
 //! [`MAX_WATERMARK`], so every window and timer fires before the final
-//! checkpoint. `docs/event-time.md` tells the whole story.
+//! checkpoint. `docs/guide/event-time.md` tells the whole story.
 //!
-//! Event time is part of checkpoints (issue 17, d): a task with inputs
-//! stores the watermark of each input at its snapshot (`InputEventTime`),
-//! unaligned channel state keeps the watermarks between the in-flight
-//! records, and a watermark generator stores its own progress. A restore
+//! Event time is part of checkpoints: a task with inputs stores the
+//! watermark of each input at its snapshot (`InputEventTime`), unaligned
+//! channel state keeps the watermarks between the in-flight records, and a
+//! watermark generator stores its own progress. A restore
 //! at the same parallelism therefore continues event time exactly where
 //! the checkpoint left it: event-time operators get their watermark back
 //! (`RestoreCtx::watermark`) without firing anything, and a record that

@@ -38,7 +38,8 @@ pub struct RuntimeConfig {
     /// [`HelperPlacement::SpareCores`], the cores no worker runs on when
     /// there are any: with `workers` below the core count, the workers'
     /// cores run nothing but workers, which keeps checkpoints and sink I/O
-    /// out of processing latency (see `docs/architecture.md`).
+    /// out of processing latency (see
+    /// `docs/design/architecture.md#where-weirs-own-threads-run`).
     pub helpers: HelperPlacement,
     /// Slots per SPSC ring (one ring per producer/consumer subtask pair).
     /// Default 2048: two batches in flight per ring. Every queued record is
@@ -72,7 +73,7 @@ pub struct RuntimeConfig {
     pub state_dir: Option<std::path::PathBuf>,
     /// Serve the job's metrics while it runs: Prometheus text at
     /// `/metrics`, JSON with the job graph at `/api/job` and a live page at
-    /// `/` (see `docs/observability.md`). Default `None`: no endpoint.
+    /// `/` (see `docs/guide/observability.md`). Default `None`: no endpoint.
     ///
     /// Use a loopback address (`127.0.0.1:9464`; port 0 picks a free port,
     /// see [`crate::JobHandle::metrics_addr`]). The endpoint has no
@@ -104,11 +105,11 @@ impl Default for RuntimeConfig {
 /// writable folder (a memory file system on Linux), else the system's
 /// temporary folder.
 ///
-/// With 10,000 keys at 200,000 events/s on a 2-core virtual machine, the
-/// state's pages on the disk-backed temporary folder gave processing
-/// latency p99.9 of 5.5-12 ms and a platform probe p99.9 of 3.3-5.9 ms
-/// (the writeback's disk work), against 0.4-1.1 ms and 0.04-0.08 ms in
-/// `/dev/shm` (docs/benchmarks.md).
+/// On a disk the kernel writes dirty mapped pages back every few seconds:
+/// the worker then faults at its next write to each, and on a virtual
+/// machine the host's disk work stalls the vCPUs too: processing latency's
+/// p99.9 is several times what it is with `/dev/shm`
+/// (docs/design/state.md#working-files).
 pub fn default_state_dir() -> std::path::PathBuf {
     let shm = std::path::Path::new("/dev/shm");
     let writable =

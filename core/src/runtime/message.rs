@@ -33,9 +33,10 @@ pub(crate) enum Message<T> {
     ///
     /// `ManuallyDrop`, so that a message of a plain record type keeps no
     /// drop glue: rings drop every slot they free, and with glue that is a
-    /// check per record (measured: the two-worker keyed job, whose rings
-    /// carry no batches, ran 9-30% slower in three pairs with a plain
-    /// `Box` here). The
+    /// check per record (with a plain `Box` here the two-worker keyed job,
+    /// whose rings carry no batches, measured markedly slower:
+    /// docs/notebook/benchmarks-2026-12.md, "Batches handed over by
+    /// reference on one worker"). The
     /// consumer takes the box out when it reads the message, and an input
     /// drains its ring when it is dropped ([`crate::runtime::task::Inbox`]), so a
     /// batch still in flight is freed too.

@@ -9,7 +9,8 @@
 //! mailbox (a pointer swap under `try_lock`, never a wait); whoever reads
 //! the job's latency merges and clears what was handed over. The worker
 //! never merges or clears a histogram's ~270 KB of counts in steady state
-//! (that took 50-140 µs a histogram on this machine: a stall at p99.9).
+//! (tens of µs a histogram, a stall at p99.9:
+//! docs/design/architecture.md#metrics).
 //! Nothing here takes a lock or allocates per record.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -100,15 +100,18 @@ impl<T> Outbox<T> {
     /// behind them.
     ///
     /// Handing over copies nothing: the consumer's chain works on the
-    /// producer's vector (the one-worker keyed job +44%, 10 of 10 pairs).
-    /// The records path copies once instead of twice (into the staging
-    /// vector, then in bulk into the ring): the one-worker keyed job
-    /// faster in 14 of 16 interleaved pairs, median +7%
-    /// (docs/benchmarks.md, 2026-12-05). Only for one
-    /// target: in a routing loop over two, storing records into a ring
-    /// was slower than staging and the bulk copy in each of three trials
-    /// (into both rings twice, into the same worker's ring once). Only for
-    /// the same worker: into lines another core read last, not measured.
+    /// producer's vector, which makes the one-worker keyed job markedly
+    /// faster (docs/notebook/benchmarks-2026-12.md, "Batches handed over by
+    /// reference on one worker"). The records path copies once instead of
+    /// twice (into the staging vector, then in bulk into the ring), which
+    /// measured faster too (docs/notebook/benchmarks-2026-12.md, "One
+    /// worker's exchange writes straight into its ring"). Only for one
+    /// target: in a routing loop over two, stores into a ring interleave
+    /// with stores into a staging vector, and staging with the bulk copy is
+    /// faster (the same section). Only for the same worker: across cores
+    /// the ring's lines were last read by the other core, and there the
+    /// bulk copy is the cheap way to write (docs/notebook/benchmarks-2026-12.md,
+    /// "The lead: batches handed over by reference").
     #[inline]
     pub(crate) fn write_straight_in(&mut self, batch: &mut Vec<T>) {
         if !self.same_worker() || batch.is_empty() {
@@ -302,8 +305,8 @@ impl<T> Outbox<T> {
         // message is owned exactly once: by the ring (after `commit_all`)
         // or by `staged[head..]`. When nothing is left the length drops to
         // 0 without dropping anything (all were moved). Nothing between the
-        // copies can panic. Measured: the bulk copy replaces a per-item
-        // iterator that was 18% of the keyed benchmark's cycles.
+        // copies can panic. A bulk copy, because a per-item iterator here
+        // costs a large share of the keyed benchmark's cycles.
         unsafe {
             let src = self.staged.as_mut_ptr().add(self.head);
             std::ptr::copy_nonoverlapping(src, first.as_mut_ptr().cast::<Message<T>>(), first.len());
@@ -543,8 +546,9 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         };
         // With powers of two of targets and key groups, the same target as
         // `route` without the key group's multiply and the table
-        // (`the_route_shift_is_the_key_group_s_route`): 16 of 24
-        // interleaved pairs faster at p=2, median +2.4%. A shift by
+        // (`the_route_shift_is_the_key_group_s_route`), a few percent faster
+        // at p=2 (docs/notebook/benchmarks-2026-12.md, "One worker's
+        // exchange computes no key, a cheaper route"). A shift by
         // 64 - log2(q) leaves log2(q) bits: below q, as the staging loops
         // require.
         let shifted = self
@@ -600,7 +604,7 @@ const STAGE_TARGETS: usize = 8;
 /// Stages every record of `batch` on outbox `route(record)` (below
 /// `outboxes.len()`, at most [`STAGE_TARGETS`]): each outbox's vector is
 /// reserved once for the whole batch, so the loop per record is a write
-/// and a count, without a capacity check per push (issue 19).
+/// and a count, without a capacity check per push.
 #[inline(always)]
 fn stage_routed<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: impl Fn(&T) -> usize) {
     let q = outboxes.len();
@@ -639,9 +643,10 @@ fn stage_routed<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: impl F
 /// [`stage_routed`] for two targets, with both write positions in
 /// registers: the general loop keeps its per-target counts in an array on
 /// the stack, so two records in a row for one target wait on a store and a
-/// reload of the count. `route(record)` must be 0 or 1. Measured with the
-/// route from the hash's top bit: 31 of 48 interleaved pairs faster at
-/// p=2, median pair ratio +2.6%.
+/// reload of the count. `route(record)` must be 0 or 1. With the route
+/// from the hash's top bit this is a few percent faster at p=2
+/// (docs/notebook/benchmarks-2026-12.md, "One worker's exchange computes
+/// no key, a cheaper route").
 #[inline(always)]
 fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: impl Fn(&T) -> usize) {
     let [o0, o1] = outboxes else {
@@ -656,12 +661,12 @@ fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: im
 ///
 /// Each record is read out of `batch` only once its target is known, so
 /// that it goes from the batch to its slot without waiting in registers
-/// through the route's hash: held across it, the record was spilled to the
-/// stack and read back, a store and a load more per record. Measured on
-/// the two-worker keyed job, 13 interleaved pairs in the host's fast state:
-/// faster in 12, median +6.0%; `--workers 1 --parallelism 2`: faster in 6
-/// of 6, +7%. (The same reading in `stage_routed`, four targets: slower in
-/// 5 of 6 pairs, so that loop keeps its `drain`.)
+/// through the route's hash: held across it, the record is spilled to the
+/// stack and read back, a store and a load more per record, and the
+/// two-worker keyed job measures faster without them. The same reading in
+/// `stage_routed` (three to eight targets) measured slower, so that loop
+/// keeps its `drain` (docs/notebook/benchmarks-2026-12.md, "The two-target
+/// split reads each record once its route is known").
 #[inline(always)]
 fn split_two<T, M>(
     v0: &mut Vec<M>,
@@ -1209,9 +1214,10 @@ mod tests {
         }
     }
 
-    /// Issue 17 (d): an unaligned barrier overtaking staged output stores
-    /// the watermarks staged between the records too, and a restore stages
-    /// them again in place.
+    /// An unaligned barrier overtaking staged output stores the watermarks
+    /// staged between the records too, and a restore stages them again in
+    /// place (docs/notebook/checkpointing-2026-12.md, "Watermarks were not
+    /// part of channel state").
     #[test]
     fn output_channel_state_keeps_staged_watermarks() {
         use crate::checkpoint::snapshot::TaskSnapshot;

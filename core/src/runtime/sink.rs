@@ -28,8 +28,9 @@
 //!   `finish`, the task ends once `ready` returns true, when everything
 //!   finished.
 //!
-//! weir-io's sinks all work this way; `docs/architecture.md` shows where
-//! each one's I/O runs.
+//! weir-io's sinks all work this way;
+//! `docs/design/architecture.md#sinks-own-threads` shows where each one's
+//! I/O runs.
 
 use std::sync::{Arc, Mutex};
 

@@ -453,8 +453,10 @@ impl<T> Inbox<T> {
 ///   the task goes to `Collecting(f)` if `f` was waiting, else to `Idle`
 ///   (`f` is read in order later).
 ///
-/// Invariants (issue 17, c): the final checkpoint is never taken
-/// unaligned. Its snapshot is taken only by `complete_collecting`, once
+/// Invariants: the final checkpoint is never taken unaligned (records it
+/// overtook would reach the sinks after their final pre-commit;
+/// docs/design/checkpoints.md#barrier-flow). Its snapshot is taken only by
+/// `complete_collecting`, once
 /// the final barrier was read, in order, on every input, so every record
 /// before it was processed and the barrier it forwards queues behind
 /// every staged record; look-ahead never claims a final barrier.
@@ -571,7 +573,8 @@ impl<T: Data> InputTask<T> {
                         }
                     }
                     // Recorded in place: replayed between the same records
-                    // after a restore (issue 17, d).
+                    // after a restore, so event time after it is what it
+                    // would have been.
                     Message::Watermark(wm) => {
                         if let Some(buf) = buffer.as_deref_mut() {
                             buf.watermark(*wm);
@@ -1069,7 +1072,7 @@ impl<T: Data> Task for InputTask<T> {
                 // slot, which has nothing to drop) and the chunk's first
                 // `consumed` slots are committed at the end, so the loop
                 // per record is a tag check, a move and a write behind the
-                // batch's last record (issue 19: the chunk's iterator cost a
+                // batch's last record (the chunk's iterator would cost a
                 // branch and an index per item, a push a capacity check).
                 let (first, second) = chunk.as_mut_slices();
                 'parts: for part in [first, second] {

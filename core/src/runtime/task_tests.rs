@@ -202,11 +202,11 @@ fn assert_final_aligned(h: &Harness, events: &[Event], id: u64, records: &[u64])
     );
 }
 
-/// Issue 17 (c): a task recording checkpoint 1's channel state (unaligned)
-/// reads the final barrier 2 on the input that already delivered 1. It
-/// must not subsume 1 by taking the final checkpoint unaligned: the final
-/// barrier goes out only once it arrived on every input, behind every
-/// record, and checkpoint 1 still completes.
+/// A task recording checkpoint 1's channel state (unaligned) reads the
+/// final barrier 2 on the input that already delivered 1. It must not
+/// subsume 1 by taking the final checkpoint unaligned: the final barrier
+/// goes out only once it arrived on every input, behind every record, and
+/// checkpoint 1 still completes (docs/design/checkpoints.md#barrier-flow).
 #[test]
 fn final_barrier_behind_an_unaligned_one_is_forwarded_aligned() {
     let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);
@@ -412,11 +412,11 @@ fn restored(
     (task, producers, log)
 }
 
-/// Issue 17 (d): an unaligned snapshot keeps the watermarks between the
-/// records it overtook, and the event time of every input at the
-/// snapshot; a restore hands the chain the event time it had (without
-/// firing) and replays the records with the watermarks in place, so what
-/// the chain sees after the restore is what it would have seen.
+/// An unaligned snapshot keeps the watermarks between the records it
+/// overtook, and the event time of every input at the snapshot; a restore
+/// hands the chain the event time it had (without firing) and replays the
+/// records with the watermarks in place, so what the chain sees after the
+/// restore is what it would have seen.
 #[test]
 fn unaligned_channel_state_replays_watermarks_in_place() {
     let mut h = Harness::new(CheckpointMode::Unaligned, 2, 0);

@@ -198,10 +198,11 @@ impl Segment {
         // Transparent huge pages where the kernel and filesystem offer
         // them for file mappings (Linux 6.x, ext4/xfs large folios): a
         // random update then misses in the TLB far less often, and a
-        // restore writes and maps 2 MiB at a time. On 1 GiB of state,
-        // batched updates went from 22-26 to 31-35 M/s and a restore from
-        // 1.7-2.1 s to 0.55 s (docs/state.md). Only a hint: where it is not
-        // offered the mapping keeps 4 KiB pages and works the same.
+        // restore writes and maps 2 MiB at a time: on 1 GiB of state both
+        // batched updates and restores measured markedly faster
+        // (docs/notebook/docs-2026-12.md, "Keyed state: the state backend
+        // benchmark"). Only a hint: where it is not offered the mapping
+        // keeps 4 KiB pages and works the same.
         let _ = map.advise(memmap2::Advice::HugePage);
         let base = SegPtr(map.as_mut_ptr());
         Ok(Segment { base, map, file, path })
@@ -312,16 +313,15 @@ const COPY_ALIGN: usize = 4096;
 
 /// Pages a paced inline copy takes per step ([`Arena::advance_paced_copy`]
 /// from the task's turn, with input or without): 2 pages of 4 KiB, 8 KiB,
-/// 1.2-1.6 µs of `memcpy` at p50 on this machine class (p99 4-19 µs in the
-/// traces, the larger with the machine's own stalls); the whole keyed
-/// job's store (64 pages per subtask) in 32 steps.
+/// a microsecond or two of `memcpy`; the whole keyed job's store (64 pages
+/// per subtask) in 32 steps.
 ///
-/// A step is a stall of every record that arrives while it runs. With 8
-/// pages per step, and every page left copied in a turn without input,
-/// steps took 5 µs at p50, 27 µs at p99 and up to 90 µs, and at a 10 ms
-/// interval and 200,000 records/s more than half the records later than
-/// 25 µs came in the first millisecond after a barrier (a temporary trace,
-/// 2026-12-04: docs/benchmarks.md, "The paced copy in steps of two
+/// A step is a stall of every record that arrives while it runs, so steps
+/// are small: larger steps (8 pages, or every page left in a turn without
+/// input) take tens of µs and put the records that arrive just after a
+/// barrier into the tail of processing latency
+/// (docs/design/state.md#working-files; the figures:
+/// docs/notebook/benchmarks-2026-12.md, "The paced copy in steps of two
 /// pages").
 pub(crate) const PACED_COPY_PAGES: usize = 2;
 
@@ -378,7 +378,8 @@ impl PacedCopy {
 /// waits for it on the pool. The task's side never makes a system call:
 /// the waiter polls (sleeping between looks) rather than sleep on a
 /// condition variable, whose notification would be a `futex` wake-up on
-/// the task's thread (5-12 µs on these guests) at every checkpoint.
+/// the task's thread (several µs on a virtual machine) at every
+/// checkpoint.
 pub(crate) struct CopySlot {
     tx: Mutex<Option<std::sync::mpsc::Sender<InlineCopy>>>,
     rx: Mutex<std::sync::mpsc::Receiver<InlineCopy>>,
@@ -442,9 +443,10 @@ pub(crate) struct InlineCopy {
     offset: usize,
     /// Pages at the barrier. Each page's key group is read from its
     /// trailer in the copy, by [`InlineCopy::encode`] on the pool: reading
-    /// the 64 trailers from the mapping at the barrier touched 64 pages on
-    /// the task and took 1.8 µs at p50 but 18-20 µs at p99 (a temporary
-    /// trace, 2026-12-04), a stall of every record behind the barrier.
+    /// the trailers from the mapping at the barrier touches every page on
+    /// the task, tens of µs at the tail, a stall of every record behind the
+    /// barrier (docs/notebook/benchmarks-2026-12.md, "The paced copy in
+    /// steps of two pages").
     n_pages: usize,
     page_size: usize,
     header: format::FileHeader,
@@ -1051,9 +1053,9 @@ impl Arena {
     /// there at once.
     ///
     /// Why: copying a keyed job's pages whole at the barrier (64 pages of
-    /// 4 KiB per subtask) held every record behind it for 33-54 µs at each
-    /// checkpoint (a temporary timer, 2026-12-03), which at a 10 ms
-    /// interval and 200,000 records/s is about 1% of all records: the p99.
+    /// 4 KiB per subtask) holds every record behind it for tens of µs at
+    /// each checkpoint, which at a 10 ms interval and 200,000 records/s is
+    /// about 1% of all records: the p99 (docs/design/state.md#working-files).
     pub(crate) fn begin_paced_copy(&mut self, checkpoint_id: u64) -> Arc<CopySlot> {
         let start = Instant::now();
         let mut p = self.inline_copy_frame(checkpoint_id);
@@ -1087,9 +1089,8 @@ impl Arena {
             .unwrap_or_default();
         // The copies start at a 4 KiB boundary, as the mapped pages do:
         // `memcpy` (`rep movsb`) between buffers of different alignment
-        // ran at ~1.5 GB/s here against ~12 GB/s aligned (AMD EPYC guest:
-        // 256 KiB in 116-176 µs against 16-30 µs in isolation; the keyed
-        // job's 64 pages in 130-650 µs against 40-85), and this copy is a
+        // runs several times slower than aligned on an AMD EPYC guest
+        // (docs/design/state.md#working-files), and this copy is a
         // stall of every record at the barrier. A spare buffer keeps its
         // length and its allocation (so the same offset), and every page
         // of it is overwritten: only growth is zeroed.

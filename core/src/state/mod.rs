@@ -40,8 +40,8 @@
 //!   [`Codec`].
 //! - [`ListStore`]: per key, an append-only list of encoded values.
 //!
-//! `docs/state.md` describes the page layout, the snapshot protocol and the
-//! file format in full, with measured figures.
+//! `docs/design/state.md` describes the page layout, the snapshot protocol
+//! and the file format in full, with measured figures.
 
 pub(crate) mod arena;
 mod codec;

@@ -9,7 +9,8 @@
 //! A zero word's tag is followed by the count (0-255) of further zero words
 //! it stands for. A page of the 10,000-key benchmark (78 of 127 slots
 //! used) packs to about a third of its size, at about 2.7 µs per 4 KiB page
-//! (an SSSE3 shuffle version was only 1.5x faster: not worth its `unsafe`);
+//! (a SIMD shuffle gains too little to be worth its `unsafe`:
+//! docs/notebook/benchmarks-2026-12.md, "Checkpoints");
 //! dense pages grow by at most one byte in eight, and are then stored as
 //! plain images instead (the caller compares).
 

@@ -5,8 +5,9 @@
 //! It exists because a lookup in the mapped table is a long chain for a
 //! small state: the stable hash (three multiplies), the key group, the
 //! page directory, then a linear probe whose length the processor cannot
-//! predict (docs/benchmarks.md, "Mapped state against a hash map" and
-//! "Mapped state: a slot cache on the heap"). Here a lookup is one
+//! predict (docs/design/state.md#page-layout; the figures:
+//! docs/notebook/benchmarks-2026-12.md, "Mapped state against a hash map"
+//! and "Mapped state: a slot cache on the heap"). Here a lookup is one
 //! multiply (FxHash, as the heap backend's map uses), one 64-byte line of
 //! four `(fingerprint, address)` ways, and the slot's own load, which the
 //! update needs anyway. A miss takes the table's path and fills the cache.
@@ -21,8 +22,10 @@
 //! - A key's tag is its hash with the low bit set ([`tag`]): the tag's low
 //!   bits pick the line, its high 32 bits, with the low bit set, are the
 //!   **fingerprint** a way keeps. A way's fingerprint is 0 (empty) or odd.
-//!   Four 32-bit fingerprints are compared with one vector compare (the
-//!   64-bit tags they replace took a compare and a shift each: issue 19).
+//!   Four 32-bit fingerprints are compared with one vector compare, where
+//!   64-bit tags would take a compare and a shift each
+//!   (docs/notebook/benchmarks-2026-12.md, "The slot cache's four ways
+//!   matched by one vector compare").
 //! - A way's address is a slot of a page of one of the store's live
 //!   tables (not a released page). The store keeps this true: a table's
 //!   growth moves its slots to new pages and releases the old ones, and

@@ -4,8 +4,8 @@
 //! window, one timer, one process-function state), so the index keeps the
 //! first entry inline and builds a hash map only for a second one. A key's
 //! first entry then costs no allocation and no second hash lookup: on the
-//! hot path of q4, q5 and q8 every new key used to allocate a hash map for
-//! its one entry and free it when the entry went.
+//! hot path of q4, q5 and q8 a map for every key would allocate for each
+//! new key's one entry and free it when the entry goes.
 
 use std::hash::Hash;
 

@@ -73,17 +73,18 @@ pub const UPDATE_AHEAD: usize = 16;
 /// newer cores), where the table's two-pass groups (locate and store every
 /// key's home slot, then load it back) cost more instructions than the
 /// misses they hide, and the slot cache's short lookup pays instead. Above
-/// it the misses go to L3 or memory, the table's groups pay (issue 19,
-/// docs/benchmarks.md "Change 4"), and a cache for every key would be as
-/// large as an index.
+/// it the misses go to L3 or memory, the table's groups pay
+/// (docs/notebook/benchmarks-2026-12.md, "Change 4: one pass over a
+/// cache-resident store"), and a cache for every key would be as large as
+/// an index.
 pub(crate) const PREFETCH_FROM_BYTES: usize = 512 << 10;
 
 /// Keys per line of the slot cache when it is sized (four ways a line):
 /// at most one a line on average, so that a line rarely holds more keys
-/// than ways and a hit is the rule. In the keyed job at 1,000-40,000 keys,
-/// two and four keys a line ran slower, four by 15% at 1,000 keys, where
-/// full lines forget keys in turn (docs/benchmarks.md, "Mapped state: a
-/// slot cache on the heap").
+/// than ways and a hit is the rule. With more keys a line, full lines
+/// forget keys in turn, and the keyed job measured slower
+/// (docs/notebook/benchmarks-2026-12.md, "Mapped state: a slot cache on
+/// the heap").
 const CACHE_KEYS_PER_LINE: usize = 1;
 
 /// The most lines of a slot cache: 512 KiB on the heap per store.
@@ -92,7 +93,9 @@ const MAX_CACHE_LINES: usize = 8192;
 /// Entries from which lookups go through the slot cache. Below, the
 /// table's few slots stay in the core's nearest caches and its probe ends
 /// at the home slot, so the cache's own line only adds to the footprint
-/// (the keyed job at 500 keys a store ran about 5% slower with it).
+/// (the keyed job at 500 keys a store measured slower with it:
+/// docs/notebook/benchmarks-2026-12.md, "Mapped state: a slot cache on the
+/// heap").
 const CACHE_FROM_KEYS: usize = 1024;
 
 enum Probe {
@@ -591,8 +594,8 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
     /// key is updated, mostly from that slot. The slot loads of a group so
     /// overlap instead of each waiting for the last, and the next group's
     /// cache lines are prefetched before this group's updates, so the
-    /// line reads rarely wait either (issue 19: the operator's samples
-    /// fell from about 8,400 to 6,000 per 200 M events).
+    /// line reads rarely wait either (docs/notebook/benchmarks-2026-12.md,
+    /// "Mapped state: the next group's cache lines prefetched").
     #[inline(always)]
     fn update_cached<T>(&mut self, records: &mut Vec<T>, key_of: impl Fn(&T) -> K, mut f: impl FnMut(&K, &mut V, T)) {
         let mut drain = records.drain(..);

@@ -4,14 +4,13 @@
 //! A worker hands work to helper threads on the helper cores: buffers and
 //! syncs to a sink's log thread, epochs to its committer, snapshot jobs to
 //! the spawner. Each of them parks when it has nothing to do, and waking a
-//! parked thread is a `futex` call. On these guests that call is not
+//! parked thread is a `futex` call. On a virtual machine that call is not
 //! cheap: waking a thread on another core sends it an interrupt, which
-//! leaves the virtual machine, and `perf trace` of a worker under the WAL
-//! sink at a 10 ms interval (two sink subtasks, 2026-12-03) timed its
-//! `futex` wakes at 12 µs on average (5 µs at least, 92 µs at most), five
-//! of them at every barrier (two log threads, two committers, the
-//! spawner) and two at every commit. That is 60 µs of every barrier during
-//! which no record moved on that core.
+//! leaves the virtual machine (several µs a wake-up, tens at worst). Under
+//! the WAL sink with two sink subtasks a worker would make five of them at
+//! every barrier (two log threads, two committers, the spawner) and two at
+//! every commit: tens of µs of every barrier during which no record moves
+//! on that core (docs/design/architecture.md#where-weirs-own-threads-run).
 //!
 //! So a worker does not wake a helper itself: [`Doorbell::ring`] marks the
 //! helper as pending in the job's [`WakeRelay`] and wakes the **relay**
@@ -59,12 +58,13 @@ pub(crate) const RELAY_SLOTS: usize = 256;
 /// the last priming, before it parks: covers a barrier's or a commit's
 /// burst across a worker's tasks (about 20 µs with the paced state copy)
 /// and the barrier's trip from the trigger to the sinks. Short, because a
-/// busy helper core delays the workers' core on these guests: with 200 µs,
-/// the direct sink's hand-over every 500 µs kept the relay spinning 42% of
-/// the time and the platform probe on the worker's core saw p99.9 of
-/// 1.2-3 ms (against 18-50 µs); polling every 100 µs instead made its p99
-/// 3 ms (2026-12-03). At 50 µs, under the WAL sink at 100 checkpoints/s,
-/// the relay used 2 clock ticks in 3 s and the worker made 1 `futex` call.
+/// busy helper core delays the workers' core on a virtual machine: a
+/// 200 µs linger, or a relay that polls, keeps the helper core busy
+/// enough to put milliseconds into the worker core's tail latency, while
+/// 50 µs costs the relay almost no CPU time and still spares the worker
+/// nearly every `futex` call under the WAL sink at 100 checkpoints/s
+/// (docs/notebook/benchmarks-2026-12.md, "The barrier's work on the
+/// worker: a paced state copy and a wake-up relay").
 pub(crate) const RELAY_LINGER: Duration = Duration::from_micros(50);
 
 const WORDS: usize = RELAY_SLOTS / 64;

@@ -8,7 +8,8 @@
 //! calls it. The at-least-once sink flushed each hand-over and the
 //! exactly-once sink committed each checkpoint that way: both sinks'
 //! visibility latency had a 100 ms floor and their throughput a ceiling
-//! set by it (docs/benchmarks.md, "the 100 ms flush").
+//! set by it (docs/notebook/benchmarks-2026-12.md, "The 100 ms flush and
+//! the fetch backoff").
 //!
 //! Here a [`ThreadedProducer`]'s own thread serves the reports as they
 //! arrive, and [`Deliveries`] counts them; a sink's thread that needs its

@@ -1,5 +1,5 @@
-//! Apache Kafka in and out (issue 16): a replayable, exactly-once source
-//! over a topic's partitions, and at-least-once and exactly-once sinks.
+//! Apache Kafka in and out: a replayable, exactly-once source over a
+//! topic's partitions, and at-least-once and exactly-once sinks.
 //!
 //! Why it exists: a stream processor is most often fed from a log such as
 //! Kafka, and Kafka has what exactly-once needs from a source: records in
@@ -29,7 +29,8 @@
 //!   sink's own thread) and the exactly-once sink (the write-ahead-log
 //!   sink publishing each completed checkpoint in one transaction with a
 //!   marker record, [`target`]); [`framing`]: key and value in a sink's
-//!   buffers; [`KafkaSinkConfig`]: their settings. See docs/end-to-end.md.
+//!   buffers; [`KafkaSinkConfig`]: their settings. See
+//!   docs/design/kafka-sink.md.
 
 mod delivery;
 pub mod framing;
@@ -244,7 +245,7 @@ impl KafkaSourceConfig {
     /// several, share a topic this way, each with its own checkpoints.
     /// Within the shard, subtask `i` of `n` reads the shard's partitions
     /// `p` with `(p / shards) mod n == i`. `weir run --instances` runs one
-    /// job per shard (docs/scaling.md).
+    /// job per shard (docs/design/scaling.md).
     pub fn shard(mut self, shards: usize, shard: usize) -> Self {
         self.shard = (shards, shard);
         self
@@ -357,7 +358,7 @@ impl KafkaSourceConfig {
     /// | `enable.partition.eof` | `true` when bounded | tells a bounded source a partition is read to its end |
     /// | `queued.max.messages.kbytes`, `queued.min.messages` | 16384, 10000 | bounds the client's prefetch buffer |
     /// | `fetch.wait.max.ms` | 100 | a fetch with no data returns within 100 ms |
-    /// | `fetch.queue.backoff.ms` | 5 | how soon the client looks again at a partition whose buffer was above `queued.min.messages`; librdkafka's 1000 ms let each partition fetch about once a second, one `max.partition.fetch.bytes` (1 MiB) at a time: ~40,000 records/s per partition, whatever the machine (docs/benchmarks.md, "the fetch backoff") |
+    /// | `fetch.queue.backoff.ms` | 5 | how soon the client looks again at a partition whose buffer was above `queued.min.messages`; librdkafka's 1000 ms lets each partition fetch about once a second, one `max.partition.fetch.bytes` (1 MiB) at a time: ~40,000 records/s per partition, whatever the machine (docs/notebook/benchmarks-2026-12.md, "The 100 ms flush and the fetch backoff") |
     ///
     /// then `group.id` ([`KafkaSourceConfig::group`], else `weir-unmanaged-TOPIC`,
     /// which the source never commits to), then every [`KafkaSourceConfig::set`].

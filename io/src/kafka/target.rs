@@ -31,7 +31,8 @@
 //!   "published through checkpoint `n`, up to log position `p`": a
 //!   transaction holds exactly the log between the previous marker's
 //!   position and its own, so recovery needs to know nothing else about
-//!   which checkpoints it covered (docs/kafka.md, "Coalescing").
+//!   which checkpoints it covered
+//!   (docs/design/kafka-sink.md#coalesced-transactions).
 //! - **restore** (the WAL sink's, see [`crate::wal`]): epochs after the
 //!   marker up to the restored checkpoint are published again, in one new
 //!   transaction; later ones are dropped from the log.

@@ -22,7 +22,8 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// count to touch. With `Arc<str>` a bid cost three atomic increments where it was
 /// made and three decrements where it was dropped, usually on another
 /// core, so each count's cache line moved between the cores: q0-q3 and q8
-/// ran 20-40% faster without (docs/benchmarks.md).
+/// run markedly faster without (docs/notebook/docs-2026-12.md, "Nexmark's
+/// pooled strings").
 /// Events read from a file hold shared heap strings. Equality, order and
 /// hashing are those of the text.
 #[derive(Clone)]

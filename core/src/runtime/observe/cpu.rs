@@ -1,7 +1,7 @@
 //! What the endpoint itself costs: the CPU time its threads spend.
 //!
-//! The issue this endpoint answers to asks that serving metrics cost the
-//! job nothing it can measure. Wall-clock throughput on a shared 2-core
+//! Serving metrics must cost the job nothing it can measure, and that
+//! needs a measure of its own. Wall-clock throughput on a shared 2-core
 //! guest moves by several percent from run to run, so a 1% difference
 //! cannot be seen in it; the CPU time of the endpoint's own threads can:
 //! each thread adds the CPU time of every unit of work it does (a sample,
