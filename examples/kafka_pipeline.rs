@@ -29,7 +29,6 @@
 //! `read_committed` consumer sees. Checkpoints and the sink's log go to
 //! `target/kafka-example`.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use weir_core::{CheckpointConfig, CheckpointMode, Output, Pipeline, RestoreFrom, RuntimeConfig};
@@ -41,7 +40,7 @@ use weir_io::rdkafka::message::Message;
 use weir_io::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use weir_io::text::Line;
-use weir_io::{ParseError, WalSinkConfig};
+use weir_io::{sinks, ParseError};
 
 const INPUT: &str = "weir-example-in";
 const OUTPUT: &str = "weir-example-out";
@@ -103,9 +102,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let source = KafkaSourceConfig::new(&brokers, INPUT).bounded();
     let mut sink = KafkaSinkConfig::new(&brokers, OUTPUT);
     sink.partitions = PARTITIONS;
-    let sink = Arc::new(sink);
     let state = std::path::PathBuf::from("target/kafka-example");
-    let wal = WalSinkConfig::new(state.join("kafka-wal"), state.join("unused"));
     pipeline
         .source("kafka", PARALLELISM, move |i, n| {
             KafkaSource::new(source.clone(), i, n, parse)
@@ -123,9 +120,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             });
         })
         .name("count")
-        .sink("kafka", move |i| {
-            weir_io::kafka::exactly_once(sink.clone(), wal.clone(), i, encode, |c: &Counted| c.emitted_ns)
-        });
+        .sink(
+            "kafka",
+            sinks::kafka_exactly_once(sink, state.join("kafka-wal"), encode),
+        );
     let config = RuntimeConfig {
         checkpointing: Some(CheckpointConfig {
             interval: Duration::from_millis(100),

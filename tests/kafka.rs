@@ -803,3 +803,48 @@ fn the_lag_counts_the_records_behind_the_end_and_reaches_zero() {
     assert_eq!(values(&read), (0..N).collect::<Vec<_>>());
     assert_eq!(src.backlog(), Some(0));
 }
+
+/// `examples/kafka_pipeline.rs`, the embedding example of the Kafka guide,
+/// runs against this binary's broker: every input record counted once in
+/// the output a `read_committed` reader sees.
+#[test]
+fn the_kafka_pipeline_example_counts_each_record_once() {
+    // Examples are built beside the test binaries: target/<profile>/examples/.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let example = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target/<profile>/deps")
+        .join("examples")
+        .join(format!("kafka_pipeline{}", std::env::consts::EXE_SUFFIX));
+    assert!(
+        example.exists(),
+        "cargo test builds the examples: {} is missing",
+        example.display()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(&example)
+        .arg(&broker().addr)
+        .current_dir(dir.path())
+        .output()
+        .expect("run the kafka_pipeline example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "the example failed ({}):\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The example writes 10,000 records `sensor-{i % 10},{i % 7}`.
+    assert!(
+        stdout.contains("weir-example-out: 10000 committed records"),
+        "one output record per input record:\n{stdout}"
+    );
+    for k in 0..10u64 {
+        let sum: u64 = (0..10_000u64).filter(|i| i % 10 == k).map(|i| i % 7).sum();
+        assert!(
+            stdout.contains(&format!("sensor-{k}: 1000,{sum}")),
+            "sensor-{k}'s final count and sum:\n{stdout}"
+        );
+    }
+}

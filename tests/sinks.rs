@@ -1786,3 +1786,49 @@ fn every_test_here_takes_the_serial_lock() {
     }
     assert!(missing.is_empty(), "tests without `let _g = serial();`: {missing:?}");
 }
+
+/// The short forms of `weir_io::sinks`: a job built with each writes every
+/// record once, each subtask in files of its own, with no subtask index or
+/// timestamp given by the job.
+#[test]
+fn the_short_sink_forms_write_every_record_once() {
+    let _g = serial();
+    let numbers: Arc<Vec<u64>> = Arc::new((0..2_000).collect());
+    let encode = |n: &u64, out: &mut Vec<u8>| weir_io::text::Line::new(out).u64(*n).end();
+    for kind in ["wal_files", "two_phase_files", "direct_files"] {
+        let dir = scratch();
+        let out = dir.path().join("out");
+        let pipeline = Pipeline::new(kind);
+        let numbers = numbers.clone();
+        let stream = pipeline
+            .source("numbers", 2, move |i, n| {
+                weir_core::VecSource::new(numbers.clone(), i, n)
+            })
+            .rebalance(2);
+        match kind {
+            "wal_files" => stream.sink("out", weir_io::sinks::wal_files(dir.path().join("wal"), &out, encode)),
+            "two_phase_files" => stream.sink("out", weir_io::sinks::two_phase_files(&out, encode)),
+            _ => stream.sink("out", weir_io::sinks::direct_files(&out, encode)),
+        }
+        let config = RuntimeConfig {
+            checkpointing: Some(CheckpointConfig {
+                interval: Duration::from_millis(5),
+                ..CheckpointConfig::exactly_once(dir.path().join("checkpoints"))
+            }),
+            ..RuntimeConfig::default()
+        };
+        pipeline.run(config).unwrap().join().unwrap();
+        let mut got: Vec<u64> = if kind == "direct_files" {
+            let mut lines = Vec::new();
+            for f in std::fs::read_dir(&out).unwrap() {
+                let text = std::fs::read_to_string(f.unwrap().path()).unwrap();
+                lines.extend(text.lines().map(|l| l.parse::<u64>().unwrap()));
+            }
+            lines
+        } else {
+            committed_lines(&out)
+        };
+        got.sort_unstable();
+        assert_eq!(got, (0..2_000).collect::<Vec<_>>(), "{kind}: every record once");
+    }
+}

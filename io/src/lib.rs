@@ -75,6 +75,7 @@ pub mod latency;
 pub mod lines;
 pub mod nexmark;
 pub mod reader;
+pub mod sinks;
 mod sql;
 pub mod text;
 pub mod twophase;

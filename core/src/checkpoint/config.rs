@@ -154,6 +154,19 @@ impl CheckpointConfig {
         }
     }
 
+    /// Exactly-once checkpoints (aligned barriers) into `dir`, every other
+    /// setting at its default: the usual choice, and the mode the sinks'
+    /// exactly-once guarantee is written for.
+    ///
+    /// ```
+    /// use weir_core::{CheckpointConfig, CheckpointMode};
+    /// let c = CheckpointConfig::exactly_once("state/checkpoints");
+    /// assert_eq!(c.mode, CheckpointMode::Aligned);
+    /// ```
+    pub fn exactly_once(dir: impl Into<PathBuf>) -> Self {
+        Self::new(CheckpointMode::Aligned, dir)
+    }
+
     /// Checks every setting.
     pub fn validate(&self) -> Result<()> {
         if self.interval < MIN_INTERVAL {

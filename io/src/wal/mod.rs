@@ -202,6 +202,12 @@ impl WalSinkConfig {
         }
     }
 
+    /// Logs in `wal_dir` for a sink whose target is not a folder of files
+    /// (the Kafka exactly-once sink): `target_dir` and `suffix` are unused.
+    pub fn log_only(wal_dir: impl Into<PathBuf>) -> Self {
+        Self::new(wal_dir, PathBuf::new())
+    }
+
     /// Checks the sizes: a segment of at least 4 KiB, a buffer of 1 byte to
     /// 256 MiB.
     pub fn validate(&self) -> Result<()> {
