@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use weir_core::checkpoint::storage;
-use weir_core::{CheckpointMode, Error, RestartStrategy, RestoreFrom, RuntimeConfig};
+use weir_core::{CheckpointMode, Error, RestartStrategy, RestoreFrom, RuntimeConfig, StateBackend};
 
 #[test]
 fn aligned_survives_failures_exactly_once() {
@@ -456,5 +456,47 @@ fn final_checkpoint_stays_aligned_behind_concurrent_unaligned_ones() {
             rows.len(),
             expected.len()
         );
+    }
+}
+
+/// `RuntimeConfig::state_backend` moves the same job's `process` state to
+/// a hash map on the heap: the failures and restarts of the tests above
+/// still end exactly once, and no state file is written.
+#[test]
+fn the_heap_state_backend_survives_failures_exactly_once() {
+    for mode in [CheckpointMode::Aligned, CheckpointMode::Unaligned] {
+        let job = Job { mode, ..BASE };
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        let result = run_with(job, dir.path(), &target, |c| {
+            c.state_backend = StateBackend::Heap;
+            c.checkpointing.as_mut().unwrap().inline_state_max = 0;
+        })
+        .unwrap();
+        assert_eq!(result.metrics.checkpoints.restarts.len(), 3, "{mode:?}");
+        let shared = std::fs::read_dir(dir.path().join("shared")).map_or(0, |d| d.count());
+        assert_eq!(shared, 0, "{mode:?}: the heap backend writes no state files");
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
+        assert_exactly_once(job, &rows);
+    }
+}
+
+/// A checkpoint's keyed state is read back only by the backend that wrote
+/// it: the other one refuses it by name instead of misreading it.
+#[test]
+fn a_checkpoint_of_the_other_state_backend_is_refused_by_name() {
+    for (first, second, named) in [
+        (StateBackend::Mapped, StateBackend::Heap, "mapped state backend"),
+        (StateBackend::Heap, StateBackend::Mapped, "heap state backend"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        run_with(BASE, dir.path(), &target, |c| c.state_backend = first).unwrap();
+        let err = run_with(BASE, dir.path(), &target, |c| {
+            c.state_backend = second;
+            c.restart = RestartStrategy::None;
+        })
+        .expect_err("a restore by the other backend fails");
+        assert!(err.to_string().contains(named), "{first:?} then {second:?}: {err}");
     }
 }

@@ -72,6 +72,7 @@ pub use runtime::metrics::{JobMetrics, TaskMetrics, LATENCY_MAX_NS};
 pub use runtime::observe::EndpointStats;
 pub use runtime::sink::{CollectSink, ForEachSink, PreCommit, Sink, StateJob, SyncJob};
 pub use runtime::source::{Source, SourcePoll, VecSource};
+pub use state::StateBackend;
 pub use threads::idle::{IdleStrategy, Waker, MAX_PARK};
 pub use threads::placement::on_worker_thread;
 pub use threads::placement::HelperPlacement;

@@ -17,7 +17,7 @@ use rustc_hash::FxHashMap;
 
 use crate::data::Data;
 use crate::error::{Error, Result};
-use crate::operators::keyed::{KeyedProcess, MappedKeyedProcess, Output};
+use crate::operators::keyed::{KeyedProcess, MappedKeyedProcess, Output, PodCell};
 use crate::operators::stateless::{Filter, FlatMap, Map, SinkTail};
 use crate::runtime::collector::Collector;
 use crate::runtime::config::RuntimeConfig;
@@ -656,8 +656,11 @@ where
     /// The state is a plain value (`bytemuck::Pod`: numbers, arrays of
     /// numbers, `#[repr(C)]` structs deriving `Pod`) kept inline in the
     /// memory-mapped state backend ([`crate::state`]): it may exceed memory,
-    /// and checkpoints write only what changed, asynchronously. For any
-    /// other state type, use [`KeyedStream::process_heap`].
+    /// and checkpoints write only what changed, asynchronously; with
+    /// [`crate::RuntimeConfig::state_backend`] set to
+    /// [`crate::StateBackend::Heap`], the same job keeps it in a hash map on
+    /// the heap instead. For any other state type, use
+    /// [`KeyedStream::process_heap`].
     pub fn process<S, O, F>(self, f: F) -> Stream<O>
     where
         K: crate::state::StateKey,
@@ -669,6 +672,23 @@ where
         let edges_in = edges.clone();
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.inputs_from::<T>(&edges, j);
+            if ctx.config.state_backend == crate::state::StateBackend::Heap {
+                let mut f = f.clone();
+                let op = KeyedProcess {
+                    max_parallelism: ctx.max_parallelism,
+                    key_fn: key_fn.clone(),
+                    f: move |k: &K, s: &mut PodCell<S>, t: T, out: &mut Output<O>| f(k, &mut s.0, t, out),
+                    state: FxHashMap::default(),
+                    out: Output {
+                        buf: Vec::with_capacity(ctx.config.batch_size),
+                    },
+                    next: down,
+                    op: 0,
+                    tagged: true,
+                    _in: std::marker::PhantomData,
+                };
+                return Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>);
+            }
             let opts = crate::state::StoreOptions {
                 max_parallelism: ctx.max_parallelism,
                 key_groups: crate::state::key_groups::key_group_range(j, q, ctx.max_parallelism),
@@ -716,6 +736,7 @@ where
                 },
                 next: down,
                 op: 0,
+                tagged: false,
                 _in: std::marker::PhantomData,
             };
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)

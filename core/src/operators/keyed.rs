@@ -62,8 +62,16 @@ pub(crate) struct KeyedProcess<T, K, S, O, KF, F> {
     pub(crate) out: Output<O>,
     pub(crate) next: Box<dyn Collector<O>>,
     pub(crate) op: usize,
+    /// `process` on the heap backend: its operator state starts with
+    /// [`HEAP_STATE_TAG`], so that a restore by the other backend is refused
+    /// by name instead of misread (`process_heap` writes no tag).
+    pub(crate) tagged: bool,
     pub(crate) _in: std::marker::PhantomData<fn(T)>,
 }
+
+/// First byte of the keyed state `process` writes on the heap backend; the
+/// mapped backend's state handles never start with it.
+pub(crate) const HEAP_STATE_TAG: u8 = b'H';
 
 impl<T, K, S, O, KF, F> Collector<T> for KeyedProcess<T, K, S, O, KF, F>
 where
@@ -101,7 +109,12 @@ where
             .iter()
             .map(|(k, s)| (key_group(stable_hash(k), maxp) as u32, k, s))
             .collect();
-        snap.put_operator(self.op, postcard::to_stdvec(&entries)?);
+        let mut bytes = Vec::new();
+        if self.tagged {
+            bytes.push(HEAP_STATE_TAG);
+        }
+        let bytes = postcard::to_extend(&entries, bytes)?;
+        snap.put_operator(self.op, bytes);
         self.next.barrier(barrier, snap, ctx)
     }
     fn notify(&mut self, notice: Notice, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -111,7 +124,20 @@ where
         ctx.current_op = self.op;
         self.state.clear();
         for old in r.all {
-            let Some(bytes) = old.operator(self.op) else { continue };
+            let Some(mut bytes) = old.operator(self.op) else {
+                continue;
+            };
+            if self.tagged {
+                let Some(rest) = bytes.strip_prefix(&[HEAP_STATE_TAG]) else {
+                    return Err(format!(
+                        "checkpoint {}: the keyed state of subtask {} was written by the mapped state \
+                         backend; restore it with RuntimeConfig::state_backend = StateBackend::Mapped",
+                        r.checkpoint, old.subtask
+                    )
+                    .into());
+                };
+                bytes = rest;
+            }
             let entries: Vec<(u32, K, S)> = postcard::from_bytes(bytes).map_err(|e| {
                 format!(
                     "checkpoint {}: keyed state of subtask {} does not decode: {e}",
@@ -127,6 +153,31 @@ where
         self.next.restore(r, ctx)
     }
     forward_time!();
+}
+
+/// A plain (`Pod`) state value kept by [`KeyedProcess`] on the heap
+/// backend: encoded in checkpoints as its bytes, so that `process` needs no
+/// serde for its state type on either backend.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct PodCell<S>(pub(crate) S);
+
+impl<S: bytemuck::Pod> Serialize for PodCell<S> {
+    fn serialize<Ser: serde::Serializer>(&self, serializer: Ser) -> Result<Ser::Ok, Ser::Error> {
+        serializer.serialize_bytes(bytemuck::bytes_of(&self.0))
+    }
+}
+
+impl<'de, S: bytemuck::Pod> serde::Deserialize<'de> for PodCell<S> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let bytes: &[u8] = serde_bytes::deserialize(deserializer)?;
+        if bytes.len() != std::mem::size_of::<S>() {
+            return Err(serde::de::Error::invalid_length(
+                bytes.len(),
+                &"the size of the state type",
+            ));
+        }
+        Ok(PodCell(bytemuck::pod_read_unaligned(bytes)))
+    }
 }
 
 /// A keyed process operator whose per-key state lives in the memory-mapped
@@ -181,6 +232,18 @@ where
     }
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.current_op = self.op;
+        if let Some(old) = r
+            .all
+            .iter()
+            .find(|o| o.operator(self.op).is_some_and(|b| b.first() == Some(&HEAP_STATE_TAG)))
+        {
+            return Err(format!(
+                "checkpoint {}: the keyed state of subtask {} was written by the heap state backend; \
+                 restore it with RuntimeConfig::state_backend = StateBackend::Heap",
+                r.checkpoint, old.subtask
+            )
+            .into());
+        }
         let root = crate::operators::stores::checkpoint_root(ctx, "keyed state")?;
         let handles = crate::operators::stores::StoreLifecycle::handles(r, self.op, 1)?.remove(0);
         // The empty store made at construction gives way to the restored one.

@@ -5,6 +5,7 @@
 //! [`RuntimeConfig::validate`] before any thread starts.
 
 use crate::checkpoint::{CheckpointConfig, RestartStrategy};
+use crate::state::StateBackend;
 use crate::threads::idle::IdleStrategy;
 use crate::threads::placement::HelperPlacement;
 use crate::{Error, Result};
@@ -71,6 +72,9 @@ pub struct RuntimeConfig {
     /// mind that a store outgrowing its file system fails the process
     /// (SIGBUS), on a disk as in memory.
     pub state_dir: Option<std::path::PathBuf>,
+    /// Where [`crate::KeyedStream::process`] keeps per-key state: memory-mapped
+    /// pages (default) or a hash map on the heap ([`StateBackend`]).
+    pub state_backend: StateBackend,
     /// Serve the job's metrics while it runs: Prometheus text at
     /// `/metrics`, JSON with the job graph at `/api/job` and a live page at
     /// `/` (see `docs/guide/observability.md`). Default `None`: no endpoint.
@@ -95,6 +99,7 @@ impl Default for RuntimeConfig {
             checkpointing: None,
             restart: RestartStrategy::None,
             state_dir: None,
+            state_backend: StateBackend::Mapped,
             metrics_addr: None,
         }
     }

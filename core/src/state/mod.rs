@@ -66,8 +66,8 @@ pub use handle::{SlotLayout, StateFile, StateHandle, StateKind};
 pub use list::ListStore;
 pub use map::MapStore;
 pub use options::{
-    StoreOptions, DEFAULT_MAX_DELTA_CHAIN, DEFAULT_MAX_VALUE_LEN, DEFAULT_PAGE_SIZE, MAX_DELTA_CHAIN, MAX_PAGE_SIZE,
-    MAX_VALUE_LEN, MIN_PAGE_SIZE,
+    StateBackend, StoreOptions, DEFAULT_MAX_DELTA_CHAIN, DEFAULT_MAX_VALUE_LEN, DEFAULT_PAGE_SIZE, MAX_DELTA_CHAIN,
+    MAX_PAGE_SIZE, MAX_VALUE_LEN, MIN_PAGE_SIZE,
 };
 pub use snapshot::SnapshotJob;
 pub use value::ValueStore;

@@ -171,3 +171,19 @@ mod tests {
         assert!(ok.with_max_delta_chain(MAX_DELTA_CHAIN + 1).validate().is_err());
     }
 }
+
+/// Where [`crate::KeyedStream::process`] keeps its per-key state; chosen per
+/// job by [`crate::RuntimeConfig::state_backend`], so one pipeline runs on
+/// either without a change to its code.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StateBackend {
+    /// Memory-mapped pages ([`crate::state::ValueStore`]): state may exceed
+    /// memory (with a disk [`crate::RuntimeConfig::state_dir`]), and each
+    /// checkpoint writes only the pages that changed, asynchronously.
+    #[default]
+    Mapped,
+    /// A hash map on the heap: bounded by memory, and each checkpoint
+    /// encodes all of it at the barrier. Cheaper per record when the state
+    /// is small and checkpoints are rare.
+    Heap,
+}

@@ -83,6 +83,10 @@ struct Inner {
     /// Times a ringer found the relay parked and unparked it (tests).
     #[cfg(test)]
     unparks: AtomicU64,
+    /// Times the relay thread took a priming (tests: a woken relay may
+    /// linger and park again before a test thread sees it awake).
+    #[cfg(test)]
+    primings: AtomicU64,
 }
 
 impl Inner {
@@ -121,6 +125,8 @@ impl Inner {
             // The stop first: what was pending before it is still woken.
             let stopping = self.stop.load(Ordering::Acquire);
             let primed = self.primed.swap(false, Ordering::AcqRel);
+            #[cfg(test)]
+            self.primings.fetch_add(u64::from(primed), Ordering::Relaxed);
             if self.wake_pending() | primed {
                 // A burst: keep looking a little, yielding the core.
                 let mut last = Instant::now();
@@ -165,6 +171,8 @@ impl WakeRelay {
             primed: AtomicBool::new(false),
             #[cfg(test)]
             unparks: AtomicU64::new(0),
+            #[cfg(test)]
+            primings: AtomicU64::new(0),
         });
         let i = Arc::clone(&inner);
         let thread = std::thread::Builder::new()
@@ -437,7 +445,9 @@ mod tests {
         wait_until("the helper never parked", || bell.parker().is_sleeping());
         wait_until("the relay never parked", || relay.inner.parker.is_sleeping());
         relay.prime();
-        wait_until("the primed relay never woke", || !relay.inner.parker.is_sleeping());
+        wait_until("the primed relay never woke", || {
+            relay.inner.primings.load(Ordering::Relaxed) >= 1
+        });
         work.store(1, Ordering::Release);
         bell.ring();
         assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(1));
