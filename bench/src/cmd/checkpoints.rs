@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use weir_core::checkpoint::storage::{self, FileRef, Manifest};
 
-use crate::bench_cmd::CliError;
+use crate::cli::CliError;
 
 /// Arguments of `weir checkpoints`.
 #[derive(Debug, clap::Args)]

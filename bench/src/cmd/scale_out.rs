@@ -28,7 +28,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::bench_cmd::CliError;
+use crate::cli::CliError;
 
 /// The job's description in each process's checkpoint folder.
 pub const DESCRIPTION: &str = "scale-out";

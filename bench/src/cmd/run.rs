@@ -18,8 +18,8 @@ use weir_io::{
     BadRecords, DirectFileSink, FileSource, KafkaRecordInfo, KafkaSource, LineInfo, ParseError, WalSink, WalSinkConfig,
 };
 
-use crate::bench_cmd::{CliError, Mode};
-use crate::scale_out;
+use crate::cli::{CliError, Mode};
+use crate::cmd::scale_out;
 
 /// Which committing sink `weir run` writes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,7 +117,7 @@ pub struct RunArgs {
     /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
     /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
     /// network). Paths: / (live page), /metrics, /api/job.
-    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    #[arg(long, value_parser = crate::cli::metrics_arg::parse)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -513,7 +513,7 @@ fn start_job(
     };
     let started = clock::now_ns();
     let job = pipeline.run(config)?;
-    crate::metrics_arg::announce(&job);
+    crate::cli::metrics_arg::announce(&job);
     Ok(Started {
         job,
         kafka_stats,
