@@ -56,6 +56,10 @@ pub enum CliError {
     /// duplicated records), or found damaged data.
     #[error("wrong result: {0}")]
     Wrong(String),
+    /// A file of weir-io's (shard folders, sinks' files) cannot be read,
+    /// written, or verified.
+    #[error(transparent)]
+    Storage(weir_io::Error),
     /// Reading or writing a file failed.
     #[error("cannot write {path}: {source}")]
     Io {
@@ -64,6 +68,18 @@ pub enum CliError {
         /// The cause.
         source: std::io::Error,
     },
+}
+
+/// weir-io's errors: a layout error of a job's shard folders is the
+/// user's to fix (the arguments name the wrong folders or settings); any
+/// other is a failure.
+impl From<weir_io::Error> for CliError {
+    fn from(e: weir_io::Error) -> Self {
+        match e {
+            weir_io::Error::Shards { reason } => CliError::Usage(reason),
+            e => CliError::Storage(e),
+        }
+    }
 }
 
 impl CliError {

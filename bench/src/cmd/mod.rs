@@ -5,4 +5,3 @@
 pub mod checkpoints;
 pub mod nexmark;
 pub mod run;
-pub mod scale_out;

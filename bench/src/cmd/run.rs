@@ -2,7 +2,9 @@
 //! files or folders and `key,value` record values from Kafka topics, keeps
 //! a running count and sum per key, and writes one line `key,count,sum` per
 //! input record through a committing sink. Given the same arguments again,
-//! it resumes from its latest checkpoint.
+//! it resumes from its latest checkpoint. With `--instances`, one of N
+//! processes sharing a job over Kafka: weir-io's [`shards`] settles which
+//! shards it runs and puts their folders in place.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -14,12 +16,12 @@ use weir_core::{
     SourceContext, SourcePoll,
 };
 use weir_io::kafka::{KafkaSourceConfig, KafkaSourceStats};
+use weir_io::shards;
 use weir_io::{
     BadRecords, DirectFileSink, FileSource, KafkaRecordInfo, KafkaSource, LineInfo, ParseError, WalSink, WalSinkConfig,
 };
 
 use crate::cli::{CliError, Mode};
-use crate::cmd::scale_out;
 
 /// Which committing sink `weir run` writes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -640,14 +642,14 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
                 .into(),
         ));
     }
-    let shape = scale_out::JobShape {
+    let shape = shards::JobShape {
         shards: 0,
         parallelism: args.parallelism,
         inputs: args.input.join(" "),
         output: args.output.clone(),
     };
     let count = || partitions_of(brokers, topic);
-    let plan = scale_out::prepare(&args.checkpoint_dir, &args.rescale_from, n, i, shape, count)?;
+    let plan = shards::prepare(&args.checkpoint_dir, &args.rescale_from, n, i, shape, count)?;
     for (s, from, generation) in &plan.adopted {
         println!(
             "weir run: process {i} of {n}: shard {s} adopted from {} (generation {generation})",
