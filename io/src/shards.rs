@@ -233,7 +233,8 @@ fn decode_fields(bytes: &[u8]) -> std::result::Result<Vec<Field>, (u64, String)>
     let mut fields = Vec::new();
     let mut at = 0;
     for line in covered.split_inclusive(|&b| b == b'\n') {
-        let text = std::str::from_utf8(&line[..line.len() - 1]).map_err(|_| (at as u64, "a line is not UTF-8".to_string()))?;
+        let text =
+            std::str::from_utf8(&line[..line.len() - 1]).map_err(|_| (at as u64, "a line is not UTF-8".to_string()))?;
         match text.split_once('=') {
             Some((k, v)) if !k.is_empty() => fields.push((k.to_string(), v.to_string(), at as u64)),
             _ => return Err((at as u64, format!("line at byte {at} is not name=value: {text:?}"))),
@@ -247,7 +248,9 @@ fn decode_fields(bytes: &[u8]) -> std::result::Result<Vec<Field>, (u64, String)>
 fn write_fields(path: &Path, fields: &[(&str, String)]) -> Result<()> {
     let bytes = encode_fields(fields)?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+    let name = path
+        .file_name()
+        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.tmp"));
     fault(FAULT_FILE_WRITE, "write", &tmp)?;
     let mut f = OpenOptions::new()
@@ -610,7 +613,10 @@ mod tests {
         assert!(plan(&f[0], &[], 2, 0).unwrap().adopted.is_empty());
         // Without the old folders, a rescale is refused.
         let e = plan(&f[0], &[], 3, 0).unwrap_err();
-        assert!(matches!(e, Error::Shards { .. }) && e.to_string().contains("--rescale-from"), "{e}");
+        assert!(
+            matches!(e, Error::Shards { .. }) && e.to_string().contains("--rescale-from"),
+            "{e}"
+        );
         // Three: 0, 3 | 1, 4 | 2, 5.
         for i in 0..3 {
             let p = plan(&f[i], &f[..2], 3, i).unwrap();
@@ -635,7 +641,9 @@ mod tests {
             output: "elsewhere".into(),
             ..shape()
         };
-        let e = prepare(&f[0], &f, 2, 0, other, || Ok::<_, Error>(6)).unwrap_err().to_string();
+        let e = prepare(&f[0], &f, 2, 0, other, || Ok::<_, Error>(6))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("keeps its inputs"), "{e}");
         assert!(plan(&f[0], &f, 2, 2).unwrap_err().to_string().contains("0 to N-1"));
     }
@@ -740,7 +748,9 @@ mod tests {
         assert!(e.to_string().contains("no field b"), "{e}");
         std::fs::write(&path, std::fs::read_to_string(&path).unwrap().replace("a=1", "a=2")).unwrap();
         match Fields::read(&path).err().unwrap() {
-            Error::Corrupt { file, offset, reason, .. } => {
+            Error::Corrupt {
+                file, offset, reason, ..
+            } => {
                 assert_eq!((file, offset), (path.clone(), 0));
                 assert!(reason.contains("CRC32 mismatch over bytes 0..17"), "{reason}");
             }

@@ -460,7 +460,11 @@ fn summary(frame: &Result<TaskFrame, String>) -> String {
             f.subtask,
             f.parallelism,
             f.operators.len(),
-            if f.source_offset_bytes.is_some() { ", source offset" } else { "" }
+            if f.source_offset_bytes.is_some() {
+                ", source offset"
+            } else {
+                ""
+            }
         ),
         Err(e) => format!("[BAD] {e}"),
     }

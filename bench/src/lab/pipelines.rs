@@ -369,7 +369,13 @@ pub struct Totals {
 /// Builds the job for `spec`; the generator's schedule starts at `start_ns`.
 pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
     if let Some(q) = spec.kind.nexmark() {
-        return crate::lab::nexmark_jobs::bench_pipeline(q, spec.events, spec.seed, spec.parallelism, totals.count.clone());
+        return crate::lab::nexmark_jobs::bench_pipeline(
+            q,
+            spec.events,
+            spec.seed,
+            spec.parallelism,
+            totals.count.clone(),
+        );
     }
     let gen = GeneratorConfig {
         seed: spec.seed,
