@@ -510,6 +510,63 @@ fn duration(us: u64) -> String {
 mod tests {
     use super::*;
 
+    /// A frame that belongs to another checkpoint or task than its
+    /// manifest entry says is a problem; its own is not.
+    #[test]
+    fn a_frame_of_another_task_or_checkpoint_is_named() {
+        let task = ManifestTask {
+            group: 1,
+            subtask: 0,
+            file: FileRef {
+                path: "chk-0000000007/task-001-000.state".into(),
+                size: 40,
+                crc32: 0,
+            },
+            inline_offset: None,
+            state_bytes: 0,
+            channel_state_bytes: 0,
+            sync_us: 0,
+            async_us: 0,
+            alignment_us: 0,
+        };
+        let frame = TaskFrame {
+            format: 2,
+            magic: *b"WEIRTSK2",
+            payload_bytes: 20,
+            payload_crc32: 0,
+            checkpoint: 7,
+            group: 1,
+            subtask: 0,
+            parallelism: 2,
+            source_offset_bytes: None,
+            operators: vec![(0, 12)],
+            input_channels: Vec::new(),
+            output_channels: Vec::new(),
+            channel_records: 0,
+            has_input_event_time: true,
+        };
+        assert_eq!(mismatch(&frame, 7, &task), None);
+        assert!(summary(&Ok(frame.clone())).starts_with("magic \"WEIRTSK2\" payload 20 B crc 00000000 ok;"));
+        for other in [
+            TaskFrame {
+                subtask: 1,
+                ..frame.clone()
+            },
+            TaskFrame {
+                checkpoint: 6,
+                ..frame.clone()
+            },
+            TaskFrame { group: 0, ..frame },
+        ] {
+            let p = mismatch(&other, 7, &task).expect("a mismatch");
+            assert!(
+                p.contains("task-001-000.state") && p.contains(&format!("of checkpoint {}", other.checkpoint)),
+                "{p}"
+            );
+        }
+        assert_eq!(summary(&Err("F: bad".into())), "[BAD] F: bad");
+    }
+
     #[test]
     fn utc_dates() {
         assert_eq!(utc(0), "1970-01-01T00:00:00.000Z");
