@@ -223,7 +223,7 @@ fn list_inspect_verify_and_detect_corruption() {
     assert!(
         flip_report
             .iter()
-            .any(|l| l.contains("payload CRC mismatch over bytes 16..")),
+            .any(|l| l.contains("payload CRC mismatch at offset 16..")),
         "payload CRC mismatch named:\n{out}"
     );
     assert!(
@@ -233,7 +233,7 @@ fn list_inspect_verify_and_detect_corruption() {
     );
     assert!(
         out.lines()
-            .any(|l| l.contains(&cut.path) && l.contains("length field at bytes 8..16")),
+            .any(|l| l.contains(&cut.path) && l.contains("length field at byte 8 says")),
         "frame length mismatch named:\n{out}"
     );
     assert!(err.contains("2 of 3 checkpoints failed verification"), "{err}");
@@ -249,7 +249,10 @@ fn list_inspect_verify_and_detect_corruption() {
     let (code, out, _) = checkpoints(&["inspect", d]);
     assert_eq!(code, 0);
     let row = out.lines().find(|l| l.contains(&flipped.path)).unwrap();
-    assert!(row.contains("crc MISMATCH") && row.contains("[BAD]"), "{row}");
+    assert!(
+        row.contains("[BAD]") && row.contains("payload CRC mismatch at offset 16.."),
+        "{row}"
+    );
 
     // A manifest with a flipped byte in an inline task state (its last
     // byte: the second source task's frame), then in its JSON: listed as

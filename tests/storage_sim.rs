@@ -27,6 +27,11 @@
 //! for the exactly-once sinks; every count at least once for the direct
 //! sink.
 //!
+//! `shard_folders_on_a_simulated_disk` puts the shard folders of a job
+//! shared by several processes (`weir_io::shards`) on the simulated disk
+//! the same way, but enumerates its crash points: every filesystem
+//! operation of every start of a rescale 2 -> 3 -> 2 in turn.
+//!
 //! `WEIR_SIM_SEEDS=N` runs N seeds per sink (default below);
 //! `WEIR_SIM_SEED=S` runs seed S alone; `WEIR_SIM_VERBOSE=1` prints each
 //! run's crash point, faults and end; `WEIR_SIM_TRACE=1` prints every
@@ -571,4 +576,280 @@ fn two_phase_file_sink_on_a_simulated_disk() {
 #[test]
 fn direct_sink_on_a_simulated_disk() {
     simulate(SinkKind::Direct);
+}
+
+// ---------------------------------------------------------------- shard folders
+
+/// One start of a process of a job shared by several processes
+/// (`weir run --instances N --instance I --rescale-from ...`): its folder,
+/// the folders it may adopt shards from, N and I.
+struct Start {
+    folder: usize,
+    from: &'static [usize],
+    n: usize,
+    i: usize,
+}
+
+/// Two processes, then three from the two old folders, then two again
+/// from all three (where p0 holds a stale copy of shard 2 and p1 of
+/// shard 5, generation 0, beside the live ones in p2).
+const STARTS: &[Start] = &[
+    Start {
+        folder: 0,
+        from: &[],
+        n: 2,
+        i: 0,
+    },
+    Start {
+        folder: 1,
+        from: &[],
+        n: 2,
+        i: 1,
+    },
+    Start {
+        folder: 0,
+        from: &[0, 1],
+        n: 3,
+        i: 0,
+    },
+    Start {
+        folder: 1,
+        from: &[0, 1],
+        n: 3,
+        i: 1,
+    },
+    Start {
+        folder: 2,
+        from: &[0, 1],
+        n: 3,
+        i: 2,
+    },
+    Start {
+        folder: 0,
+        from: &[0, 1, 2],
+        n: 2,
+        i: 0,
+    },
+    Start {
+        folder: 1,
+        from: &[0, 1, 2],
+        n: 2,
+        i: 1,
+    },
+];
+
+/// Shards of the job (the partitions of its input topic at its first start).
+const SHARDS: usize = 6;
+
+/// What each shard's live copy holds: its state file's text and its
+/// generation, after the starts so far (each start's shard jobs ran and
+/// wrote their state).
+#[derive(Clone, Default)]
+struct Live(Vec<Option<(String, u64)>>);
+
+fn shard_shape() -> weir_io::shards::JobShape {
+    weir_io::shards::JobShape {
+        shards: 0,
+        parallelism: 1,
+        inputs: "kafka:sim/in".into(),
+        output: "kafka:sim/out".into(),
+    }
+}
+
+fn process_folder(root: &Path, p: usize) -> PathBuf {
+    root.join(format!("p{p}"))
+}
+
+/// Writes a shard job's state (a file longer than a sector, so that a
+/// torn copy would show), durably.
+fn put_state(shard: &Path, text: &str) {
+    use std::io::Write;
+    let path = shard.join("state");
+    let mut f = vfs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f.sync_data().unwrap();
+    drop(f);
+    vfs::sync_dir(shard).unwrap();
+}
+
+fn state_text(s: usize, start: usize) -> String {
+    format!("shard {s} after start {start}\n{}", ".".repeat(1500))
+}
+
+/// Start `k`'s settling of its shard folders (`weir_io::shards::prepare`).
+fn settle(root: &Path, k: usize) -> weir_io::Result<weir_io::shards::Plan> {
+    let st = &STARTS[k];
+    let folder = process_folder(root, st.folder);
+    let from: Vec<PathBuf> = st.from.iter().map(|&p| process_folder(root, p)).collect();
+    weir_io::shards::prepare(&folder, &from, st.n, st.i, shard_shape(), || {
+        Ok::<_, weir_io::Error>(SHARDS)
+    })
+}
+
+/// Start `k`: settles, checks what it settled against `live`, and runs
+/// its shards' jobs (each writes a new state); `live` follows.
+fn start(root: &Path, k: usize, live: &mut Live) -> weir_io::Result<()> {
+    let plan = settle(root, k)?;
+    run_shards(root, k, &plan, live);
+    Ok(())
+}
+
+/// What start `k` does once settled: the checks, then its shards' jobs.
+fn run_shards(root: &Path, k: usize, plan: &weir_io::shards::Plan, live: &mut Live) {
+    check_plan(root, k, plan, live);
+    for (s, dir) in &plan.owned {
+        let text = state_text(*s, k);
+        put_state(dir, &text);
+        let generation = live.0[*s].as_ref().map_or(0, |l| l.1);
+        live.0[*s] = Some((text, generation));
+    }
+}
+
+/// The plan of start `k` owns the shards `s mod N == I`, each folder the
+/// live copy: its state whole and its generation one more than the copy
+/// it was adopted from.
+fn check_plan(root: &Path, k: usize, plan: &weir_io::shards::Plan, live: &mut Live) {
+    let st = &STARTS[k];
+    let folder = process_folder(root, st.folder);
+    let owned: Vec<usize> = plan.owned.iter().map(|o| o.0).collect();
+    let expected: Vec<usize> = (0..SHARDS).filter(|s| s % st.n == st.i).collect();
+    assert_eq!(owned, expected, "start {k}");
+    for (s, dir) in &plan.owned {
+        assert_eq!(*dir, weir_io::shards::shard_dir(&folder, *s));
+        let generation = weir_io::shards::read_generation(dir).unwrap();
+        match &live.0[*s] {
+            None => assert_eq!(generation, 0, "start {k}: new shard {s}"),
+            Some((text, g)) => {
+                let adopted = plan.adopted.iter().any(|a| a.0 == *s);
+                let here = String::from_utf8(vfs::read(dir.join("state")).unwrap()).unwrap();
+                assert_eq!(&here, text, "start {k}: shard {s} holds the live state");
+                // Adopted by this start, or by an earlier one of this
+                // folder that a crash cut short (then not in `adopted`).
+                assert!(
+                    generation == *g || generation == g + 1,
+                    "start {k}: shard {s} at generation {generation}, live {g}"
+                );
+                assert!(!adopted || generation == g + 1, "start {k}: shard {s}");
+                live.0[*s] = Some((text.clone(), generation));
+            }
+        }
+    }
+    // No adoption is left half done.
+    let names = vfs::read_dir(&folder).unwrap();
+    assert!(!names.iter().any(|n| n.ends_with(".incoming")), "start {k}: {names:?}");
+}
+
+/// A shard's copy in a process folder: `((folder, shard), (state,
+/// generation))`, `None` where the folder has none.
+type ShardCopy = ((usize, usize), Option<(Vec<u8>, u64)>);
+
+/// The shard copies of every process folder but `except`.
+fn copies(root: &Path, except: usize) -> Vec<ShardCopy> {
+    let mut all = Vec::new();
+    for p in (0..3).filter(|&p| p != except) {
+        for s in 0..SHARDS {
+            let dir = weir_io::shards::shard_dir(&process_folder(root, p), s);
+            let copy = vfs::is_dir(&dir).then(|| {
+                (
+                    vfs::read(dir.join("state")).unwrap_or_default(),
+                    weir_io::shards::read_generation(&dir).unwrap(),
+                )
+            });
+            all.push(((p, s), copy));
+        }
+    }
+    all
+}
+
+/// A disk with the starts before `k` done, mounted at a root of its own.
+fn disk_before(k: usize, name: &str, seed: u64) -> (PathBuf, SimFs, Live) {
+    let root = PathBuf::from(format!("/weir-sim/shards/{name}"));
+    let fs = SimFs::new(&root, seed, Faults::default());
+    vfs::mount(&root, Arc::new(fs.clone()));
+    let mut live = Live(vec![None; SHARDS]);
+    for j in 0..k {
+        start(&root, j, &mut live).unwrap_or_else(|e| panic!("start {j} before {k}: {e}"));
+    }
+    (root, fs, live)
+}
+
+/// The shard folders of a job shared by several processes
+/// (`weir_io::shards`, behind `weir run --instances`) on the simulated
+/// disk: the starts of a rescale from two processes to three and back to
+/// two, each start crashed at every one of its filesystem operations in
+/// turn (the crash point's number seeding what the crash keeps, loses or
+/// tears of what was not synced), then started again. The start after a
+/// crash must succeed and find each shard it owns whole, at the live
+/// copy's state; a crash must never change another process's folder (an
+/// adoption only reads it). Then each start again with `ENOSPC` and `EIO`
+/// injected: it fails or succeeds, and the start after it (faults off)
+/// settles the same.
+#[test]
+fn shard_folders_on_a_simulated_disk() {
+    let mut crash_points = 0;
+    let mut fault_failures = 0;
+    for (k, st) in STARTS.iter().enumerate() {
+        // The settling's operations, counted on a disk of its own.
+        let steps = {
+            let (root, fs, mut live) = disk_before(k, &format!("count-{k}"), 0);
+            let before = fs.ops();
+            let plan = settle(&root, k).unwrap();
+            let n = fs.ops() - before;
+            run_shards(&root, k, &plan, &mut live);
+            vfs::unmount(&root);
+            n
+        };
+        for at in 1..=steps {
+            let (root, fs, mut live) = disk_before(k, &format!("crash-{k}-{at}"), at);
+            let before = copies(&root, st.folder);
+            fs.crash_after(Some(at));
+            let crashed = settle(&root, k);
+            assert!(crashed.is_err(), "start {k}, crash point {at} of {steps}: not reached");
+            fs.crash();
+            crash_points += 1;
+            assert!(
+                copies(&root, st.folder) == before,
+                "start {k}, crash point {at}: another process's folder changed"
+            );
+            start(&root, k, &mut live)
+                .unwrap_or_else(|e| panic!("start {k}, crash point {at} of {steps}: the next start failed: {e}"));
+            vfs::unmount(&root);
+        }
+        for seed in 0..16 {
+            let (root, fs, mut live) = disk_before(k, &format!("faults-{k}-{seed}"), seed);
+            fs.set_faults(Faults {
+                write_enospc: 9,
+                write_eio: 13,
+                sync_enospc: 11,
+                sync_eio: 7,
+                read_flip: 0,
+            });
+            let first = settle(&root, k);
+            fs.set_faults(Faults::default());
+            match first {
+                Ok(plan) => run_shards(&root, k, &plan, &mut live),
+                Err(e) => {
+                    fault_failures += 1;
+                    start(&root, k, &mut live)
+                        .unwrap_or_else(|e2| panic!("start {k}, seed {seed}: after {e}, the next start failed: {e2}"))
+                }
+            }
+            // And the start after that finds it settled.
+            start(&root, k, &mut live).unwrap();
+            vfs::unmount(&root);
+        }
+    }
+    println!(
+        "shard folders: {crash_points} crash points over {} starts; {fault_failures} starts failed on injected faults",
+        STARTS.len()
+    );
+    assert!(
+        crash_points > 100 && fault_failures > 0,
+        "{crash_points} {fault_failures}"
+    );
 }

@@ -1,26 +1,24 @@
-//! `weir`: benchmarks and jobs of the weir stream engine.
+//! `weir`: jobs of the weir stream engine, and its benchmarks.
+//!
+//! The binary has three parts, and one rule between them:
+//!
+//! - [`cli`]: what every command shares ([`cli::CliError`] and its exit
+//!   status, [`cli::Mode`], `--metrics-addr`);
+//! - [`cmd`]: the production commands, `weir run` (with its scale-out over
+//!   Kafka), `weir checkpoints`, `weir nexmark`. Their durable files and
+//!   decoders live in the libraries (weir-core, weir-io), on the vfs layer
+//!   and its fault points, where the storage simulation tests them;
+//! - [`lab`]: `weir bench` and `weir compare`, the benchmark jobs, the
+//!   probes, the models and the reports.
+//!
+//! The rule: the lab may use [`cmd`] and [`cli`]; [`cmd`] and [`cli`] never
+//! use anything of [`lab`] (no `crate::lab` path outside `lab/`). A type
+//! both need belongs in [`cli`] or in a library. This file only parses the
+//! command line and dispatches.
 
-mod bench_cmd;
-mod checkpoints_cmd;
-mod co_runners;
-mod compare_cmd;
-mod copy_probe;
-mod cpu_time;
-mod disk_probe;
-mod event;
-mod handoff_probe;
-mod kafka_bench;
-mod metrics_ab;
-mod metrics_arg;
-mod nexmark;
-mod parts_probe;
-mod pipelines;
-mod platform;
-mod plot;
-mod report;
-mod run_cmd;
-mod scale_out;
-mod scaling_model;
+mod cli;
+mod cmd;
+mod lab;
 
 use clap::{Parser, Subcommand};
 
@@ -38,17 +36,17 @@ enum Command {
     /// user would choose for it: latency and visibility beside the
     /// machine's own delays, throughput, checkpoints and their fsyncs;
     /// tables, JSON, SVG.
-    Compare(compare_cmd::CompareArgs),
+    Compare(lab::compare::CompareArgs),
     /// Run a benchmark job and print throughput and latency.
-    Bench(bench_cmd::BenchArgs),
+    Bench(lab::bench::BenchArgs),
     /// Run a job that can be killed at any instant and resumed: keyed
     /// counts of `key,value` lines, written exactly once.
-    Run(run_cmd::RunArgs),
+    Run(cmd::run::RunArgs),
     /// List, inspect and verify the checkpoints in a checkpoint directory.
-    Checkpoints(checkpoints_cmd::CheckpointsArgs),
+    Checkpoints(cmd::checkpoints::CheckpointsArgs),
     /// Run a Nexmark query over an event file into DIR/qN.csv, or write
     /// an event file with the Nexmark generator.
-    Nexmark(nexmark::NexmarkArgs),
+    Nexmark(cmd::nexmark::NexmarkArgs),
 }
 
 fn main() {
@@ -64,18 +62,14 @@ fn main() {
     weir_core::fault::arm_from_env();
     let cli = Cli::parse();
     let result = match &cli.command {
-        Command::Compare(args) => compare_cmd::run(args),
-        Command::Bench(args) => bench_cmd::run(args).map(|_| ()),
-        Command::Run(args) => run_cmd::run(args),
-        Command::Checkpoints(args) => checkpoints_cmd::run(args),
-        Command::Nexmark(args) => nexmark::run(args),
+        Command::Compare(args) => lab::compare::run(args),
+        Command::Bench(args) => lab::bench::run(args).map(|_| ()),
+        Command::Run(args) => cmd::run::run(args),
+        Command::Checkpoints(args) => cmd::checkpoints::run(args),
+        Command::Nexmark(args) => cmd::nexmark::run(args),
     };
     if let Err(e) = result {
         eprintln!("weir: error: {e}");
-        let code = match e {
-            bench_cmd::CliError::Usage(_) => 2,
-            _ => 1,
-        };
-        std::process::exit(code);
+        std::process::exit(e.exit_code());
     }
 }

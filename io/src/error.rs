@@ -173,6 +173,15 @@ pub enum Error {
         /// [`crate::lines::MAX_QUOTED_TEXT`] bytes.
         text: String,
     },
+    /// The process folders of a job shared by several processes
+    /// ([`crate::shards`]) do not fit together, or not with the settings
+    /// given: another job's folder, more processes than shards, a shard in
+    /// no folder or at one generation in two.
+    #[error("{reason}")]
+    Shards {
+        /// What does not fit, and what the user can do.
+        reason: String,
+    },
     /// A SQLite call failed.
     #[error("SQLite {}: {context}: {source}", db.display())]
     Sqlite {

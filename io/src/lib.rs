@@ -56,7 +56,8 @@
 //!
 //! ## Crash testing
 //!
-//! Every durable step of every sink passes a named fault point
+//! Every durable step of every sink, and of the shard folders of a job
+//! shared by several processes ([`shards`]), passes a named fault point
 //! ([`weir_core::fault`]); [`FAULT_POINTS`] lists them all.
 
 #![deny(missing_docs)]
@@ -75,6 +76,7 @@ pub mod latency;
 pub mod lines;
 pub mod nexmark;
 pub mod reader;
+pub mod shards;
 pub mod sinks;
 mod sql;
 pub mod text;
@@ -103,14 +105,15 @@ pub use twophase::{SqliteTransactions, SqliteTxn, TwoPhaseCommit, TwoPhaseCommit
 pub use upsert::SqliteUpsertSink;
 pub use wal::{WalRecovery, WalSink, WalSinkConfig};
 
-/// Every named fault point of the sinks in this crate, for crash tests
-/// that arm them one by one.
+/// Every named fault point in this crate (the sinks' and the shard
+/// files'), for crash tests that arm them one by one.
 pub const FAULT_POINTS: &[&[&str]] = &[
     wal::FAULT_POINTS,
     twophase::FILE_FAULT_POINTS,
     twophase::SQLITE_FAULT_POINTS,
     upsert::UPSERT_FAULT_POINTS,
     direct::DIRECT_FAULT_POINTS,
+    shards::SHARD_FAULT_POINTS,
 ];
 
 /// A two-phase-commit sink into files: [`TwoPhaseCommitSink`] over

@@ -71,7 +71,7 @@ def main():
     if parts:
         print()
         print("weir against the ceiling of its parts, measured in the same run just before each job"
-              " (ring and map microbenchmarks; bench/src/parts_probe.rs):")
+              " (ring and map microbenchmarks; bench/src/lab/parts_probe.rs):")
         for (pipeline, mode, _), w in parts:
             p = w["parts"]
             limit = p["limit_events_per_sec"]

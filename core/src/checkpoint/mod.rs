@@ -23,6 +23,7 @@ pub(crate) mod snapshot;
 pub(crate) mod spawner;
 pub(crate) mod stats;
 pub mod storage;
+pub mod task_frame;
 
 pub use config::{
     CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, DEFAULT_INLINE_STATE_MAX,

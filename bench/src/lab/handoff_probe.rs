@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use crossbeam_utils::CachePadded;
 
-use crate::copy_probe::pin_to_core;
+use crate::lab::copy_probe::pin_to_core;
 
 /// Windows measured; odd, so the median is one of them.
 pub const WINDOWS: usize = 11;

@@ -1,31 +1,31 @@
 //! `weir checkpoints list|inspect|verify DIR`: look into a checkpoint
 //! directory without running a job.
 //!
-//! The command only reads. It understands the two formats a checkpoint is
-//! made of (see `docs/checkpointing.md`):
+//! The command only reads, and decodes nothing itself: the two formats a
+//! checkpoint is made of (see `docs/checkpointing.md`) are read by the
+//! code a restore runs, in weir-core:
 //!
 //! - the manifest (`chk-NNNNNNNNNN/MANIFEST`): one line of JSON, then a line
 //!   `crc32 <8 hex digits>`, then the inline task states; parsed and checked
 //!   (every inline state's CRC32 included) by [`storage::read_manifest`];
 //! - a task state frame, in a task state file (`task-GGG-SSS.state`) or
-//!   inline in the manifest: `WEIRTSK2` magic (`WEIRTSK1` for format 1, still read; bytes
-//!   0..8), payload length `L` as u64 LE (bytes 8..16), the payload (bytes
-//!   `16..16+L`), then the CRC32 of the payload as u32 LE (bytes
-//!   `16+L..20+L`); decoded here, because the core decodes it only on
-//!   restore.
+//!   inline in the manifest: magic, payload length, payload, payload
+//!   CRC32; decoded and checked by [`task_frame::decode_task_frame`].
 //!
 //! `verify` reports every problem it finds, not only the first: a missing
 //! or unreadable file, a wrong size, a whole-file CRC32 that differs from
-//! the manifest's ([`storage::verify_files`], called once per file), and a
-//! task file whose header or payload CRC is wrong, each with the file, the
-//! byte range and the expected and actual values.
+//! the manifest's ([`storage::verify_files`], called once per file), a task
+//! state frame that does not decode, and one that belongs to another
+//! checkpoint or task than the manifest says, each with the file, the byte
+//! range and the expected and actual values.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use weir_core::checkpoint::storage::{self, FileRef, Manifest};
+use weir_core::checkpoint::storage::{self, FileRef, Manifest, ManifestTask};
+use weir_core::checkpoint::task_frame::{self, TaskFrame};
 
-use crate::bench_cmd::CliError;
+use crate::cli::CliError;
 
 /// Arguments of `weir checkpoints`.
 #[derive(Debug, clap::Args)]
@@ -70,14 +70,6 @@ pub fn run(args: &CheckpointsArgs) -> Result<(), CliError> {
         CheckpointsCommand::Verify { dir, id } => verify(dir, *id),
     }
 }
-
-/// Magic at the start of every task state file written (format 2).
-const TASK_MAGIC: &[u8; 8] = b"WEIRTSK2";
-/// Magic of task state format 1, before channel state had watermarks:
-/// still read by the runtime, so fine here too.
-const TASK_MAGIC_V1: &[u8; 8] = b"WEIRTSK1";
-/// Bytes of a task state file around its payload: magic, length, CRC.
-const TASK_FRAME: u64 = 8 + 8 + 4;
 
 /// What a checkpoint folder holds.
 enum Folder {
@@ -229,7 +221,7 @@ fn print_manifest(dir: &Path, m: &Manifest) {
     );
     for t in &m.tasks {
         let header = match t.state_bytes_in(dir, m) {
-            Ok(bytes) => TaskHeader::parse(&bytes).summary(),
+            Ok(bytes) => summary(&task_frame::decode_task_frame(&bytes, &frame_name(dir, t))),
             Err(e) => format!("unreadable: {e}"),
         };
         let file = match t.inline_offset {
@@ -284,7 +276,12 @@ fn inspect_incomplete(dir: &Path, id: u64) {
     for (name, bytes) in entries {
         match bytes {
             Ok(b) if name.ends_with(".state") => {
-                println!("  {name:<32} {:>10}  {}", b.len(), TaskHeader::parse(&b).summary())
+                let what = folder.join(&name).display().to_string();
+                println!(
+                    "  {name:<32} {:>10}  {}",
+                    b.len(),
+                    summary(&task_frame::decode_task_frame(&b, &what))
+                )
             }
             Ok(b) => println!("  {name:<32} {:>10}", b.len()),
             Err(e) => println!("  {name:<32} unreadable: {e}"),
@@ -398,22 +395,13 @@ fn check_checkpoint(dir: &Path, id: u64, m: &Manifest) -> Vec<String> {
                 t.group, t.subtask, t.file.path
             ));
         }
-        let what = match t.inline_offset {
-            Some(off) => format!(
-                "inline state of task {}/{} at {off} in the manifest",
-                t.group, t.subtask
-            ),
-            None => format!("task file {}", dir.join(&t.file.path).display()),
-        };
-        // A missing or unreadable file was reported above; inline states
-        // were verified when the manifest was read.
+        // A missing or unreadable file was reported above.
         if let Ok(bytes) = t.state_bytes_in(dir, m) {
-            problems.extend(
-                TaskHeader::parse(&bytes)
-                    .problems()
-                    .into_iter()
-                    .map(|p| format!("checkpoint {id}: {what}: {p}")),
-            );
+            match task_frame::decode_task_frame(&bytes, &frame_name(dir, t)) {
+                // Against the manifest's id: a moved folder is reported above.
+                Ok(frame) => problems.extend(mismatch(&frame, m.id, t).map(|p| format!("checkpoint {id}: {p}"))),
+                Err(e) => problems.push(format!("checkpoint {id}: {e}")),
+            }
         }
     }
     for (g, group) in m.groups.iter().enumerate() {
@@ -429,121 +417,57 @@ fn check_checkpoint(dir: &Path, id: u64, m: &Manifest) -> Vec<String> {
     problems
 }
 
-// ---------------------------------------------------------------- task files
+// ---------------------------------------------------------------- task frames
 
-/// The frame of a task state file, as far as it could be read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct TaskHeader {
-    /// File size in bytes.
-    size: u64,
-    /// Bytes 0..8, if the file has them.
-    magic: Option<[u8; 8]>,
-    /// The length field (bytes 8..16), if the file has it.
-    payload_len: Option<u64>,
-    /// `(stored, actual)` payload CRC32, if the length field fits the file.
-    crc: Option<(u32, u32)>,
-}
-
-impl TaskHeader {
-    fn parse(bytes: &[u8]) -> TaskHeader {
-        let size = bytes.len() as u64;
-        let magic = bytes.get(..8).map(|m| m.try_into().expect("8 bytes"));
-        let payload_len = bytes
-            .get(8..16)
-            .map(|l| u64::from_le_bytes(l.try_into().expect("8 bytes")));
-        let crc = payload_len
-            .filter(|&len| len.checked_add(TASK_FRAME) == Some(size))
-            .map(|len| {
-                let end = 16 + len as usize;
-                let stored = u32::from_le_bytes(bytes[end..].try_into().expect("4 bytes"));
-                (stored, crc32(&bytes[16..end]))
-            });
-        TaskHeader {
-            size,
-            magic,
-            payload_len,
-            crc,
-        }
-    }
-
-    /// What is wrong with the frame, with byte positions.
-    fn problems(&self) -> Vec<String> {
-        let mut p = Vec::new();
-        match self.magic {
-            Some(m) if &m == TASK_MAGIC || &m == TASK_MAGIC_V1 => {}
-            Some(m) => p.push(format!(
-                "bad magic at bytes 0..8: expected \"WEIRTSK2\" (or \"WEIRTSK1\"), found \"{}\"",
-                m.escape_ascii()
-            )),
-            None => {}
-        }
-        let Some(len) = self.payload_len else {
-            p.push(format!(
-                "only {} bytes: shorter than the 16-byte header (truncated)",
-                self.size
-            ));
-            return p;
-        };
-        match self.crc {
-            None => p.push(format!(
-                "length field at bytes 8..16 says {len} payload bytes, so the file should have {} bytes, \
-                 but it has {} (truncated or extended at byte {})",
-                u128::from(len) + u128::from(TASK_FRAME),
-                self.size,
-                self.size.min(len.saturating_add(TASK_FRAME))
-            )),
-            Some((stored, actual)) if stored != actual => p.push(format!(
-                "payload CRC mismatch over bytes 16..{}: expected {stored:08x} (stored at bytes {}..{}), \
-                 actual {actual:08x}",
-                16 + len,
-                16 + len,
-                20 + len
-            )),
-            Some(_) => {}
-        }
-        p
-    }
-
-    /// One line for `inspect`.
-    fn summary(&self) -> String {
-        let magic = match self.magic {
-            Some(m) => format!("\"{}\"", m.escape_ascii()),
-            None => "-".to_string(),
-        };
-        let len = self.payload_len.map_or("-".to_string(), |l| l.to_string());
-        let crc = match self.crc {
-            Some((s, a)) if s == a => format!("crc {s:08x} ok"),
-            Some((s, a)) => format!("crc MISMATCH stored {s:08x} actual {a:08x}"),
-            None => "crc not checked (size does not match the length field)".to_string(),
-        };
-        let ok = if self.problems().is_empty() { "" } else { " [BAD]" };
-        format!("magic {magic} payload {len} B {crc}{ok}")
+/// How errors name task `t`'s state frame: its file, or the manifest and
+/// the inline state's offset in its inline part.
+fn frame_name(dir: &Path, t: &ManifestTask) -> String {
+    match t.inline_offset {
+        Some(off) => format!(
+            "inline state of task {}/{} at {off} in the inline part of {}",
+            t.group,
+            t.subtask,
+            dir.join(&t.file.path).display()
+        ),
+        None => format!("task file {}", dir.join(&t.file.path).display()),
     }
 }
 
-/// CRC-32 (IEEE 802.3, reflected, the one `crc32fast` computes), one byte
-/// per step: fast enough for a command that reads each file once.
-fn crc32(bytes: &[u8]) -> u32 {
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut k = 0;
-            while k < 8 {
-                c = if c & 1 != 0 { 0xedb8_8320 ^ (c >> 1) } else { c >> 1 };
-                k += 1;
+/// What a decoded frame says that its manifest entry contradicts: another
+/// checkpoint, chain or subtask (a file copied or moved between folders).
+fn mismatch(f: &TaskFrame, id: u64, t: &ManifestTask) -> Option<String> {
+    let says = (f.checkpoint, f.group as usize, f.subtask as usize);
+    (says != (id, t.group, t.subtask)).then(|| {
+        format!(
+            "the manifest lists {} as the state of task {}/{}, but it holds task {}/{} of checkpoint {}: \
+             copied or moved from elsewhere",
+            t.file.path, t.group, t.subtask, f.group, f.subtask, f.checkpoint
+        )
+    })
+}
+
+/// One line for `inspect`: the frame's header and contents, or why it
+/// does not decode.
+fn summary(frame: &Result<TaskFrame, String>) -> String {
+    match frame {
+        Ok(f) => format!(
+            "magic \"{}\" payload {} B crc {:08x} ok; checkpoint {}, task {}/{} of {}, {} operator states{}",
+            f.magic.escape_ascii(),
+            f.payload_bytes,
+            f.payload_crc32,
+            f.checkpoint,
+            f.group,
+            f.subtask,
+            f.parallelism,
+            f.operators.len(),
+            if f.source_offset_bytes.is_some() {
+                ", source offset"
+            } else {
+                ""
             }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-    let mut c = !0u32;
-    for &b in bytes {
-        c = TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
+        ),
+        Err(e) => format!("[BAD] {e}"),
     }
-    !c
 }
 
 // ---------------------------------------------------------------- formatting
@@ -586,10 +510,61 @@ fn duration(us: u64) -> String {
 mod tests {
     use super::*;
 
+    /// A frame that belongs to another checkpoint or task than its
+    /// manifest entry says is a problem; its own is not.
     #[test]
-    fn crc32_matches_the_ieee_check_value() {
-        assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
-        assert_eq!(crc32(b""), 0);
+    fn a_frame_of_another_task_or_checkpoint_is_named() {
+        let task = ManifestTask {
+            group: 1,
+            subtask: 0,
+            file: FileRef {
+                path: "chk-0000000007/task-001-000.state".into(),
+                size: 40,
+                crc32: 0,
+            },
+            inline_offset: None,
+            state_bytes: 0,
+            channel_state_bytes: 0,
+            sync_us: 0,
+            async_us: 0,
+            alignment_us: 0,
+        };
+        let frame = TaskFrame {
+            format: 2,
+            magic: *b"WEIRTSK2",
+            payload_bytes: 20,
+            payload_crc32: 0,
+            checkpoint: 7,
+            group: 1,
+            subtask: 0,
+            parallelism: 2,
+            source_offset_bytes: None,
+            operators: vec![(0, 12)],
+            input_channels: Vec::new(),
+            output_channels: Vec::new(),
+            channel_records: 0,
+            has_input_event_time: true,
+        };
+        assert_eq!(mismatch(&frame, 7, &task), None);
+        assert!(summary(&Ok(frame.clone())).starts_with("magic \"WEIRTSK2\" payload 20 B crc 00000000 ok;"));
+        for other in [
+            TaskFrame {
+                subtask: 1,
+                ..frame.clone()
+            },
+            TaskFrame {
+                checkpoint: 6,
+                ..frame.clone()
+            },
+            TaskFrame { group: 0, ..frame },
+        ] {
+            let p = mismatch(&other, 7, &task).expect("a mismatch");
+            assert!(
+                p.contains("task-001-000.state") && p.contains(&format!("of checkpoint {}", other.checkpoint)),
+                "{p}"
+            );
+        }
+        assert_eq!(summary(&Err("F: bad".into())), "[BAD] F: bad");
     }
 
     #[test]
@@ -598,31 +573,5 @@ mod tests {
         assert_eq!(utc(951_782_400_000), "2000-02-29T00:00:00.000Z");
         assert_eq!(utc(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
         assert_eq!(utc(4_107_542_399_999), "2100-02-28T23:59:59.999Z");
-    }
-
-    fn task_file(payload: &[u8]) -> Vec<u8> {
-        let mut b = TASK_MAGIC.to_vec();
-        b.extend_from_slice(&(payload.len() as u64).to_le_bytes());
-        b.extend_from_slice(payload);
-        b.extend_from_slice(&crc32(payload).to_le_bytes());
-        b
-    }
-
-    #[test]
-    fn task_header_finds_every_flip_and_truncation() {
-        let good = task_file(b"some payload bytes");
-        assert!(TaskHeader::parse(&good).problems().is_empty());
-        for i in 0..good.len() {
-            let mut b = good.clone();
-            b[i] ^= 0x10;
-            assert!(!TaskHeader::parse(&b).problems().is_empty(), "flip at {i}");
-        }
-        for len in 0..good.len() {
-            assert!(!TaskHeader::parse(&good[..len]).problems().is_empty(), "cut at {len}");
-        }
-        let mut b = good.clone();
-        b[20] ^= 1;
-        let p = TaskHeader::parse(&b).problems().join("\n");
-        assert!(p.contains("payload CRC mismatch over bytes 16..34"), "{p}");
     }
 }

@@ -2,7 +2,9 @@
 //! files or folders and `key,value` record values from Kafka topics, keeps
 //! a running count and sum per key, and writes one line `key,count,sum` per
 //! input record through a committing sink. Given the same arguments again,
-//! it resumes from its latest checkpoint.
+//! it resumes from its latest checkpoint. With `--instances`, one of N
+//! processes sharing a job over Kafka: weir-io's [`shards`] settles which
+//! shards it runs and puts their folders in place.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -14,12 +16,12 @@ use weir_core::{
     SourceContext, SourcePoll,
 };
 use weir_io::kafka::{KafkaSourceConfig, KafkaSourceStats};
+use weir_io::shards;
 use weir_io::{
     BadRecords, DirectFileSink, FileSource, KafkaRecordInfo, KafkaSource, LineInfo, ParseError, WalSink, WalSinkConfig,
 };
 
-use crate::bench_cmd::{CliError, Mode};
-use crate::scale_out;
+use crate::cli::{CliError, Mode};
 
 /// Which committing sink `weir run` writes through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -117,7 +119,7 @@ pub struct RunArgs {
     /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
     /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
     /// network). Paths: / (live page), /metrics, /api/job.
-    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    #[arg(long, value_parser = crate::cli::metrics_arg::parse)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -513,7 +515,7 @@ fn start_job(
     };
     let started = clock::now_ns();
     let job = pipeline.run(config)?;
-    crate::metrics_arg::announce(&job);
+    crate::cli::metrics_arg::announce(&job);
     Ok(Started {
         job,
         kafka_stats,
@@ -640,14 +642,14 @@ fn run_instances(args: &RunArgs, inputs: &[Input], output_to: &OutputTo, n: usiz
                 .into(),
         ));
     }
-    let shape = scale_out::JobShape {
+    let shape = shards::JobShape {
         shards: 0,
         parallelism: args.parallelism,
         inputs: args.input.join(" "),
         output: args.output.clone(),
     };
     let count = || partitions_of(brokers, topic);
-    let plan = scale_out::prepare(&args.checkpoint_dir, &args.rescale_from, n, i, shape, count)?;
+    let plan = shards::prepare(&args.checkpoint_dir, &args.rescale_from, n, i, shape, count)?;
     for (s, from, generation) in &plan.adopted {
         println!(
             "weir run: process {i} of {n}: shard {s} adopted from {} (generation {generation})",

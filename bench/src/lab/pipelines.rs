@@ -7,7 +7,7 @@ use std::sync::Arc;
 use weir_core::{BoxError, Pipeline, PreCommit, Sink, SinkContext};
 use weir_io::{GenContext, Generator, GeneratorConfig};
 
-use crate::event::Event;
+use crate::lab::event::Event;
 
 /// Which benchmark job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -56,8 +56,8 @@ impl Kind {
     }
 
     /// The Nexmark query of a Nexmark job.
-    pub fn nexmark(self) -> Option<crate::nexmark::Query> {
-        use crate::nexmark::Query;
+    pub fn nexmark(self) -> Option<crate::cmd::nexmark::Query> {
+        use crate::cmd::nexmark::Query;
         Some(match self {
             Kind::Stateless | Kind::Keyed => return None,
             Kind::NexmarkQ0 => Query::Q0,
@@ -369,7 +369,13 @@ pub struct Totals {
 /// Builds the job for `spec`; the generator's schedule starts at `start_ns`.
 pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
     if let Some(q) = spec.kind.nexmark() {
-        return crate::nexmark::bench_pipeline(q, spec.events, spec.seed, spec.parallelism, totals.count.clone());
+        return crate::lab::nexmark_jobs::bench_pipeline(
+            q,
+            spec.events,
+            spec.seed,
+            spec.parallelism,
+            totals.count.clone(),
+        );
     }
     let gen = GeneratorConfig {
         seed: spec.seed,

@@ -1,6 +1,7 @@
 //! `weir nexmark`: the Nexmark queries over an event file, with exactly-once
-//! output, and the event file generator; and the in-process Nexmark jobs
-//! of `weir bench --pipeline nexmark-qN`.
+//! output, and the event file generator. (The in-process Nexmark jobs of
+//! `weir bench --pipeline nexmark-qN` are the lab's `nexmark_jobs`, built
+//! on [`queries`].)
 //!
 //! A query run reads the JSON Lines event file, runs the query with
 //! checkpoints in the chosen mode, and writes its rows through the
@@ -21,13 +22,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use weir_core::time::WatermarkStrategy;
-use weir_core::{
-    clock, BoxError, CheckpointConfig, Pipeline, RestartStrategy, RestoreFrom, RuntimeConfig, Sink, SinkContext,
-};
-use weir_io::nexmark::{write_events_file, Event, NexmarkConfig, NexmarkSource};
+use weir_core::{clock, CheckpointConfig, Pipeline, RestartStrategy, RestoreFrom, RuntimeConfig};
+use weir_io::nexmark::{write_events_file, Event, NexmarkConfig};
 use weir_io::FileSource;
 
-use crate::bench_cmd::{CliError, Mode};
+use crate::cli::{CliError, Mode};
 pub use queries::{Query, Row};
 
 /// Fault point hit once per input event of a query run (crash tests arm
@@ -75,7 +74,7 @@ pub struct NexmarkArgs {
     /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
     /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
     /// network). Paths: / (live page), /metrics, /api/job.
-    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    #[arg(long, value_parser = crate::cli::metrics_arg::parse)]
     pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
@@ -177,7 +176,7 @@ fn run_query(args: &NexmarkArgs, q: Query, input: &Path) -> Result<(), CliError>
     };
     let started = clock::now_ns();
     let job = pipeline.run(config)?;
-    crate::metrics_arg::announce(&job);
+    crate::cli::metrics_arg::announce(&job);
     let result = job.join()?;
     let n = assemble(q, &staging, out_dir)?;
     rows.store(n, Ordering::Relaxed);
@@ -240,51 +239,4 @@ fn assemble(q: Query, staging: &Path, out_dir: &Path) -> Result<u64, CliError> {
         .and_then(|d| d.sync_all())
         .map_err(io_err(out_dir))?;
     Ok(lines.len() as u64)
-}
-
-/// Counts rows (the in-process benchmark's sink).
-pub struct RowCount {
-    count: u64,
-    total: Arc<AtomicU64>,
-}
-
-impl RowCount {
-    /// A sink adding its count into `total` when it finishes.
-    pub fn new(total: Arc<AtomicU64>) -> Self {
-        RowCount { count: 0, total }
-    }
-}
-
-impl Sink<Row> for RowCount {
-    fn write(&mut self, batch: &mut Vec<Row>, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        self.count += batch.len() as u64;
-        batch.clear();
-        Ok(())
-    }
-    fn finish(&mut self, _: &mut SinkContext<'_>) -> Result<(), BoxError> {
-        self.total.fetch_add(self.count, Ordering::Relaxed);
-        Ok(())
-    }
-}
-
-/// Event-time rate of the in-process benchmark's events: the
-/// nexmark-flink default (10 M events per second of event time).
-pub const BENCH_EVENT_RATE: u64 = 10_000_000;
-
-/// The in-process benchmark job of query `q`: `events` generated events
-/// over `parallelism` generator subtasks, rows counted into `total`.
-pub fn bench_pipeline(q: Query, events: u64, seed: u64, parallelism: usize, total: Arc<AtomicU64>) -> Pipeline {
-    let cfg = NexmarkConfig {
-        seed,
-        events_per_second: BENCH_EVENT_RATE,
-        ..NexmarkConfig::default()
-    };
-    let pipeline = Pipeline::new(&format!("bench-nexmark-{}", q.name()));
-    let stream = pipeline
-        .source("nexmark", parallelism, move |i, n| {
-            NexmarkSource::new(cfg, Some(events), i, n).expect("the generator settings are valid")
-        })
-        .assign_watermarks(WatermarkStrategy::ascending(|e: &Event| e.date_time()).periodic_ms(10));
-    queries::build(q, stream, parallelism).sink("count", move |_| RowCount::new(total.clone()));
-    pipeline
 }

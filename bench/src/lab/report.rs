@@ -29,12 +29,12 @@ impl Percentiles {
     }
 }
 
-/// How the platform figure of a run was measured (see `crate::platform`).
+/// How the platform figure of a run was measured (see `crate::lab::platform`).
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct ProbeInfo {
     /// `fifo` (the machine's delays only) or `other` (SCHED_FIFO refused:
     /// also waiting behind other threads, weir's included).
-    pub policy: crate::platform::Policy,
+    pub policy: crate::lab::platform::Policy,
     /// Time between the probe's ticks, microseconds.
     pub tick_us: u64,
     /// Wake-ups measured, summed over the cores.
@@ -46,22 +46,22 @@ pub struct ProbeInfo {
     pub seconds: f64,
     /// Each probe thread: its core, p99 and samples (a core whose p99
     /// stands out is where the machine's delays landed).
-    pub per_core: Vec<crate::platform::CoreFigures>,
+    pub per_core: Vec<crate::lab::platform::CoreFigures>,
     /// Percentage of the probed cores' time the hypervisor took during
-    /// the probe's run (`None`: unknown); see [`crate::cpu_time`].
+    /// the probe's run (`None`: unknown); see [`crate::lab::cpu_time`].
     pub steal_pct: Option<f64>,
     /// Percentage of the probed cores' time spent in interrupt handlers.
     pub irq_pct: Option<f64>,
     /// How long the workers waited behind other threads on their cores
     /// (the machine's delay a `fifo` probe cannot see; absent where
-    /// `schedstat` is missing); see [`crate::co_runners`].
+    /// `schedstat` is missing); see [`crate::lab::co_runners`].
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub co_runners: Option<crate::co_runners::CoRunners>,
+    pub co_runners: Option<crate::lab::co_runners::CoRunners>,
 }
 
 impl ProbeInfo {
     /// Describes a probe's result.
-    pub fn of(p: &crate::platform::PlatformResult) -> Self {
+    pub fn of(p: &crate::lab::platform::PlatformResult) -> Self {
         ProbeInfo {
             policy: p.policy,
             tick_us: p.tick_us,
@@ -227,7 +227,7 @@ pub struct BenchResult {
     /// Checkpoint mode: none, at-least-once, aligned, unaligned.
     pub mode: &'static str,
     /// Keyed state backend (mapped or heap).
-    pub state: crate::pipelines::StateBackend,
+    pub state: crate::lab::pipelines::StateBackend,
     /// Parallelism of every operator.
     pub parallelism: usize,
     /// Worker threads.
@@ -253,19 +253,19 @@ pub struct BenchResult {
     /// Stateless job: memory copy bandwidth measured just before the job
     /// in the same run, to read weir's bytes/s against.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub copy: Option<crate::copy_probe::CopyBandwidth>,
+    pub copy: Option<crate::lab::copy_probe::CopyBandwidth>,
     /// Keyed job, closed loop: the ring and map microbenchmarks measured
     /// just before the job in the same run, and the ceiling they give.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub parts: Option<crate::parts_probe::Parts>,
+    pub parts: Option<crate::lab::parts_probe::Parts>,
     /// Keyed, closed loop, a sweep over 1 and 2 workers: the scaling model
     /// fitted to both (on the second of the two runs).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub scaling: Option<crate::scaling_model::Model>,
+    pub scaling: Option<crate::lab::scaling_model::Model>,
     /// End-to-end latency, source emission (scheduled time when rated) to sink.
     pub latency_us: Percentiles,
     /// The sink records went through.
-    pub sink: crate::pipelines::SinkKind,
+    pub sink: crate::lab::pipelines::SinkKind,
     /// From emission to visible in the sink's target (absent for `count`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub visible_latency_us: Option<Percentiles>,
@@ -475,7 +475,7 @@ pub fn parts_line(r: &BenchResult) -> Option<String> {
 /// Where the parts line's ring ran: on one core, or between cores 0 and 1
 /// with the handoff between them at that moment (the host's state); and
 /// when the job's records do not go through it, that it is off the path.
-fn ring_place(p: &crate::parts_probe::Parts) -> String {
+fn ring_place(p: &crate::lab::parts_probe::Parts) -> String {
     if !p.ring_on_path {
         return "one core; not on this job's path: its one keyed subtask takes each batch by reference".to_string();
     }
@@ -491,7 +491,7 @@ fn ring_place(p: &crate::parts_probe::Parts) -> String {
 /// and of main memory, measured in the same run; `None` when not measured.
 pub fn copy_line(r: &BenchResult) -> Option<String> {
     let c = r.copy.as_ref()?;
-    let weir = r.events_per_sec * crate::copy_probe::RECORD_BYTES as f64;
+    let weir = r.events_per_sec * crate::lab::copy_probe::RECORD_BYTES as f64;
     Some(format!(
         "weir moves {:.2} GB/s of records: {:.0}% of memcpy of {} KiB batches ({:.2} GB/s), \
          {:.0}% of memcpy of 64 MiB buffers ({:.2} GB/s), {} thread{} copying",
@@ -512,7 +512,7 @@ mod tests {
 
     #[test]
     fn the_parts_line_names_the_handoff_of_a_run_on_two_cores() {
-        let mut p = crate::parts_probe::Parts {
+        let mut p = crate::lab::parts_probe::Parts {
             threads: 2,
             keys: 10_000,
             ring_items_per_sec: 250e6,

@@ -34,9 +34,10 @@ use serde::Serialize;
 use weir_core::periodic::Periodic;
 use weir_core::{clock, JobHandle, Outcome};
 
-use crate::bench_cmd::{config_for, temp_checkpoint_dir, BenchArgs, CliError, Mode, SourceKind};
-use crate::pipelines::{build, Kind, SinkKind, Spec, Totals};
-use crate::report::Machine;
+use crate::cli::{CliError, Mode};
+use crate::lab::bench::{config_for, temp_checkpoint_dir, BenchArgs, SourceKind};
+use crate::lab::pipelines::{build, Kind, SinkKind, Spec, Totals};
+use crate::lab::report::Machine;
 
 /// How the alternation runs.
 #[derive(Debug, Clone)]
@@ -231,7 +232,7 @@ pub fn measure(spec: &Spec, config: weir_core::RuntimeConfig, mode: Mode, plan: 
     }
     let totals = Totals::default();
     let job = build(spec, clock::now_ns() + 5_000_000, &totals).run(config)?;
-    crate::metrics_arg::announce(&job);
+    crate::cli::metrics_arg::announce(&job);
     let segments = alternate(&job, plan);
     job.cancel();
     let result = job.join()?;
@@ -598,7 +599,7 @@ fn get(addr: SocketAddr, path: &str, body: &mut Vec<u8>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pipelines::StateBackend;
+    use crate::lab::pipelines::StateBackend;
 
     fn seg(pair: usize, on: bool, events: u64, ms: u64) -> Segment {
         Segment {

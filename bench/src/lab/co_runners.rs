@@ -29,7 +29,7 @@
 //! At 100 wake-ups a second it is one more of weir's own periodic helpers.
 //!
 //! What it does not see: steal (the hypervisor stops the whole vCPU, the
-//! worker counts as running; the probe and [`crate::cpu_time`] measure it);
+//! worker counts as running; the probe and [`crate::lab::cpu_time`] measure it);
 //! how a window's loss was split (one 800 µs slice or several short ones);
 //! which thread the core ran instead (`perf record -e sched:sched_switch`
 //! says). When weir's helper threads share the workers' cores (no spare
@@ -245,9 +245,9 @@ fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> CoRunners {
     let mut done = Windows::default();
     let mut seen = 0usize;
     let mut next_scan = 0;
-    let mut tick = crate::platform::monotonic_ns();
+    let mut tick = crate::lab::platform::monotonic_ns();
     loop {
-        let now = crate::platform::monotonic_ns();
+        let now = crate::lab::platform::monotonic_ns();
         if now >= next_scan {
             for (tid, index) in scan_workers(&workers) {
                 let Some(mut stat) = Stat::open(tid) else { continue };
@@ -270,7 +270,7 @@ fn sample(probes: &[(usize, i32)], stop: &AtomicBool) -> CoRunners {
             break;
         }
         tick += WINDOW_NS * (now.saturating_sub(tick) / WINDOW_NS + 1);
-        crate::platform::sleep_until(tick);
+        crate::lab::platform::sleep_until(tick);
         // The probes' run time over this window, by core index.
         let mut probe_run: Vec<(usize, u64)> = Vec::with_capacity(probe_stats.len());
         for (core, s, last) in &mut probe_stats {

@@ -47,10 +47,11 @@ use weir_io::rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use weir_io::{ParseError, WalSinkConfig};
 
-use crate::bench_cmd::{runtime_config, temp_checkpoint_dir, BenchArgs, CliError, Mode};
-use crate::event::Event;
-use crate::platform::PlatformProbe;
-use crate::report::{CheckpointSummary, Machine, Percentiles};
+use crate::cli::{CliError, Mode};
+use crate::lab::bench::{runtime_config, temp_checkpoint_dir, BenchArgs};
+use crate::lab::event::Event;
+use crate::lab::platform::PlatformProbe;
+use crate::lab::report::{CheckpointSummary, Machine, Percentiles};
 
 /// The broker script, beside this crate.
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh");
@@ -116,7 +117,7 @@ pub struct KafkaBenchResult {
     pub platform_us: Option<Percentiles>,
     /// How the platform figure was measured, with the share of the
     /// workers' cores the hypervisor took (`steal_pct`), as in `weir bench`.
-    pub platform_probe: Option<crate::report::ProbeInfo>,
+    pub platform_probe: Option<crate::lab::report::ProbeInfo>,
     /// Checkpoints of the run.
     pub checkpoints: CheckpointSummary,
     /// Where and when.
@@ -793,7 +794,7 @@ impl Run<'_> {
             visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
             latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
             platform_us: platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns)),
-            platform_probe: platform.as_ref().map(crate::report::ProbeInfo::of),
+            platform_probe: platform.as_ref().map(crate::lab::report::ProbeInfo::of),
             checkpoints: CheckpointSummary::from_stats(&result.metrics.checkpoints),
             machine: Machine::here(),
         })

@@ -35,8 +35,8 @@ use rustc_hash::FxHashMap;
 use serde::Serialize;
 use weir_core::state::{StoreOptions, ValueStore};
 
-use crate::copy_probe::pin_to_core;
-use crate::event::Event;
+use crate::lab::copy_probe::pin_to_core;
+use crate::lab::event::Event;
 
 /// The parts' rates and the ceiling they give.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]
@@ -331,7 +331,7 @@ pub fn measure(threads: usize, keys: u64, batch: usize, ring_capacity: usize, ri
             threads as f64 * map
         },
         ring_on_path,
-        handoff_ns: (threads > 1).then(crate::handoff_probe::one_way_ns).flatten(),
+        handoff_ns: (threads > 1).then(crate::lab::handoff_probe::one_way_ns).flatten(),
     }
 }
 

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 /// Bytes per benchmark record.
-pub const RECORD_BYTES: usize = std::mem::size_of::<crate::event::Event>();
+pub const RECORD_BYTES: usize = std::mem::size_of::<crate::lab::event::Event>();
 
 /// Copy bandwidth in bytes per second, summed over the threads.
 #[derive(Debug, Clone, Copy, Serialize, PartialEq)]

@@ -14,7 +14,7 @@
 //! kernel thread (a `kworker`, DAMON's `kdamond`) that preempts a worker
 //! delays its records, but the probe preempts such threads itself and does
 //! not see it; that time is the core's `system` time here, mixed with
-//! weir's own. [`crate::co_runners`] measures it from the workers' side.
+//! weir's own. [`crate::lab::co_runners`] measures it from the workers' side.
 //! Linux only; elsewhere the figures are absent.
 
 /// Cumulative time of one CPU, in the kernel's clock ticks (`USER_HZ`).

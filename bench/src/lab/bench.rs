@@ -5,11 +5,13 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use weir_core::{clock, CheckpointConfig, CheckpointMode, JobHandle, Outcome, RuntimeConfig};
+use weir_core::{clock, CheckpointConfig, JobHandle, Outcome, RuntimeConfig};
 
-use crate::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
-use crate::platform::{PlatformProbe, PlatformResult};
-use crate::report::{
+use crate::cli::{CliError, Mode};
+
+use crate::lab::pipelines::{build, Kind, SinkKind, Spec, StateBackend, Totals};
+use crate::lab::platform::{PlatformProbe, PlatformResult};
+use crate::lab::report::{
     copy_line, endpoint_line, excess_line, header, parts_line, platform_row, row, warmup_line, BenchResult,
     CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo, Syncs,
 };
@@ -62,7 +64,7 @@ pub struct BenchArgs {
     /// a quarter of the run) are the warm-up: processed, checkpointed and
     /// written like the rest, but left out of the latency figures (the
     /// job's start-up is not its steady state). 0 measures every record.
-    #[arg(long, default_value_t = crate::pipelines::DEFAULT_WARMUP_MS)]
+    #[arg(long, default_value_t = crate::lab::pipelines::DEFAULT_WARMUP_MS)]
     pub warmup_ms: u64,
     /// Checkpoints in flight at once.
     #[arg(long, default_value_t = 1)]
@@ -111,7 +113,7 @@ pub struct BenchArgs {
     /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
     /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
     /// network). Paths: / (live page), /metrics, /api/job.
-    #[arg(long, value_parser = crate::metrics_arg::parse)]
+    #[arg(long, value_parser = crate::cli::metrics_arg::parse)]
     pub metrics_addr: Option<std::net::SocketAddr>,
     /// Measure what the metrics endpoint costs within one run: one
     /// unbounded closed-loop job, its endpoint served (on --metrics-addr,
@@ -169,82 +171,25 @@ impl Switch {
     }
 }
 
-/// Checkpoint mode of a benchmark run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Mode {
-    /// No checkpoints (at-most-once).
-    None,
-    /// At-least-once barriers (no alignment).
-    AtLeastOnce,
-    /// Aligned barriers (exactly-once).
-    Aligned,
-    /// Unaligned barriers (exactly-once, in-flight records stored).
-    Unaligned,
-}
-
-impl Mode {
-    /// The name in tables and JSON.
-    pub fn name(self) -> &'static str {
-        match self {
-            Mode::None => "none",
-            Mode::AtLeastOnce => "at-least-once",
-            Mode::Aligned => "aligned",
-            Mode::Unaligned => "unaligned",
-        }
-    }
-
-    /// The engine's mode, if checkpointing is on.
-    pub fn checkpoint_mode(self) -> Option<CheckpointMode> {
-        match self {
-            Mode::None => None,
-            Mode::AtLeastOnce => Some(CheckpointMode::AtLeastOnce),
-            Mode::Aligned => Some(CheckpointMode::Aligned),
-            Mode::Unaligned => Some(CheckpointMode::Unaligned),
-        }
-    }
-}
-
-/// Errors of the `weir` command.
-#[derive(Debug, thiserror::Error)]
-pub enum CliError {
-    /// A bad argument.
-    #[error("{0}")]
-    Usage(String),
-    /// The engine failed.
-    #[error(transparent)]
-    Engine(#[from] weir_core::Error),
-    /// The benchmark delivered a wrong result: the engine lost or duplicated records.
-    #[error("wrong result: {0}")]
-    Wrong(String),
-    /// Writing the report failed.
-    #[error("cannot write {path}: {source}")]
-    Io {
-        /// The file.
-        path: String,
-        /// The cause.
-        source: std::io::Error,
-    },
-}
-
 /// Runs `weir bench`.
 pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
     if args.metrics_ab {
-        let plan = crate::metrics_ab::AbPlan {
+        let plan = crate::lab::metrics_ab::AbPlan {
             seconds: args.ab_seconds,
             segment: Duration::from_millis(args.ab_segment_ms),
             warmup: Duration::from_millis(args.ab_warmup_ms),
             scrape_per_s: args.scrape_per_s,
             seed: args.seed,
         };
-        let report = crate::metrics_ab::run(args, &plan)?;
-        print!("{}", crate::metrics_ab::text(&report));
+        let report = crate::lab::metrics_ab::run(args, &plan)?;
+        print!("{}", crate::lab::metrics_ab::text(&report));
         if let Some(path) = &args.json {
             append_json(path, &report)?;
         }
         return Ok(Vec::new());
     }
     match (args.source, args.sink) {
-        (SourceKind::Kafka, SinkKind::Kafka) => return crate::kafka_bench::run(args).map(|_| Vec::new()),
+        (SourceKind::Kafka, SinkKind::Kafka) => return crate::lab::kafka_bench::run(args).map(|_| Vec::new()),
         (SourceKind::Kafka, _) | (_, SinkKind::Kafka) => {
             return Err(CliError::Usage(
                 "the Kafka benchmark reads and writes Kafka: --source kafka --sink kafka".into(),
@@ -301,14 +246,14 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         // read the job's bytes/s against (measured before the job, on as
         // many threads as it has workers).
         let copy = (args.pipeline == Kind::Stateless && args.rate.is_none())
-            .then(|| crate::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
+            .then(|| crate::lab::copy_probe::measure(config.workers.min(parallelism), args.batch_size));
         // Keyed, closed loop: the ceiling its parts give at this moment
         // (ring and map microbenchmarks, `parts_probe`), measured before
         // the job like the copy bandwidth. At parallelism 1 the keyed
         // subtask runs on its source's worker and takes each batch by
         // reference: no ring on the path.
         let parts = (args.pipeline == Kind::Keyed && args.rate.is_none()).then(|| {
-            crate::parts_probe::measure(
+            crate::lab::parts_probe::measure(
                 config.workers.min(parallelism),
                 args.keys,
                 args.batch_size,
@@ -392,7 +337,7 @@ fn fit_scaling(
     latest: &BenchResult,
     batch: usize,
     keys: u64,
-) -> Option<crate::scaling_model::Model> {
+) -> Option<crate::lab::scaling_model::Model> {
     let workers_of = |r: &BenchResult| (r.workers, r.parallelism);
     let other = match workers_of(latest) {
         (1, 1) => (2, 2),
@@ -405,8 +350,8 @@ fn fit_scaling(
     } else {
         (peer, latest)
     };
-    let handoff = crate::handoff_probe::one_way_ns()?;
-    let route = crate::parts_probe::route_ns(keys, batch);
+    let handoff = crate::lab::handoff_probe::one_way_ns()?;
+    let route = crate::lab::parts_probe::route_ns(keys, batch);
     let before = two.parts.and_then(|p| p.handoff_ns);
     // One worker takes its batches by reference; two send every record
     // through a ring: its trip, from the one-core ring probe measured
@@ -415,7 +360,7 @@ fn fit_scaling(
         .parts
         .filter(|p| !p.ring_on_path && p.ring_items_per_sec > 0.0)
         .map_or(0.0, |p| 1e9 / p.ring_items_per_sec);
-    crate::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route, ring)
+    crate::lab::scaling_model::Model::fit(one.events_per_sec, two.events_per_sec, batch, handoff, route, ring)
         .map(|m| m.with_handoff_before(before))
 }
 
@@ -523,7 +468,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     let start_ns = clock::now_ns() + 5_000_000;
     let syncs_before = weir_core::disk::sync_stats();
     let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
-        crate::metrics_arg::announce(&job);
+        crate::cli::metrics_arg::announce(&job);
         watch(&job, spec.events);
         job.join()
     });

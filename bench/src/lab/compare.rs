@@ -32,15 +32,14 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::bench_cmd::{
-    run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, CliError, Mode, RunOutput, Switch,
-};
-use crate::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
-use crate::disk_probe::DiskProbe;
-use crate::pipelines::{Kind, SinkKind, Spec, StateBackend};
-use crate::platform::PlatformResult;
-use crate::plot::{write_svg, Curve, Figure, Sweep};
-use crate::report::{si, BenchResult, Machine, Percentiles, ProbeInfo, Syncs};
+use crate::cli::{CliError, Mode};
+use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, RunOutput, Switch};
+use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
+use crate::lab::disk_probe::DiskProbe;
+use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
+use crate::lab::platform::PlatformResult;
+use crate::lab::plot::{write_svg, Curve, Figure, Sweep};
+use crate::lab::report::{si, BenchResult, Machine, Percentiles, ProbeInfo, Syncs};
 
 /// The workload variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -382,7 +381,7 @@ impl Plan {
                 Some(o) if sink != SinkKind::Count => o.next(),
                 _ => PathBuf::new(),
             },
-            warmup_ms: crate::pipelines::DEFAULT_WARMUP_MS,
+            warmup_ms: crate::lab::pipelines::DEFAULT_WARMUP_MS,
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();

@@ -13,7 +13,7 @@
 //! read it are in docs/benchmarks.md ("The platform probe").
 //!
 //! What `SCHED_FIFO` hides, the time a worker waits behind other ordinary
-//! threads on its core, is measured beside it by [`crate::co_runners`],
+//! threads on its core, is measured beside it by [`crate::lab::co_runners`],
 //! which starts and stops with the probe.
 //!
 //! Nothing here runs per event: a probe thread wakes once per tick.
@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 
-use crate::co_runners::{CoRunners, Sampler};
-use crate::cpu_time::{self, CpuTicks};
+use crate::lab::co_runners::{CoRunners, Sampler};
+use crate::lab::cpu_time::{self, CpuTicks};
 
 /// Time between two ticks of a probe thread, nanoseconds.
 ///
@@ -81,7 +81,7 @@ pub struct CoreFigures {
     /// through (filled in by the correction).
     pub recorded: u64,
     /// Percentage of its core's time the hypervisor took while it ran
-    /// (`None`: not pinned, or no `/proc/stat`); see [`crate::cpu_time`].
+    /// (`None`: not pinned, or no `/proc/stat`); see [`crate::lab::cpu_time`].
     pub steal_pct: Option<f64>,
     /// Percentage of its core's time spent in interrupt handlers.
     pub irq_pct: Option<f64>,
@@ -113,7 +113,7 @@ pub struct PlatformResult {
     pub cpu: Option<CpuTicks>,
     /// How long the workers waited behind other threads on their cores,
     /// which the probe itself cannot see (`None`: not measured); see
-    /// [`crate::co_runners`].
+    /// [`crate::lab::co_runners`].
     pub co_runners: Option<CoRunners>,
 }
 
@@ -300,7 +300,7 @@ pub(crate) fn sleep_until(deadline_ns: u64) {
 }
 
 /// Asks for SCHED_FIFO, pins, says it is ready (with its index and thread
-/// id, for [`crate::co_runners`]), then wakes on the grid until `stop`.
+/// id, for [`crate::lab::co_runners`]), then wakes on the grid until `stop`.
 fn probe_thread(
     index: usize,
     core: Option<core_affinity::CoreId>,

@@ -1,0 +1,33 @@
+//! The lab: `weir bench` and `weir compare`, and what they measure with.
+//!
+//! - [`bench`] and [`compare`]: the two commands (their arguments, runs,
+//!   tables, JSON and SVG);
+//! - [`pipelines`], [`nexmark_jobs`], [`event`], [`kafka_bench`]: the
+//!   benchmark jobs;
+//! - probes of the machine during and around a run: [`platform`] (wake-up
+//!   delays), [`co_runners`], [`cpu_time`], [`copy_probe`],
+//!   [`parts_probe`], [`handoff_probe`], [`disk_probe`];
+//! - [`scaling_model`], [`metrics_ab`]: models and A/B designs read off
+//!   the runs;
+//! - [`report`], [`plot`]: results as rows, JSON and figures.
+//!
+//! The lab may use the production commands' code ([`crate::cmd`]) and
+//! [`crate::cli`]; nothing outside the lab uses the lab.
+
+pub mod bench;
+pub mod co_runners;
+pub mod compare;
+pub mod copy_probe;
+pub mod cpu_time;
+pub mod disk_probe;
+pub mod event;
+pub mod handoff_probe;
+pub mod kafka_bench;
+pub mod metrics_ab;
+pub mod nexmark_jobs;
+pub mod parts_probe;
+pub mod pipelines;
+pub mod platform;
+pub mod plot;
+pub mod report;
+pub mod scaling_model;
