@@ -11,8 +11,8 @@
 #   WEIR=path/to/weir bench/metrics_onoff.sh     (default: a release build)
 #
 # Superseded for the throughput ratio by `weir bench --metrics-ab` (on and
-# off segments within one run; docs/benchmarks.md), which resolves far
-# smaller differences than separate processes can.
+# off segments within one run; docs/benchmarks.md, "Metrics endpoint"),
+# which resolves far smaller differences than separate processes can.
 set -euo pipefail
 rounds=${1:-12}
 events=${2:-150000000}

@@ -12,8 +12,8 @@
 # figure), and the end counts, per sink, the runs whose own platform p99
 # passed 300 us: on these guests the host stalls the vCPUs while it flushes
 # the guest's disk, so the file sinks' fsyncs can slow the machine itself
-# (docs/benchmarks.md, "What the workers wait behind, and the file sinks'
-# own fsyncs in the platform figure").
+# (docs/notebook/benchmarks-2026-12.md, "What the workers wait behind, and
+# the file sinks' own fsyncs in the platform").
 #
 #   bench/sinks_p99.sh [SERIES] [INTERVAL_MS] [RATE]   (defaults 3, 10, 200000)
 #   WEIR=path/to/weir bench/sinks_p99.sh               (default: a release build)

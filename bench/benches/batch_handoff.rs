@@ -1,6 +1,10 @@
 //! How records should pass between the tasks of a keyed job: through rings
 //! of messages, as weir's exchange does today, or as whole batches handed
-//! over by reference. A lead for issue 19, measured outside the engine.
+//! over by reference. Measured outside the engine, to know what a change
+//! of the exchange could gain before making it (the engine now hands
+//! batches over by reference where an exchange has one target on its own
+//! worker: docs/notebook/benchmarks-2026-12.md, "The lead: batches handed
+//! over by reference").
 //!
 //! Each of P threads (pinned to cores 0..P) runs the keyed job's shape:
 //! generate a batch of 1,024 32-byte events over 10,000 keys, route each by

@@ -1,6 +1,9 @@
 //! What a sink's worker paid, every 100 ms, to publish its latency
-//! histogram by merging it into the job's (the design before issue 15's
-//! hand-over), against what it pays now: a swap of two boxed histograms.
+//! histogram by merging it into the job's (the earlier design), against
+//! what it pays now: a swap of two boxed histograms, the full one handed
+//! over to be merged off the worker, so that no worker pauses for the
+//! merge (docs/notebook/benchmarks-2026-12.md, "Latency histograms handed
+//! over, not merged, on the worker").
 //!
 //! Each period records 20,000 samples (200,000 events/s for
 //! `weir_core::LATENCY_PUBLISH_NS`) between 2 µs and 200 µs into a histogram

@@ -3,7 +3,7 @@
 //! Run: `nice -n -15 cargo bench -p weir-bench --bench state`
 //! (about a minute and a half and ~5 GiB of free disk on a 2-core machine).
 //!
-//! Measures, against the targets of the state-backend issue:
+//! Measures, each against the backend's target printed beside it:
 //! 1. point updates per second on one core, 1 M keys of 16-byte values,
 //!    next to a flat `FxHashMap` doing the same updates;
 //! 2. incremental checkpoint size with 1% of 10 M keys changed;

@@ -22,7 +22,7 @@
 //! copy of a shard carries a generation: an adoption writes the source's
 //! generation plus one, so among all copies the live one has the highest
 //! generation, and copies left behind by earlier owners are never chosen.
-//! See `docs/scaling.md`.
+//! See `docs/design/scaling.md`.
 //!
 //! # On disk
 //!

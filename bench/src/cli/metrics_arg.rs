@@ -1,5 +1,5 @@
 //! `--metrics-addr` of `weir run`, `weir nexmark` and `weir bench`: where
-//! the job serves its metrics endpoint (see `docs/observability.md`).
+//! the job serves its metrics endpoint (see `docs/guide/observability.md`).
 
 use std::net::{Ipv4Addr, SocketAddr};
 

@@ -2,7 +2,7 @@
 //! directory without running a job.
 //!
 //! The command only reads, and decodes nothing itself: the two formats a
-//! checkpoint is made of (see `docs/checkpointing.md`) are read by the
+//! checkpoint is made of (see `docs/design/checkpoints.md`) are read by the
 //! code a restore runs, in weir-core:
 //!
 //! - the manifest (`chk-NNNNNNNNNN/MANIFEST`): one line of JSON, then a line

@@ -104,7 +104,7 @@ pub struct RunArgs {
     /// first input topic at its first start; process I runs the shards
     /// `s mod N == I`, each with its folder under --checkpoint-dir. Give
     /// a job that may be rescaled later --instances from its first start
-    /// (even 1). See docs/scaling.md.
+    /// (even 1). See docs/guide/kafka.md, "Several processes".
     #[arg(long)]
     pub instances: Option<usize>,
     /// Which process of --instances this is, 0 to N-1.

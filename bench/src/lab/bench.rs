@@ -90,7 +90,7 @@ pub struct BenchArgs {
     pub platform_probe: Switch,
     /// Where records come from: the in-process generator, or a Kafka topic
     /// (`--source kafka --sink kafka`: the keyed count from topic to topic,
-    /// see docs/kafka.md).
+    /// see docs/guide/kafka.md).
     #[arg(long, value_enum, default_value = "generator")]
     pub source: SourceKind,
     /// Kafka: bootstrap servers `HOST:PORT[,...]` [default: start a broker

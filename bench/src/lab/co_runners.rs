@@ -7,8 +7,8 @@
 //! runs on its core, the worker waits for the end of that thread's slice,
 //! and its records with it, while the probe sees nothing late. On these
 //! guests such waits are 0.2-0.8 ms for `kdamond` and up to a few ms for a
-//! shell command run beside the benchmark (`sched_switch` traces,
-//! 2026-12-04, docs/benchmarks.md "The platform probe").
+//! shell command run beside the benchmark (`sched_switch` traces:
+//! docs/notebook/benchmarks-2026-12.md, "The platform probe").
 //!
 //! This sampler asks the kernel instead. Every [`WINDOW_NS`] it reads each
 //! worker's `/proc/self/task/<tid>/schedstat`, whose second field is the
@@ -24,8 +24,8 @@
 //! the spare core kept that vCPU from going idle, and the host then took
 //! the workers' vCPU away far more: a higher platform p99 in 10 of 10
 //! interleaved pairs (4.4-6.2 ms in nine, against 0.02-1.5 ms) and steal
-//! 3.6-5.7% against 0.4-1.8% in the six that printed it (2026-12-04,
-//! docs/benchmarks.md "The platform probe").
+//! 3.6-5.7% against 0.4-1.8% in the six that printed it
+//! (docs/notebook/benchmarks-2026-12.md, "The platform probe").
 //! At 100 wake-ups a second it is one more of weir's own periodic helpers.
 //!
 //! What it does not see: steal (the hypervisor stops the whole vCPU, the

@@ -14,7 +14,8 @@
 //! hundreds of megabytes, and deleting them on a file system mounted with
 //! `discard` (this machine's ext4) raised the WAL rows' visibility p99 in
 //! the run after it from 13-14 ms to 40-55 ms, through one stall of its
-//! syncs (docs/benchmarks.md, "One run's cleanup in the next run's tail").
+//! syncs (docs/notebook/benchmarks-2026-12.md, "One run's cleanup in the
+//! next run's tail").
 //! So the open-loop (latency) runs go first, keeping their few megabytes of output each until the
 //! last of them ends ([`Outputs`]), and the closed-loop (throughput) runs
 //! follow, each deleting its output when it ends.
@@ -152,7 +153,9 @@ pub struct CompareArgs {
 /// (50 M against 4-9 M events/s here), and with the same count its runs
 /// lasted 0.2 s, of which the job's start and first checkpoints are a
 /// large, variable part: the at-least-once cost against none moved from
-/// 8% to 30% between three runs of `weir compare` (2026-12-03).
+/// 8% to 30% between three runs of `weir compare`
+/// (docs/notebook/benchmarks-2026-12.md, "`weir compare` on a quiet hour,
+/// steal beside the probe, closed-loop rounds").
 pub const COUNT_EVENTS_FACTOR: u64 = 5;
 
 const MODES: [Mode; 4] = [Mode::None, Mode::AtLeastOnce, Mode::Aligned, Mode::Unaligned];

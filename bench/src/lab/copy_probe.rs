@@ -1,6 +1,7 @@
 //! Memory copy bandwidth, measured in the same run as a stateless job, so
 //! that weir's bytes per second can be read as a fraction of what this
-//! machine can copy at that moment (issue 19, part 5).
+//! machine can copy at that moment: a stateless job moves bytes, and no
+//! engine moves them faster than the machine copies them.
 //!
 //! Two figures, each with one thread per worker copying at the same time:
 //! - `batch`: a buffer the size of one generator batch (`batch_size`

@@ -5,10 +5,12 @@
 //! The probe's lateness says how late a `SCHED_FIFO` thread woke, not
 //! why. On these guests the main why is **steal**: with both vCPUs busy
 //! the host runs something else on them for milliseconds at a time (two
-//! workers at 200,000 events/s: 6% of each core stolen, and platform p99
-//! of 5.7 ms, against no steal and a platform p99 of 35 µs with one worker
-//! and a quiet second core, 2026-12-03). Reported beside the probe, a
-//! user can tell a machine that took the cores away from one that did not.
+//! workers at 200,000 events/s: about 5% of the cores stolen and a
+//! platform p99 of about 5 ms, against no steal and a platform p99 of tens
+//! of µs with one worker and a quiet second core;
+//! docs/notebook/benchmarks-2026-12.md, "The platform probe"). Reported
+//! beside the probe, a user can tell a machine that took the cores away
+//! from one that did not.
 //!
 //! What it does not say: which thread a core's time went to. A `SCHED_OTHER`
 //! kernel thread (a `kworker`, DAMON's `kdamond`) that preempts a worker

@@ -1,6 +1,6 @@
 //! How long one core takes to see a write of the other, measured in the
 //! same run as a scaling sweep: the per-chunk cost of the scaling model
-//! (`scaling_model`, docs/scaling.md) comes from it.
+//! (`scaling_model`, docs/design/scaling.md) comes from it.
 //!
 //! Two threads pinned to cores 0 and 1 (the first two workers' cores)
 //! bounce a counter on a cache line of its own: core 0 writes an odd

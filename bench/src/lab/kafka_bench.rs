@@ -1,4 +1,4 @@
-//! `weir bench --source kafka --sink kafka` (issue 16): the keyed count
+//! `weir bench --source kafka --sink kafka`: the keyed count
 //! read from a Kafka topic and written to a Kafka topic, measured from
 //! outside the job as a user would see it.
 //!
@@ -805,12 +805,11 @@ impl Run<'_> {
 /// librdkafka's default, so the load generator batches as a producer with
 /// default settings would. Each record may wait that long in the producer,
 /// and the visibility latency counts it (it starts at the scheduled send).
-/// With 0, the producer sent a request per record: its broker thread took
-/// 50% of a core in `poll` (34,000 calls a second) on this 2-core machine,
-/// and the broker as much again, so every figure measured the load
-/// generator: at 20,000 records/s and a 10 ms interval, exactly-once
-/// visible p50 / p99 141-200 / 532-900 ms and at-least-once 108 / 2,510 ms,
-/// against 50 / 217 ms and 11 / 74 ms with 5 (docs/benchmarks.md).
+/// With 0, the producer sent a request per record: at 20,000 records/s its
+/// broker thread took 50% of a core in `poll` on this 2-core machine, and
+/// the broker as much again, so every figure measured the load generator;
+/// with 5 that thread takes about 10%, and the visible p50 fell 2-5x
+/// (docs/notebook/benchmarks-2026-12.md, "The benchmark's own producer").
 const OPEN_LOOP_LINGER_MS: &str = "5";
 
 /// Sends records `0..events` at `rate` per second from `start_ns` on, each

@@ -1,6 +1,7 @@
 //! The keyed job's ceiling from its parts, measured in the same run as the
-//! job (issue 19: "at least 1/3 of the limit from the ring and hash-map
-//! microbenchmarks run in the same script").
+//! job: what a ring and a map update allow on this machine at that moment,
+//! so that the job's throughput is read as a share of it, free of the
+//! machine's drift from one run to the next.
 //!
 //! Three figures, each the best of ten 30 ms windows (twenty for the ring,
 //! which needs both cores at once; a window in which a thread waited for a
@@ -26,8 +27,8 @@
 //! and one map update. On `threads` cores:
 //! `threads / (2 / ring + 1 / map)` events/s; on one, where the ring
 //! figure already counts both sides, `1 / (1 / ring + 1 / map)`. Generating, partitioning,
-//! scheduling and the sink are left out, so weir cannot reach it; the
-//! issue's target is a third of it.
+//! scheduling and the sink are left out, so weir cannot reach it; a third
+//! of it is what the keyed job aims at.
 
 use std::time::{Duration, Instant};
 

@@ -121,8 +121,9 @@ pub struct Spec {
 /// starts its threads, opens its sinks and maps its state while the
 /// generator's schedule has begun, and the first records wait for that, a
 /// start-up cost that would otherwise be read as the steady state's p99.9.
-/// On a loaded 2-core guest (2026-12-04) the worker first ran 126 ms after
-/// the schedule's start, and records were late until 147 ms.
+/// On a loaded 2-core guest the worker first ran 126 ms after the
+/// schedule's start, and records were late until 147 ms
+/// (docs/notebook/benchmarks-2026-12.md, "How the figures are produced").
 pub const DEFAULT_WARMUP_MS: u64 = 200;
 
 impl Spec {
@@ -240,7 +241,7 @@ fn emitted(e: &Event) -> u64 {
 pub fn real_sink(kind: SinkKind, dir: &std::path::Path, i: usize) -> Option<Box<dyn Sink<Event>>> {
     Some(match kind {
         SinkKind::Count => return None,
-        // bench_cmd::run sends every run with a Kafka sink to kafka_bench,
+        // lab::bench::run sends every run with a Kafka sink to kafka_bench,
         // which builds its own job; the generator jobs never get here with it.
         SinkKind::Kafka => unreachable!("a Kafka sink runs in the Kafka benchmark (kafka_bench)"),
         SinkKind::Direct => Box::new(weir_io::DirectFileSink::new(dir.join("out"), i, encode_line, emitted)),

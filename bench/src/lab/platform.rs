@@ -10,7 +10,9 @@
 //! it woke. `SCHED_FIFO` preempts weir's own (`SCHED_OTHER`) threads, so
 //! what the probe sees is the machine, not weir: reports print it beside
 //! weir's percentiles, with weir's excess over it. The method and how to
-//! read it are in docs/benchmarks.md ("The platform probe").
+//! read it are in docs/benchmarks.md ("How the figures are produced"), the
+//! measurements behind them in docs/notebook/benchmarks-2026-12.md ("The
+//! platform probe").
 //!
 //! What `SCHED_FIFO` hides, the time a worker waits behind other ordinary
 //! threads on its core, is measured beside it by [`crate::lab::co_runners`],
@@ -33,10 +35,12 @@ use crate::lab::cpu_time::{self, CpuTicks};
 /// 200 µs gives about 5,000 samples per second per core (a p99.9 is known
 /// after a fraction of a second). Each wake-up takes the core from its
 /// worker for p50 6-8 µs, p99 17-28 µs: about 4% of the core, and
-/// it raises weir's own p99 at 200,000 events/s (docs/benchmarks.md, "What
-/// it costs the worker it measures"). A 1 ms grid perturbed weir less but
-/// made the probe's own wake-ups slower, so the excess fell for the wrong
-/// reason. A finer grid would cost the workers more.
+/// it raises weir's own p99 at 200,000 events/s
+/// (docs/notebook/benchmarks-2026-12.md, "The platform probe", its
+/// paragraph "What it costs the worker it measures"). A 1 ms grid
+/// perturbed weir less but made the probe's own wake-ups slower, so the
+/// excess fell for the wrong reason. A finer grid would cost the workers
+/// more.
 pub const TICK_NS: u64 = 200_000;
 
 /// How long [`PlatformProbe::start`] waits for its threads to be in place.

@@ -1,8 +1,8 @@
-//! The scaling model of docs/scaling.md, fitted to a keyed sweep's one-
-//! and two-worker figures of the same run (`weir bench --pipeline keyed
-//! --parallelism 1,2`), and what it projects for 8, 32 and 64 cores
-//! (issue 19: "say what a larger machine would show, with a model fitted
-//! to the 1- and 2-core figures").
+//! The scaling model of docs/design/scaling.md, fitted to a keyed sweep's
+//! one- and two-worker figures of the same run (`weir bench --pipeline
+//! keyed --parallelism 1,2`), and what it projects for 8, 32 and 64 cores:
+//! a 2-core machine cannot show what a larger one would, so a model fitted
+//! to its 1- and 2-core figures says it.
 //!
 //! With P workers on P cores, each worker spends per event:
 //! - `t1`: generate, state update, sink; all of one worker's cost at
@@ -168,9 +168,10 @@ impl Model {
     /// The lines `weir bench` prints under a sweep over 1 and 2 workers.
     pub fn describe(&self) -> String {
         let mut s = format!(
-            "scaling model (docs/scaling.md), fitted to this run's p=1 and p=2, a one-way handoff of \
-             {:.0} ns, routing of {:.2} ns and a ring trip of {:.2} ns per record measured now: t1 {:.2} \
-             ns per event, crossing {:.2} ns per record that crosses, {:.0} ns per chunk of B = {}",
+            "scaling model (docs/design/scaling.md), fitted to this run's p=1 and p=2, a one-way \
+             handoff of {:.0} ns, routing of {:.2} ns and a ring trip of {:.2} ns per record measured \
+             now: t1 {:.2} ns per event, crossing {:.2} ns per record that crosses, {:.0} ns per chunk \
+             of B = {}",
             self.handoff_ns, self.route_ns, self.ring_ns, self.t1_ns, self.crossing_ns, self.chunk_ns, self.batch
         );
         if let (true, Some(before)) = (self.state_changed(), self.handoff_before_ns) {

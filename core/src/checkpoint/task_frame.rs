@@ -7,7 +7,7 @@
 //! (`WEIRTSK1` for format 1, still read; bytes 0..8), the payload length `L`
 //! as u64 LE (bytes 8..16), the payload (bytes `16..16+L`, the task's state
 //! as postcard), then the CRC32 of the payload as u32 LE (bytes
-//! `16+L..20+L`). See `docs/checkpointing.md`.
+//! `16+L..20+L`). See `docs/design/checkpoints.md`.
 //!
 //! [`decode_task_frame`] is not a second reader of that format: it calls
 //! the one a restore calls, which checks the magic, the length field
