@@ -63,6 +63,7 @@
 #![deny(missing_docs)]
 
 pub mod direct;
+pub mod durable;
 mod error;
 pub mod files;
 mod fsutil;
@@ -114,6 +115,7 @@ pub const FAULT_POINTS: &[&[&str]] = &[
     upsert::UPSERT_FAULT_POINTS,
     direct::DIRECT_FAULT_POINTS,
     shards::SHARD_FAULT_POINTS,
+    durable::DURABLE_FAULT_POINTS,
 ];
 
 /// A two-phase-commit sink into files: [`TwoPhaseCommitSink`] over

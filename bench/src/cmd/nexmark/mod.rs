@@ -15,7 +15,6 @@
 
 pub mod queries;
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -209,7 +208,7 @@ fn assemble(q: Query, staging: &Path, out_dir: &Path) -> Result<u64, CliError> {
     };
     let mut lines: Vec<Vec<u8>> = Vec::new();
     for f in &files {
-        let bytes = std::fs::read(f).map_err(io_err(f))?;
+        let bytes = weir_core::vfs::read(f).map_err(io_err(f))?;
         if !bytes.is_empty() && !bytes.ends_with(b"\n") {
             return Err(CliError::Wrong(format!("{}: the last line is incomplete", f.display())));
         }
@@ -229,14 +228,6 @@ fn assemble(q: Query, staging: &Path, out_dir: &Path) -> Result<u64, CliError> {
         out.push(b'\n');
     }
     let target = out_dir.join(format!("{}.csv", q.name()));
-    let tmp = out_dir.join(format!(".{}.csv.tmp", q.name()));
-    let mut f = std::fs::File::create(&tmp).map_err(io_err(&tmp))?;
-    f.write_all(&out).map_err(io_err(&tmp))?;
-    f.sync_all().map_err(io_err(&tmp))?;
-    drop(f);
-    std::fs::rename(&tmp, &target).map_err(io_err(&target))?;
-    std::fs::File::open(out_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(out_dir))?;
+    weir_io::durable::write_file(&target, &out)?;
     Ok(lines.len() as u64)
 }
