@@ -6,23 +6,92 @@
 //! If the manifest cannot be written, the checkpoint is aborted instead.
 
 use std::path::Path;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::checkpoint::snapshot::{AckedState, TaskAck};
 use crate::checkpoint::stats::{CheckpointRecord, TaskCheckpointStats};
 use crate::checkpoint::storage::{self, FileRef, Manifest, ManifestTask};
 use crate::clock;
 
+use super::pending::Pending;
 use super::{Coordinator, CoordinatorError};
 
 impl Coordinator {
+    /// Completes pending checkpoint `id`, which every task acknowledged.
     pub(super) fn complete(&mut self, id: u64) -> Result<(), CoordinatorError> {
-        let p = self.pending.remove(&id).expect("completing a pending checkpoint");
-        let acks: Vec<TaskAck> = p.acks.into_iter().map(|a| a.expect("every task acked")).collect();
+        let mut p = self.pending.remove(&id).expect("completing a pending checkpoint");
+        let acks: Vec<TaskAck> = std::mem::take(&mut p.acks)
+            .into_iter()
+            .map(|a| a.expect("every task acked"))
+            .collect();
         let duration = p.trigger.elapsed();
         let acked_us = duration.as_micros() as u64;
-        // Inline states go one after another into the manifest's inline
-        // part; the others are files of their own.
+        let (manifest, files_written) = self.manifest(id, &p, &acks, acked_us);
+        let shared_written = acks.iter().any(|a| a.wrote_shared);
+        if let Err(e) = manifest.commit(&self.root, files_written, shared_written, p.folder_synced) {
+            // Put it back so that abort() accounts for it.
+            self.pending.insert(
+                id,
+                Pending {
+                    trigger: p.trigger,
+                    trigger_unix_ms: p.trigger_unix_ms,
+                    is_final: p.is_final,
+                    acks: Vec::new(),
+                    received: 0,
+                    folder_synced: p.folder_synced,
+                },
+            );
+            return self.abort(id, format!("writing the manifest failed: {e}"));
+        }
+        self.remember_shared_files(id, &manifest);
+        let duration = p.trigger.elapsed();
+        self.signals.complete(id);
+        self.prime_relay();
+        self.last_completion = Instant::now();
+        self.consecutive_failures = 0;
+        tracing::debug!(checkpoint = id, ?duration, "checkpoint complete");
+        self.record_completed(id, &p, &acks, acked_us, duration);
+        // Older checkpoints still pending can only complete after this one.
+        self.subsume_older(id);
+        self.retain(id);
+        self.collect_garbage();
+        Ok(())
+    }
+
+    /// The manifest of checkpoint `id`, acknowledged by `acks` after
+    /// `acked_us`, and whether any task state is a file of its own.
+    fn manifest(&self, id: u64, p: &Pending, acks: &[TaskAck], acked_us: u64) -> (Manifest, bool) {
+        let (tasks, task_files, inline) = self.manifest_tasks(id, acks);
+        let files_written = !task_files.is_empty();
+        let manifest = Manifest {
+            version: storage::MANIFEST_VERSION,
+            job: self.job.clone(),
+            fingerprint: self.fingerprint.clone(),
+            id,
+            mode: self.cfg.mode,
+            is_final: p.is_final,
+            trigger_unix_ms: p.trigger_unix_ms,
+            duration_us: acked_us,
+            groups: self.groups.clone(),
+            tasks,
+            files: {
+                let mut files = task_files;
+                let mut shared: Vec<_> = acks.iter().flat_map(|a| a.shared_files.iter().cloned()).collect();
+                shared.sort_by(|a, b| a.path.cmp(&b.path));
+                shared.dedup_by(|a, b| a.path == b.path);
+                files.extend(shared);
+                files
+            },
+            inline,
+        };
+        (manifest, files_written)
+    }
+
+    /// The manifest's entry of each task of checkpoint `id`, the task
+    /// state files and the manifest's inline part. Inline states go one
+    /// after another into the inline part; the others are files of their
+    /// own.
+    fn manifest_tasks(&self, id: u64, acks: &[TaskAck]) -> (Vec<ManifestTask>, Vec<FileRef>, Vec<u8>) {
         let manifest_path = storage::checkpoint_dir(Path::new(""), id)
             .join(storage::MANIFEST)
             .to_string_lossy()
@@ -61,59 +130,11 @@ impl Coordinator {
                 }
             })
             .collect();
-        let files_written = !task_files.is_empty();
-        let shared_written = acks.iter().any(|a| a.wrote_shared);
-        let manifest = Manifest {
-            version: storage::MANIFEST_VERSION,
-            job: self.job.clone(),
-            fingerprint: self.fingerprint.clone(),
-            id,
-            mode: self.cfg.mode,
-            is_final: p.is_final,
-            trigger_unix_ms: p.trigger_unix_ms,
-            duration_us: acked_us,
-            groups: self.groups.clone(),
-            tasks,
-            files: {
-                let mut files = task_files;
-                let mut shared: Vec<_> = acks.iter().flat_map(|a| a.shared_files.iter().cloned()).collect();
-                shared.sort_by(|a, b| a.path.cmp(&b.path));
-                shared.dedup_by(|a, b| a.path == b.path);
-                files.extend(shared);
-                files
-            },
-            inline,
-        };
-        if let Err(e) = manifest.commit(&self.root, files_written, shared_written, p.folder_synced) {
-            // Put it back so that abort() accounts for it.
-            self.pending.insert(
-                id,
-                super::pending::Pending {
-                    trigger: p.trigger,
-                    trigger_unix_ms: p.trigger_unix_ms,
-                    is_final: p.is_final,
-                    acks: Vec::new(),
-                    received: 0,
-                    folder_synced: p.folder_synced,
-                },
-            );
-            return self.abort(id, format!("writing the manifest failed: {e}"));
-        }
-        self.shared_of.insert(
-            id,
-            manifest
-                .files
-                .iter()
-                .filter(|f| f.path.starts_with(storage::SHARED))
-                .map(|f| f.path.clone())
-                .collect(),
-        );
-        let duration = p.trigger.elapsed();
-        self.signals.complete(id);
-        self.prime_relay();
-        self.last_completion = Instant::now();
-        self.consecutive_failures = 0;
-        tracing::debug!(checkpoint = id, ?duration, "checkpoint complete");
+        (tasks, task_files, inline)
+    }
+
+    /// Records completed checkpoint `id` in the statistics.
+    fn record_completed(&self, id: u64, p: &Pending, acks: &[TaskAck], acked_us: u64, duration: Duration) {
         let record = CheckpointRecord {
             id,
             is_final: p.is_final,
@@ -136,28 +157,8 @@ impl Coordinator {
                 })
                 .collect(),
         };
-        {
-            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-            stats.record_completed(record);
-            stats.in_progress = self.pending.len() as u64;
-        }
-        // Older checkpoints still pending can only complete after this
-        // one: they are subsumed now, so that none of them ever becomes
-        // the latest (sinks commit through `id` already; a restore must
-        // never go back behind it).
-        let older: Vec<u64> = self.pending.range(..id).map(|(&k, _)| k).collect();
-        for k in older {
-            self.subsume(k, id);
-        }
-        // Oldest first, whatever the order of completion: retention drops
-        // from the front and so always keeps the newest.
-        let at = self.retained.partition_point(|&r| r < id);
-        self.retained.insert(at, id);
-        while self.retained.len() > self.cfg.retained {
-            let old = self.retained.pop_front().expect("non-empty");
-            self.drop_checkpoint(old);
-        }
-        self.collect_garbage();
-        Ok(())
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.record_completed(record);
+        stats.in_progress = self.pending.len() as u64;
     }
 }

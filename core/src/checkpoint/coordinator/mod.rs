@@ -42,7 +42,7 @@ use std::time::{Duration, Instant};
 use crate::checkpoint::config::{CheckpointConfig, RetainOnCancel};
 use crate::checkpoint::signals::{Event, Signals};
 use crate::checkpoint::stats::CheckpointStats;
-use crate::checkpoint::storage::{self, ManifestGroup};
+use crate::checkpoint::storage::ManifestGroup;
 use crate::clock;
 
 use pending::Pending;
@@ -173,15 +173,7 @@ impl Coordinator {
     /// Triggers and times out checkpoints as due.
     pub(crate) fn tick(&mut self) -> Result<(), CoordinatorError> {
         let now = Instant::now();
-        let timed_out: Vec<u64> = self
-            .pending
-            .iter()
-            .filter(|(_, p)| now.duration_since(p.trigger) >= self.cfg.timeout)
-            .map(|(&id, _)| id)
-            .collect();
-        for id in timed_out {
-            self.abort(id, format!("not complete after the timeout of {:?}", self.cfg.timeout))?;
-        }
+        self.abort_timed_out(now)?;
         if self.final_triggered || self.pending.len() >= self.cfg.max_concurrent {
             return Ok(());
         }
@@ -197,50 +189,8 @@ impl Coordinator {
     /// Handles one event from a task.
     pub(crate) fn handle(&mut self, event: Event) -> Result<(), CoordinatorError> {
         match event {
-            Event::Ack(ack) => {
-                let id = ack.id;
-                let Some(p) = self.pending.get_mut(&id) else {
-                    // Late ack of an aborted checkpoint of this attempt: its
-                    // folder is gone or going; remove what the task wrote.
-                    if id < self.first_id || self.retained.contains(&id) {
-                        return Ok(());
-                    }
-                    let _ = self.remove_folder(id);
-                    let fence = self.next_id.saturating_sub(1);
-                    self.doomed
-                        .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
-                    self.collect_garbage();
-                    return Ok(());
-                };
-                let task = ack.task;
-                if p.acks[task].is_none() {
-                    p.received += 1;
-                }
-                p.acks[task] = Some(*ack);
-                if p.received == self.tasks.len() {
-                    let latest = self.signals.completed();
-                    if id < latest {
-                        // Never reached: a completion gives up every older
-                        // pending checkpoint at once. Kept as the rule's
-                        // last guard: completions never go backwards.
-                        self.subsume(id, latest);
-                        self.collect_garbage();
-                    } else {
-                        self.complete(id)?;
-                    }
-                }
-                Ok(())
-            }
-            Event::Decline { id, task, reason } => {
-                if self.pending.contains_key(&id) {
-                    let t = &self.tasks[task];
-                    self.abort(
-                        id,
-                        format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask),
-                    )?;
-                }
-                Ok(())
-            }
+            Event::Ack(ack) => self.on_ack(ack),
+            Event::Decline { id, task, reason } => self.on_decline(id, task, reason),
             Event::SourceExhausted { task } => {
                 self.sources_exhausted[task] = true;
                 Ok(())
@@ -264,13 +214,7 @@ impl Coordinator {
         }
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = 0;
         if cancelled && self.cfg.retain_on_cancel == RetainOnCancel::Delete {
-            for id in std::mem::take(&mut self.retained) {
-                let _ = self.remove_folder(id);
-            }
-            // Their manifests gone durably first, as for any shared file.
-            if self.sync_removals() {
-                let _ = crate::storage::vfs::remove_dir_all(self.root.join(storage::SHARED));
-            }
+            self.delete_retained();
         }
     }
 

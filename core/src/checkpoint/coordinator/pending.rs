@@ -19,6 +19,7 @@ pub(super) struct Pending {
     pub(super) trigger: Instant,
     pub(super) trigger_unix_ms: u64,
     pub(super) is_final: bool,
+    /// Per task, its acknowledgement once received.
     pub(super) acks: Vec<Option<TaskAck>>,
     pub(super) received: usize,
     /// Whether the checkpoint's folder was made and its entry synced at
@@ -27,29 +28,11 @@ pub(super) struct Pending {
 }
 
 impl Coordinator {
+    /// Starts checkpoint `next_id`: makes its folder, tells the tasks, and
+    /// makes it pending.
     pub(super) fn trigger(&mut self, now: Instant, is_final: bool) -> Result<(), CoordinatorError> {
         let id = self.next_id;
-        // The checkpoint's folder is made before the tasks hear of the id,
-        // and must be new: ids start past every folder on disk and never
-        // repeat, so an existing one means that something else writes into
-        // this directory. Writing into it would break that checkpoint's
-        // manifest; the attempt fails instead (a restart numbers past it).
-        let created = match storage::create_checkpoint_dir(&self.root, id) {
-            Ok(()) => true,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(CoordinatorError::Failed(format!(
-                    "cannot trigger checkpoint {id}: its folder {} exists already, and a checkpoint never \
-                     writes into another one's folder; is another job using the checkpoint directory {}? \
-                     Give each job a directory of its own",
-                    storage::checkpoint_dir(&self.root, id).display(),
-                    self.root.display()
-                )));
-            }
-            Err(e) => {
-                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
-                false
-            }
-        };
+        let created = self.create_folder(id)?;
         self.next_id += 1;
         self.last_trigger = now;
         self.final_triggered = is_final;
@@ -66,18 +49,7 @@ impl Coordinator {
         // the manifest's commit syncs the root (and the first file written
         // creates the folder). (Acknowledgements are handled on this
         // thread, so none arrives before the checkpoint is pending below.)
-        let folder_synced = created
-            && match storage::sync_dir(&self.root) {
-                Ok(()) => {
-                    // The same sync made every earlier folder removal durable.
-                    self.root_sync_owed = false;
-                    true
-                }
-                Err(e) => {
-                    tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
-                    false
-                }
-            };
+        let folder_synced = created && self.sync_new_folder(id);
         self.pending.insert(
             id,
             Pending {
@@ -93,6 +65,116 @@ impl Coordinator {
         Ok(())
     }
 
+    /// Makes checkpoint `id`'s folder, before the tasks hear of the id;
+    /// false if it could not be made (the first file written makes it).
+    ///
+    /// The folder must be new: ids start past every folder on disk and
+    /// never repeat, so an existing one means that something else writes
+    /// into this directory. Writing into it would break that checkpoint's
+    /// manifest; the attempt fails instead (a restart numbers past it).
+    fn create_folder(&self, id: u64) -> Result<bool, CoordinatorError> {
+        match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(CoordinatorError::Failed(format!(
+                "cannot trigger checkpoint {id}: its folder {} exists already, and a checkpoint never \
+                 writes into another one's folder; is another job using the checkpoint directory {}? \
+                 Give each job a directory of its own",
+                storage::checkpoint_dir(&self.root, id).display(),
+                self.root.display()
+            ))),
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Syncs the entry of checkpoint `id`'s new folder; false if that
+    /// failed.
+    fn sync_new_folder(&mut self, id: u64) -> bool {
+        match storage::sync_dir(&self.root) {
+            Ok(()) => {
+                // The same sync made every earlier folder removal durable.
+                self.root_sync_owed = false;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
+                false
+            }
+        }
+    }
+
+    /// Aborts the pending checkpoints not complete after the timeout.
+    pub(super) fn abort_timed_out(&mut self, now: Instant) -> Result<(), CoordinatorError> {
+        let timed_out: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.trigger) >= self.cfg.timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in timed_out {
+            self.abort(id, format!("not complete after the timeout of {:?}", self.cfg.timeout))?;
+        }
+        Ok(())
+    }
+
+    /// A task's acknowledgement: the checkpoint completes with the last one.
+    pub(super) fn on_ack(&mut self, ack: Box<TaskAck>) -> Result<(), CoordinatorError> {
+        let id = ack.id;
+        let Some(p) = self.pending.get_mut(&id) else {
+            self.late_ack(&ack);
+            return Ok(());
+        };
+        let task = ack.task;
+        if p.acks[task].is_none() {
+            p.received += 1;
+        }
+        p.acks[task] = Some(*ack);
+        if p.received == self.tasks.len() {
+            let latest = self.signals.completed();
+            if id < latest {
+                // Never reached: a completion gives up every older
+                // pending checkpoint at once. Kept as the rule's
+                // last guard: completions never go backwards.
+                self.subsume(id, latest);
+                self.collect_garbage();
+            } else {
+                self.complete(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Late ack of an aborted checkpoint of this attempt: its folder is
+    /// gone or going; removes what the task wrote.
+    fn late_ack(&mut self, ack: &TaskAck) {
+        let id = ack.id;
+        if id < self.first_id || self.retained.contains(&id) {
+            return;
+        }
+        let _ = self.remove_folder(id);
+        let fence = self.next_id.saturating_sub(1);
+        self.doomed
+            .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        self.collect_garbage();
+    }
+
+    /// A task declined checkpoint `id`: it is aborted.
+    pub(super) fn on_decline(&mut self, id: u64, task: usize, reason: String) -> Result<(), CoordinatorError> {
+        if self.pending.contains_key(&id) {
+            let t = &self.tasks[task];
+            self.abort(
+                id,
+                format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Gives up pending checkpoint `id` as failed, for `reason`: discarded,
+    /// counted and reported. An error when the job must stop: the final
+    /// checkpoint failed, or more checkpoints in a row than tolerated.
     pub(super) fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
         let Some(p) = self.discard(id) else {
             return Ok(());
@@ -128,7 +210,7 @@ impl Coordinator {
     /// completed (Flink's subsumption): discarded like an aborted
     /// checkpoint, but no failure. Acknowledgements still to come are
     /// handled as late ones (their files deleted).
-    pub(super) fn subsume(&mut self, id: u64, by: u64) {
+    fn subsume(&mut self, id: u64, by: u64) {
         if self.discard(id).is_none() {
             return;
         }
@@ -142,7 +224,7 @@ impl Coordinator {
 
     /// Removes pending checkpoint `id`: tells the tasks it is aborted,
     /// deletes its folder and queues the shared files written for it.
-    pub(super) fn discard(&mut self, id: u64) -> Option<Pending> {
+    fn discard(&mut self, id: u64) -> Option<Pending> {
         let p = self.pending.remove(&id)?;
         self.signals.abort(id);
         if let Err(e) = self.remove_folder(id) {
@@ -155,5 +237,16 @@ impl Coordinator {
                 .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
         }
         Some(p)
+    }
+
+    /// Gives up every checkpoint still pending that is older than `id`,
+    /// which completed: they could only complete after it, and none of them
+    /// may ever become the latest (sinks commit through `id` already; a
+    /// restore must never go back behind it).
+    pub(super) fn subsume_older(&mut self, id: u64) {
+        let older: Vec<u64> = self.pending.range(..id).map(|(&k, _)| k).collect();
+        for k in older {
+            self.subsume(k, id);
+        }
     }
 }

@@ -9,16 +9,43 @@
 
 use std::collections::HashSet;
 
-use crate::checkpoint::storage::{self, Removal};
+use crate::checkpoint::storage::{self, Manifest, Removal};
 
 use super::Coordinator;
 
 impl Coordinator {
+    /// Keeps completed checkpoint `id`, and drops the oldest retained ones
+    /// past the number to retain. Oldest first, whatever the order of
+    /// completion: retention drops from the front and so always keeps the
+    /// newest.
+    pub(super) fn retain(&mut self, id: u64) {
+        let at = self.retained.partition_point(|&r| r < id);
+        self.retained.insert(at, id);
+        while self.retained.len() > self.cfg.retained {
+            let old = self.retained.pop_front().expect("non-empty");
+            self.drop_checkpoint(old);
+        }
+    }
+
+    /// Notes the shared files checkpoint `id`'s manifest references, to
+    /// queue them for deletion once it is dropped.
+    pub(super) fn remember_shared_files(&mut self, id: u64, manifest: &Manifest) {
+        self.shared_of.insert(
+            id,
+            manifest
+                .files
+                .iter()
+                .filter(|f| f.path.starts_with(storage::SHARED))
+                .map(|f| f.path.clone())
+                .collect(),
+        );
+    }
+
     /// The shared files retained checkpoint `id` references: known since
     /// it completed, or read from its manifest once. An error if the
     /// manifest cannot be read or verified: then nobody can tell which
     /// shared files it needs, and its caller deletes none.
-    pub(super) fn shared_files(&mut self, id: u64) -> Result<&[String], String> {
+    fn shared_files(&mut self, id: u64) -> Result<&[String], String> {
         if !self.shared_of.contains_key(&id) {
             let files = match storage::read_manifest_located(&self.root, id) {
                 Ok(Some(m)) => m
@@ -45,7 +72,7 @@ impl Coordinator {
     /// build on them. If its manifest cannot be read, its shared files are
     /// left for the next start's sweep of orphaned files (which keeps every
     /// file while any manifest is unreadable).
-    pub(super) fn drop_checkpoint(&mut self, id: u64) {
+    fn drop_checkpoint(&mut self, id: u64) {
         let fence = self.next_id.saturating_sub(1);
         match self.shared_files(id) {
             Ok(files) => {
@@ -82,7 +109,7 @@ impl Coordinator {
     /// called before any shared file is deleted, so that no manifest a
     /// crash could bring back names a deleted file. False if the sync
     /// failed (then nothing may be deleted).
-    pub(super) fn sync_removals(&mut self) -> bool {
+    fn sync_removals(&mut self) -> bool {
         if !self.root_sync_owed {
             return true;
         }
@@ -145,5 +172,17 @@ impl Coordinator {
             }
             false
         });
+    }
+
+    /// Deletes every retained checkpoint, and the shared files with them
+    /// (a cancelled job that keeps none).
+    pub(super) fn delete_retained(&mut self) {
+        for id in std::mem::take(&mut self.retained) {
+            let _ = self.remove_folder(id);
+        }
+        // Their manifests gone durably first, as for any shared file.
+        if self.sync_removals() {
+            let _ = crate::storage::vfs::remove_dir_all(self.root.join(storage::SHARED));
+        }
     }
 }

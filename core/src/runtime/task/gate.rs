@@ -20,7 +20,16 @@ use crate::runtime::context::TaskContext;
 use crate::runtime::message::{Barrier, Message};
 
 use super::input::{Inbox, InputTask};
-use super::{new_snapshot, send_snapshot, snapshot_chain};
+use super::{new_snapshot, poll_notices, send_snapshot, snapshot_chain};
+
+/// Records an unaligned task handles per turn while it waits for a
+/// triggered checkpoint's barrier: bounds how long a slow chain delays
+/// look-ahead (64 records at 20 µs each: about 1 ms).
+const UNALIGNED_PROBE_BUDGET: usize = 64;
+
+/// Why a task declines a checkpoint whose barrier an input will never
+/// deliver, the final barrier having come there first.
+const FINAL_CAME_FIRST: &str = "the final barrier came first on an input: this checkpoint's barrier never will";
 
 /// Barrier handling of a task with inputs: an explicit state machine.
 ///
@@ -66,6 +75,17 @@ pub(super) enum Gate {
     },
 }
 
+impl Gate {
+    /// The checkpoint whose channel state is being recorded, if any.
+    #[inline]
+    pub(super) fn recording(&self) -> Option<u64> {
+        match self {
+            Gate::Recording { snap, .. } => Some(snap.id()),
+            _ => None,
+        }
+    }
+}
+
 /// What look-ahead found in an input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Found {
@@ -78,9 +98,46 @@ enum Found {
 }
 
 impl<T: Data> InputTask<T> {
+    /// The job's checkpointing mode; `None` without checkpointing.
     #[inline]
     pub(super) fn mode(ctx: &TaskContext) -> Option<CheckpointMode> {
         ctx.ckpt.as_ref().map(|c| c.signals.mode)
+    }
+
+    /// The barrier work of a turn that comes before the backpressure
+    /// check: an unaligned barrier is found and forwarded (overtaking
+    /// staged output) even while this task's output is blocked; an aligned
+    /// checkpoint past its alignment timeout goes on unaligned.
+    #[inline]
+    pub(super) fn barriers_before_output(
+        &mut self,
+        mode: Option<CheckpointMode>,
+        ctx: &mut TaskContext,
+    ) -> Result<(), BoxError> {
+        if mode == Some(CheckpointMode::Unaligned) || matches!(self.gate, Gate::Recording { .. }) {
+            poll_notices(&mut *self.chain, ctx)?;
+            self.look_ahead(ctx)?;
+        } else if mode == Some(CheckpointMode::Aligned) {
+            self.check_alignment_timeout(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// Messages to read this turn: `batch_size`, or fewer while an
+    /// unaligned checkpoint's barrier is on its way.
+    #[inline]
+    pub(super) fn turn_budget(&self, batch_size: usize, mode: Option<CheckpointMode>, ctx: &TaskContext) -> usize {
+        let mut budget = batch_size;
+        if mode == Some(CheckpointMode::Unaligned) && matches!(self.gate, Gate::Idle) {
+            let triggered = ctx.ckpt.as_ref().map_or(0, |c| c.signals.triggered());
+            if triggered > ctx.last_barrier {
+                // A barrier is on its way: take small steps so that
+                // look-ahead (once per turn) finds it soon even when the
+                // chain is slow per record.
+                budget = budget.min(UNALIGNED_PROBE_BUDGET);
+            }
+        }
+        budget
     }
 
     /// Looks at the messages of `inbox` not scanned yet, up to the first
@@ -193,10 +250,7 @@ impl<T: Data> InputTask<T> {
             final_waiting: None,
         };
         if final_next {
-            return self.give_up_recording(
-                "the final barrier came first on an input: this checkpoint's barrier never will".into(),
-                ctx,
-            );
+            return self.give_up_recording(FINAL_CAME_FIRST.into(), ctx);
         }
         self.finish_recording_if_done(ctx)
     }
@@ -297,14 +351,10 @@ impl<T: Data> InputTask<T> {
                         ck.send(Event::Decline {
                             id: bar.id,
                             task: ck.task,
-                            reason: "the final barrier came first on an input: this checkpoint's barrier never will"
-                                .into(),
+                            reason: FINAL_CAME_FIRST.into(),
                         });
                     }
-                    return self.give_up_recording(
-                        "the final barrier came first on an input: this checkpoint's barrier never will".into(),
-                        ctx,
-                    );
+                    return self.give_up_recording(FINAL_CAME_FIRST.into(), ctx);
                 }
                 if let Some(bar) = newer {
                     return self.subsume(bar, ctx);
@@ -355,26 +405,48 @@ impl<T: Data> InputTask<T> {
         self.start_unaligned(barrier, clock::now_ns(), ctx)
     }
 
+    /// Checkpoint `old`, being collected, was given up elsewhere (aborted)
+    /// before its barrier reached every input here, and `barrier`, a newer
+    /// one, came on input `i`: declines `old` and collects the newer one,
+    /// starting with this input.
+    fn realign(&mut self, old: u64, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if let Some(ck) = &ctx.ckpt {
+            ck.send(Event::Decline {
+                id: old,
+                task: ck.task,
+                reason: format!("subsumed by checkpoint {} before alignment completed", barrier.id),
+            });
+        }
+        for inbox in &mut self.inputs {
+            inbox.blocked = false;
+        }
+        self.gate = Gate::Idle;
+        self.on_barrier_again(i, barrier, ctx)
+    }
+
     /// Handles `barrier` from input `i` once more, after the gate was reset.
     fn on_barrier_again(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
         self.inputs[i].delivered = barrier.id - 1;
         self.on_barrier(i, barrier, ctx)
     }
 
-    /// A barrier read from input `i`, in order with its data.
-    pub(super) fn on_barrier(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        let mode = Self::mode(ctx).ok_or("a barrier reached a job without checkpointing")?;
+    /// Notes `barrier`, read from input `i`, as delivered there, unless it
+    /// was handled already. Returns the id that input had delivered before,
+    /// and the barrier as the gate handles it; `None` if there is nothing
+    /// more to do.
+    #[inline]
+    fn deliver(&mut self, i: usize, barrier: Barrier, ctx: &TaskContext) -> Option<(u64, Barrier)> {
         let inbox = &mut self.inputs[i];
         if inbox.ahead == Some(barrier.id) {
             // Found earlier by look-ahead and handled then.
             inbox.ahead = None;
-            return Ok(());
+            return None;
         }
         if barrier.id <= ctx.last_barrier {
             // An older barrier still queued behind the one look-ahead went
             // on to find (a newer unaligned checkpoint started before this
             // input was read up to it): its checkpoint is taken already.
-            return Ok(());
+            return None;
         }
         let before = inbox.delivered;
         inbox.delivered = inbox.delivered.max(barrier.id);
@@ -389,6 +461,15 @@ impl<T: Data> InputTask<T> {
         } else {
             barrier
         };
+        Some((before, barrier))
+    }
+
+    /// A barrier read from input `i`, in order with its data.
+    pub(super) fn on_barrier(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        let mode = Self::mode(ctx).ok_or("a barrier reached a job without checkpointing")?;
+        let Some((before, barrier)) = self.deliver(i, barrier, ctx) else {
+            return Ok(());
+        };
         match &mut self.gate {
             Gate::Recording {
                 snap, final_waiting, ..
@@ -400,10 +481,7 @@ impl<T: Data> InputTask<T> {
                 self.inputs[i].blocked = true;
                 if before < recorded {
                     // The recorded checkpoint's barrier never came on this input.
-                    return self.give_up_recording(
-                        "the final barrier came first on an input: this checkpoint's barrier never will".into(),
-                        ctx,
-                    );
+                    return self.give_up_recording(FINAL_CAME_FIRST.into(), ctx);
                 }
                 self.finish_recording_if_done(ctx)
             }
@@ -423,22 +501,8 @@ impl<T: Data> InputTask<T> {
                 self.complete_collecting(ctx)
             }
             Gate::Collecting { barrier: b, .. } if barrier.id > b.id => {
-                // The older checkpoint was given up elsewhere (aborted) before
-                // its barrier reached every input here: decline it and
-                // collect the newer one, starting with this input.
                 let old = b.id;
-                if let Some(ck) = &ctx.ckpt {
-                    ck.send(Event::Decline {
-                        id: old,
-                        task: ck.task,
-                        reason: format!("subsumed by checkpoint {} before alignment completed", barrier.id),
-                    });
-                }
-                for inbox in &mut self.inputs {
-                    inbox.blocked = false;
-                }
-                self.gate = Gate::Idle;
-                self.on_barrier_again(i, barrier, ctx)
+                self.realign(old, i, barrier, ctx)
             }
             Gate::Collecting { barrier: b, first_ns } => {
                 if barrier.id != b.id {
@@ -493,7 +557,7 @@ impl<T: Data> InputTask<T> {
     /// Aligned mode with an alignment timeout: past it (counted from the
     /// checkpoint's trigger), the checkpoint continues unaligned here.
     #[inline]
-    pub(super) fn check_alignment_timeout(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+    fn check_alignment_timeout(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
         let Gate::Collecting { barrier, first_ns } = self.gate else {
             return Ok(());
         };

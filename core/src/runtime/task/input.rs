@@ -5,26 +5,26 @@
 //! barrier handling ([`super::gate`]). After a restore, the channel state
 //! an unaligned checkpoint recorded is fed to the chain first ([`Replay`]).
 
+use std::mem::ManuallyDrop;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
 use rtrb::Consumer;
 
 use crate::checkpoint::channel::{decode_channel, Replayed};
-use crate::checkpoint::CheckpointMode;
+use crate::checkpoint::snapshot::TaskState;
 use crate::clock;
 use crate::data::Data;
 use crate::error::BoxError;
 use crate::runtime::collector::{Collector, RestoreCtx};
 use crate::runtime::context::TaskContext;
 use crate::runtime::input_watermarks::InputWatermarks;
-use crate::runtime::message::Message;
+use crate::runtime::message::{BatchReturn, Message};
+use crate::threads::idle::Parker;
 use crate::watermark::MIN_WATERMARK;
 
 use super::gate::Gate;
-use super::{common_phase, forward_watermark, poll_notices, Phase, Task, TaskPoll};
-
-/// Records an unaligned task handles per turn while it waits for a
-/// triggered checkpoint's barrier: bounds how long a slow chain delays
-/// look-ahead (64 records at 20 µs each: about 1 ms).
-const UNALIGNED_PROBE_BUDGET: usize = 64;
+use super::{common_phase, forward_watermark, Phase, Task, TaskPoll};
 
 /// Records handed to the chain at a time by an input task; between slices
 /// it checks the turn's time.
@@ -40,7 +40,7 @@ pub(crate) struct Inbox<T> {
     pub(super) ring: Consumer<Message<T>>,
     /// The producer's worker, woken after reads if it sleeps (it may be
     /// waiting for room in this ring).
-    wake: Option<std::sync::Arc<crate::threads::idle::Parker>>,
+    wake: Option<Arc<Parker>>,
     pub(super) ended: bool,
     /// Aligned mode: this input delivered the barrier being aligned and is
     /// paused until every input has.
@@ -55,19 +55,7 @@ pub(crate) struct Inbox<T> {
     pub(super) delivered: u64,
     /// A same-worker channel: where each batch handed over by reference
     /// goes back, emptied, to its producer's pool.
-    returns: Option<crate::runtime::message::BatchReturn<T>>,
-}
-
-/// Hands `batch` to `chain` when it holds records, counting them in, and
-/// leaves it empty.
-fn hand_on<T>(batch: &mut Vec<T>, chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
-    if batch.is_empty() {
-        return Ok(());
-    }
-    ctx.count_in::<T>(batch.len());
-    chain.collect(batch, ctx)?;
-    batch.clear();
-    Ok(())
+    returns: Option<BatchReturn<T>>,
 }
 
 impl<T> Drop for Inbox<T> {
@@ -76,18 +64,14 @@ impl<T> Drop for Inbox<T> {
     fn drop(&mut self) {
         while let Ok(m) = self.ring.pop() {
             if let Message::Batch(records) = m {
-                drop(std::mem::ManuallyDrop::into_inner(records));
+                drop(ManuallyDrop::into_inner(records));
             }
         }
     }
 }
 
 impl<T> Inbox<T> {
-    pub(crate) fn new(
-        ring: Consumer<Message<T>>,
-        wake: Option<std::sync::Arc<crate::threads::idle::Parker>>,
-        returns: Option<crate::runtime::message::BatchReturn<T>>,
-    ) -> Self {
+    pub(crate) fn new(ring: Consumer<Message<T>>, wake: Option<Arc<Parker>>, returns: Option<BatchReturn<T>>) -> Self {
         Inbox {
             ring,
             wake,
@@ -100,11 +84,100 @@ impl<T> Inbox<T> {
         }
     }
 
+    /// Whether this input delivered barrier `id` (or ended, so never will).
     #[inline]
     pub(super) fn has(&self, id: u64) -> bool {
         self.ended || self.delivered >= id
     }
 }
+
+/// Hands `batch` to `chain` when it holds records, counting them in, and
+/// leaves it empty.
+#[inline]
+fn hand_on<T>(batch: &mut Vec<T>, chain: &mut dyn Collector<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+    if batch.is_empty() {
+        return Ok(());
+    }
+    ctx.count_in::<T>(batch.len());
+    chain.collect(batch, ctx)?;
+    batch.clear();
+    Ok(())
+}
+
+/// A batch handed over by reference: the records of `batch` before it
+/// first, then the batch itself, whose emptied box goes back to the
+/// producer through `returns`.
+#[inline]
+#[allow(clippy::box_collection)]
+fn hand_on_batch<T>(
+    records: ManuallyDrop<Box<Vec<T>>>,
+    batch: &mut Vec<T>,
+    chain: &mut dyn Collector<T>,
+    returns: Option<&mut BatchReturn<T>>,
+    ctx: &mut TaskContext,
+) -> Result<(), BoxError> {
+    let mut records = ManuallyDrop::into_inner(records);
+    hand_on(batch, chain, ctx)?;
+    let result = hand_on(&mut records, chain, ctx);
+    records.clear();
+    if let Some(back) = returns {
+        // The pool's ring holds every box of the channel, so there is room.
+        let returned = back.push(records);
+        debug_assert!(returned.is_ok(), "a pool holds every box of its channel");
+    }
+    result
+}
+
+/// Moves the run of data records at `part[from..end]` behind the last
+/// record of `batch`, up to the first other message; returns the index
+/// where the run stopped (`end`, or that message's).
+///
+/// Each message is moved out (an `End` left in its slot, which has nothing
+/// to drop), so the loop per record is a tag check, a move and a write
+/// behind the batch's last record (a chunk's iterator would cost a branch
+/// and an index per item, a push a capacity check).
+#[inline]
+fn move_records<T>(part: &mut [Message<T>], from: usize, end: usize, batch: &mut Vec<T>) -> usize {
+    // Room for the run once, then each record written behind the last
+    // without a capacity check.
+    batch.reserve(end - from);
+    let (base, mut len) = (batch.as_mut_ptr(), batch.len());
+    let mut j = from;
+    while j < end {
+        if !matches!(part[j], Message::Data(_)) {
+            break;
+        }
+        if let Message::Data(record) = std::mem::replace(&mut part[j], Message::End) {
+            // SAFETY: `len` is below the capacity reserved for
+            // `end - from` more records, one per iteration; the slot is
+            // uninitialised and covered by the length set below, before
+            // anything else reads or drops the batch (nothing here panics).
+            unsafe { base.add(len).write(record) };
+            len += 1;
+        }
+        j += 1;
+    }
+    // SAFETY: the records up to `len` were written above.
+    unsafe { batch.set_len(len) };
+    j
+}
+
+/// Whether the turn that started at `turn_start` has used its time.
+#[inline]
+fn out_of_time(turn_start: u64) -> bool {
+    clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS
+}
+
+/// What one read of an input did.
+struct Read<T> {
+    /// Messages taken out of the ring.
+    consumed: usize,
+    /// The control message the read stopped at (taken out of the ring).
+    control: Option<Message<T>>,
+    /// The read stopped because the turn used its time.
+    out_of_time: bool,
+}
+
 /// A task whose chain starts at its input rings.
 pub(crate) struct InputTask<T> {
     pub(super) inputs: Vec<Inbox<T>>,
@@ -143,6 +216,191 @@ impl<T> InputTask<T> {
 }
 
 impl<T: Data> InputTask<T> {
+    /// How many messages to read from input `i` this turn, at most
+    /// `budget` (0: none); adds what its ring holds to `queued`. While a
+    /// checkpoint records channel state, everything readable is recorded
+    /// first, and only what was recorded is read.
+    #[inline]
+    fn readable(
+        &mut self,
+        i: usize,
+        budget: usize,
+        queued: &mut u64,
+        ctx: &mut TaskContext,
+    ) -> Result<usize, BoxError> {
+        let recording_id = self.gate.recording();
+        if recording_id.is_some() {
+            // Everything readable must be recorded before it is consumed.
+            self.look_ahead(ctx)?;
+        }
+        let inbox = &mut self.inputs[i];
+        let available = inbox.ring.slots();
+        *queued += available as u64;
+        if let Some(q) = ctx.counters.channel_queued.get(i) {
+            q.store(available as u64, Ordering::Relaxed);
+        }
+        if inbox.ended || inbox.blocked {
+            return Ok(0);
+        }
+        let mut n = available.min(budget);
+        if matches!(recording_id, Some(id) if !inbox.has(id)) {
+            // Only what look-ahead has recorded.
+            n = n.min(inbox.scanned);
+        }
+        Ok(n)
+    }
+
+    /// Reads the first `n` messages of input `i`: data records go to the
+    /// chain in slices of [`SLICE`], batches and watermarks in order with
+    /// them. Stops at a control message (barrier or end-of-stream, returned
+    /// to the caller, what follows it stays in the ring: an aligned input
+    /// may block) or when the turn is out of time. Records of the last
+    /// slice may stay in `self.batch`.
+    #[inline]
+    fn read_input(&mut self, i: usize, n: usize, turn_start: u64, ctx: &mut TaskContext) -> Result<Read<T>, BoxError> {
+        let inbox = &mut self.inputs[i];
+        let mut read = Read {
+            consumed: 0,
+            control: None,
+            out_of_time: false,
+        };
+        let mut failed = None;
+        {
+            let mut chunk = inbox
+                .ring
+                .read_chunk(n)
+                .expect("slots() promised n readable slots and only this consumer reads");
+            // The chunk is read as its two slices, a run of records at a
+            // time (`move_records`), and its first `consumed` slots are
+            // committed at the end.
+            let (first, second) = chunk.as_mut_slices();
+            'parts: for part in [first, second] {
+                let mut j = 0;
+                while j < part.len() {
+                    // Records up to the end of the slice handed on.
+                    let end = part.len().min(j + (SLICE - self.batch.len()));
+                    let start = j;
+                    j = move_records(part, j, end, &mut self.batch);
+                    read.consumed += j - start;
+                    if self.batch.len() == SLICE {
+                        // Hand on a slice, then see whether the turn has
+                        // used its time: a slow chain must not keep the
+                        // worker's other tasks waiting.
+                        ctx.count_in::<T>(SLICE);
+                        if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
+                            failed = Some(e);
+                            break 'parts;
+                        }
+                        self.batch.clear();
+                        if out_of_time(turn_start) {
+                            read.out_of_time = true;
+                            break 'parts;
+                        }
+                        continue;
+                    }
+                    if j == part.len() {
+                        break;
+                    }
+                    let message = std::mem::replace(&mut part[j], Message::End);
+                    j += 1;
+                    read.consumed += 1;
+                    match message {
+                        Message::Batch(records) => {
+                            let returns = inbox.returns.as_mut();
+                            if let Err(e) = hand_on_batch(records, &mut self.batch, &mut *self.chain, returns, ctx) {
+                                failed = Some(e);
+                                break 'parts;
+                            }
+                            if out_of_time(turn_start) {
+                                read.out_of_time = true;
+                                break 'parts;
+                            }
+                        }
+                        Message::Watermark(wm) => {
+                            // In order with the data: hand on the records
+                            // before it, then the watermark, and read on.
+                            if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
+                                failed = Some(e);
+                                break 'parts;
+                            }
+                            let update = self.watermarks.on_watermark(i, wm);
+                            if let Err(e) = forward_watermark(&mut *self.chain, update, ctx) {
+                                failed = Some(e);
+                                break 'parts;
+                            }
+                        }
+                        other => {
+                            // Stop here: what follows the control message
+                            // stays in the ring (an aligned input may block).
+                            read.control = Some(other);
+                            break 'parts;
+                        }
+                    }
+                }
+            }
+            chunk.commit(read.consumed);
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        inbox.scanned = inbox.scanned.saturating_sub(read.consumed);
+        if let Some(w) = &inbox.wake {
+            w.wake();
+        }
+        Ok(read)
+    }
+
+    /// Hands on the records a read left in `self.batch` and flushes the
+    /// output (not when out of time). False when the turn must read no
+    /// more: out of time, or output backpressured (the collector contract).
+    #[inline]
+    fn end_read(&mut self, out_of_time: bool, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        ctx.count_in::<T>(self.batch.len());
+        if !self.batch.is_empty() {
+            self.chain.collect(&mut self.batch, ctx)?;
+            self.batch.clear();
+        }
+        let flushed = out_of_time || self.chain.flush(ctx)?;
+        if !flushed {
+            ctx.output_blocked = true;
+        }
+        Ok(!out_of_time && flushed)
+    }
+
+    /// Handles the control message a read of input `i` stopped at.
+    #[inline]
+    fn on_control(&mut self, i: usize, control: Option<Message<T>>, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        match control {
+            Some(Message::End) => self.on_end(i, ctx),
+            Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx),
+            Some(Message::Watermark(_) | Message::Data(_) | Message::Batch(_)) | None => Ok(()),
+        }
+    }
+
+    /// End-of-stream read from input `i`: it counts as complete for event
+    /// time, and as having delivered every barrier still awaited.
+    fn on_end(&mut self, i: usize, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        self.inputs[i].ended = true;
+        self.open_inputs -= 1;
+        let update = self.watermarks.on_end(i);
+        forward_watermark(&mut *self.chain, update, ctx)?;
+        self.complete_collecting(ctx)?;
+        self.finish_recording_if_done(ctx)
+    }
+
+    /// Every input ended: the stream ends, after the final checkpoint if
+    /// there is one (see [`Phase::AwaitFinal`]).
+    fn end_stream(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        match ctx.ckpt.as_ref().map(|c| c.signals.final_id()) {
+            Some(final_id) if final_id > 0 => self.phase = Phase::AwaitFinal(final_id),
+            _ => {
+                self.chain.finish(ctx)?;
+                self.phase = Phase::Draining;
+            }
+        }
+        Ok(())
+    }
+
     /// Feeds at most a batch of restored channel state to the chain, with
     /// the watermarks between the records, as if read from the inputs.
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -189,15 +447,7 @@ impl<T: Data> Task for InputTask<T> {
     fn poll(&mut self, ctx: &mut TaskContext) -> Result<TaskPoll, BoxError> {
         let mode = Self::mode(ctx);
         if self.phase == Phase::Running && self.replay.is_none() {
-            // Before the backpressure check: an unaligned barrier is found
-            // and forwarded (overtaking staged output) even while this
-            // task's output is blocked.
-            if mode == Some(CheckpointMode::Unaligned) || matches!(self.gate, Gate::Recording { .. }) {
-                poll_notices(&mut *self.chain, ctx)?;
-                self.look_ahead(ctx)?;
-            } else if mode == Some(CheckpointMode::Aligned) {
-                self.check_alignment_timeout(ctx)?;
-            }
+            self.barriers_before_output(mode, ctx)?;
         }
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
@@ -206,16 +456,7 @@ impl<T: Data> Task for InputTask<T> {
             self.feed_replay(ctx)?;
             return Ok(TaskPoll::Progress);
         }
-        let mut budget = self.batch_size;
-        if mode == Some(CheckpointMode::Unaligned) && matches!(self.gate, Gate::Idle) {
-            let triggered = ctx.ckpt.as_ref().map_or(0, |c| c.signals.triggered());
-            if triggered > ctx.last_barrier {
-                // A barrier is on its way: take small steps so that
-                // look-ahead (once per turn) finds it soon even when the
-                // chain is slow per record.
-                budget = budget.min(UNALIGNED_PROBE_BUDGET);
-            }
-        }
+        let mut budget = self.turn_budget(self.batch_size, mode, ctx);
         let mut progressed = false;
         let mut queued = 0u64;
         let n_inputs = self.inputs.len();
@@ -225,185 +466,17 @@ impl<T: Data> Task for InputTask<T> {
                 break;
             }
             let i = (self.next_input + k) % n_inputs;
-            let recording_id = match &self.gate {
-                Gate::Recording { snap, .. } => Some(snap.id()),
-                _ => None,
-            };
-            if recording_id.is_some() {
-                // Everything readable must be recorded before it is consumed.
-                self.look_ahead(ctx)?;
-            }
-            let inbox = &mut self.inputs[i];
-            let available = inbox.ring.slots();
-            queued += available as u64;
-            if let Some(q) = ctx.counters.channel_queued.get(i) {
-                q.store(available as u64, std::sync::atomic::Ordering::Relaxed);
-            }
-            if inbox.ended || inbox.blocked {
-                continue;
-            }
-            let mut n = available.min(budget);
-            if matches!(recording_id, Some(id) if !inbox.has(id)) {
-                // Only what look-ahead has recorded.
-                n = n.min(inbox.scanned);
-            }
+            let n = self.readable(i, budget, &mut queued, ctx)?;
             if n == 0 {
                 continue;
             }
             progressed = true;
-            let mut control = None;
-            let mut consumed = 0;
-            let mut out_of_time = false;
-            let mut failed = None;
-            {
-                let mut chunk = inbox
-                    .ring
-                    .read_chunk(n)
-                    .expect("slots() promised n readable slots and only this consumer reads");
-                // The chunk is read as its two slices, a run of records at a
-                // time: each message is moved out (an `End` left in its
-                // slot, which has nothing to drop) and the chunk's first
-                // `consumed` slots are committed at the end, so the loop
-                // per record is a tag check, a move and a write behind the
-                // batch's last record (the chunk's iterator would cost a
-                // branch and an index per item, a push a capacity check).
-                let (first, second) = chunk.as_mut_slices();
-                'parts: for part in [first, second] {
-                    let mut j = 0;
-                    while j < part.len() {
-                        // Records up to the end of the slice handed on.
-                        let end = part.len().min(j + (SLICE - self.batch.len()));
-                        let start = j;
-                        // Room for the run once, then each record written
-                        // behind the last without a capacity check.
-                        self.batch.reserve(end - j);
-                        let (base, mut len) = (self.batch.as_mut_ptr(), self.batch.len());
-                        while j < end {
-                            if !matches!(part[j], Message::Data(_)) {
-                                break;
-                            }
-                            if let Message::Data(record) = std::mem::replace(&mut part[j], Message::End) {
-                                // SAFETY: `len` is below the capacity
-                                // reserved for `end - start` more records,
-                                // one per iteration; the slot is
-                                // uninitialised and covered by the length
-                                // set below, before anything else reads
-                                // or drops the batch (nothing here panics).
-                                unsafe { base.add(len).write(record) };
-                                len += 1;
-                            }
-                            j += 1;
-                        }
-                        // SAFETY: the records up to `len` were written above.
-                        unsafe { self.batch.set_len(len) };
-                        consumed += j - start;
-                        if self.batch.len() == SLICE {
-                            // Hand on a slice, then see whether the turn
-                            // has used its time: a slow chain must not
-                            // keep the worker's other tasks waiting.
-                            ctx.count_in::<T>(SLICE);
-                            if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
-                                failed = Some(e);
-                                break 'parts;
-                            }
-                            self.batch.clear();
-                            if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
-                                out_of_time = true;
-                                break 'parts;
-                            }
-                            continue;
-                        }
-                        if j == part.len() {
-                            break;
-                        }
-                        let message = std::mem::replace(&mut part[j], Message::End);
-                        j += 1;
-                        consumed += 1;
-                        match message {
-                            Message::Batch(records) => {
-                                let mut records = std::mem::ManuallyDrop::into_inner(records);
-                                // A batch handed over by reference: the records
-                                // before it first, then the batch itself, whose
-                                // emptied box goes back to the producer.
-                                if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
-                                    failed = Some(e);
-                                    break 'parts;
-                                }
-                                let result = hand_on(&mut records, &mut *self.chain, ctx);
-                                records.clear();
-                                if let Some(back) = inbox.returns.as_mut() {
-                                    // The pool's ring holds every box of the
-                                    // channel, so there is room.
-                                    let returned = back.push(records);
-                                    debug_assert!(returned.is_ok(), "a pool holds every box of its channel");
-                                }
-                                if let Err(e) = result {
-                                    failed = Some(e);
-                                    break 'parts;
-                                }
-                                if clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS {
-                                    out_of_time = true;
-                                    break 'parts;
-                                }
-                            }
-                            Message::Watermark(wm) => {
-                                // In order with the data: hand on the records
-                                // before it, then the watermark, and read on.
-                                if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
-                                    failed = Some(e);
-                                    break 'parts;
-                                }
-                                let update = self.watermarks.on_watermark(i, wm);
-                                if let Err(e) = forward_watermark(&mut *self.chain, update, ctx) {
-                                    failed = Some(e);
-                                    break 'parts;
-                                }
-                            }
-                            other => {
-                                // Stop here: what follows the control message
-                                // stays in the ring (an aligned input may block).
-                                control = Some(other);
-                                break 'parts;
-                            }
-                        }
-                    }
-                }
-                chunk.commit(consumed);
-            }
-            if let Some(e) = failed {
-                return Err(e);
-            }
-            inbox.scanned = inbox.scanned.saturating_sub(consumed);
-            if let Some(w) = &inbox.wake {
-                w.wake();
-            }
-            budget -= consumed;
-            ctx.count_in::<T>(self.batch.len());
-            if !self.batch.is_empty() {
-                self.chain.collect(&mut self.batch, ctx)?;
-                self.batch.clear();
-            }
-            let flushed = out_of_time || self.chain.flush(ctx)?;
-            if !flushed {
-                ctx.output_blocked = true;
-            }
-            if out_of_time || !flushed {
-                // Out of time, or output backpressured: read no more this
-                // turn (the collector contract).
+            let read = self.read_input(i, n, turn_start, ctx)?;
+            budget -= read.consumed;
+            if !self.end_read(read.out_of_time, ctx)? {
                 budget = 0;
             }
-            match control {
-                Some(Message::End) => {
-                    self.inputs[i].ended = true;
-                    self.open_inputs -= 1;
-                    let update = self.watermarks.on_end(i);
-                    forward_watermark(&mut *self.chain, update, ctx)?;
-                    self.complete_collecting(ctx)?;
-                    self.finish_recording_if_done(ctx)?;
-                }
-                Some(Message::Barrier(b)) => self.on_barrier(i, b, ctx)?,
-                Some(Message::Watermark(_) | Message::Data(_) | Message::Batch(_)) | None => {}
-            }
+            self.on_control(i, read.control, ctx)?;
             if budget == 0 {
                 break;
             }
@@ -414,17 +487,9 @@ impl<T: Data> Task for InputTask<T> {
             self.chain.tick(ctx)?;
         }
         self.next_input = (self.next_input + 1) % n_inputs;
-        ctx.counters
-            .input_queued
-            .store(queued, std::sync::atomic::Ordering::Relaxed);
+        ctx.counters.input_queued.store(queued, Ordering::Relaxed);
         if self.open_inputs == 0 && self.phase == Phase::Running {
-            match ctx.ckpt.as_ref().map(|c| c.signals.final_id()) {
-                Some(final_id) if final_id > 0 => self.phase = Phase::AwaitFinal(final_id),
-                _ => {
-                    self.chain.finish(ctx)?;
-                    self.phase = Phase::Draining;
-                }
-            }
+            self.end_stream(ctx)?;
             return Ok(TaskPoll::Progress);
         }
         Ok(if progressed { TaskPoll::Progress } else { TaskPoll::Idle })
@@ -458,33 +523,7 @@ impl<T: Data> Task for InputTask<T> {
                         watermark = time.emitted;
                     }
                 }
-                let mut replay = Replay {
-                    records: Vec::new(),
-                    marks: std::collections::VecDeque::new(),
-                    fed: 0,
-                };
-                // Channel by channel, each in its order: one of the orders
-                // in which the task could have read them.
-                for i in 0..self.inputs.len() {
-                    let bytes = own
-                        .input_channels
-                        .iter()
-                        .find(|(c, _)| *c as usize == i)
-                        .map_or(&[][..], |(_, b)| b);
-                    let marks = own
-                        .input_channel_watermarks
-                        .iter()
-                        .find(|(c, _)| *c as usize == i)
-                        .map_or(&[][..], |(_, w)| w);
-                    let entries = decode_channel::<T>(bytes, marks)
-                        .map_err(|e| format!("checkpoint {}: input channel {i}: {e}", r.checkpoint))?;
-                    for e in entries {
-                        match e {
-                            Replayed::Record(record) => replay.records.push(record),
-                            Replayed::Watermark(wm) => replay.marks.push_back((replay.records.len(), i, wm)),
-                        }
-                    }
-                }
+                let replay = Replay::decode(own, self.inputs.len(), r.checkpoint)?;
                 if !replay.records.is_empty() || !replay.marks.is_empty() {
                     self.replay = Some(Box::new(replay));
                 }
@@ -513,4 +552,38 @@ struct Replay<T> {
     marks: std::collections::VecDeque<(usize, usize, i64)>,
     /// Records fed so far.
     fed: usize,
+}
+
+impl<T: Data> Replay<T> {
+    /// The channel state `own` recorded for `inputs` input channels, at
+    /// checkpoint `checkpoint`: channel by channel, each in its order (one
+    /// of the orders in which the task could have read them).
+    fn decode(own: &TaskState, inputs: usize, checkpoint: u64) -> Result<Self, BoxError> {
+        let mut replay = Replay {
+            records: Vec::new(),
+            marks: std::collections::VecDeque::new(),
+            fed: 0,
+        };
+        for i in 0..inputs {
+            let bytes = own
+                .input_channels
+                .iter()
+                .find(|(c, _)| *c as usize == i)
+                .map_or(&[][..], |(_, b)| b);
+            let marks = own
+                .input_channel_watermarks
+                .iter()
+                .find(|(c, _)| *c as usize == i)
+                .map_or(&[][..], |(_, w)| w);
+            let entries = decode_channel::<T>(bytes, marks)
+                .map_err(|e| format!("checkpoint {checkpoint}: input channel {i}: {e}"))?;
+            for e in entries {
+                match e {
+                    Replayed::Record(record) => replay.records.push(record),
+                    Replayed::Watermark(wm) => replay.marks.push_back((replay.records.len(), i, wm)),
+                }
+            }
+        }
+        Ok(replay)
+    }
 }
