@@ -252,6 +252,28 @@ impl Manifest {
     /// [`Manifest::decode`], the error with the byte it starts at.
     pub(crate) fn decode_located(bytes: &[u8], path: &Path) -> Result<Manifest, (u64, String)> {
         let p = path.display();
+        let (json_end, json) = Self::json_line(bytes, path)?;
+        Self::check_crc_line(bytes, json_end, json, path)?;
+        let mut m: Manifest =
+            serde_json::from_str(json).map_err(|e| (0, format!("{p}: manifest does not parse: {e}")))?;
+        if m.version == 0 || m.version > MANIFEST_VERSION {
+            return Err((
+                0,
+                format!(
+                    "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
+                    m.version
+                ),
+            ));
+        }
+        let inline_start = json_end + 16;
+        m.inline = bytes[inline_start..].to_vec();
+        m.check_inline_states(bytes, inline_start, path)?;
+        Ok(m)
+    }
+
+    /// The manifest's first line, the JSON, and where it ends.
+    fn json_line<'a>(bytes: &'a [u8], path: &Path) -> Result<(usize, &'a str), (u64, String)> {
+        let p = path.display();
         let json_end = bytes.iter().position(|&b| b == b'\n').ok_or_else(|| {
             (
                 bytes.len() as u64,
@@ -264,6 +286,12 @@ impl Manifest {
                 format!("{p}: not UTF-8 at byte {}", e.valid_up_to()),
             )
         })?;
+        Ok((json_end, json))
+    }
+
+    /// Checks the line after the JSON line, the JSON's CRC.
+    fn check_crc_line(bytes: &[u8], json_end: usize, json: &str, path: &Path) -> Result<(), (u64, String)> {
+        let p = path.display();
         // "crc32 " + 8 hex digits + "\n"
         let crc_line = bytes
             .get(json_end + 1..json_end + 16)
@@ -307,25 +335,20 @@ impl Manifest {
                 ),
             ));
         }
-        let mut m: Manifest =
-            serde_json::from_str(json).map_err(|e| (0, format!("{p}: manifest does not parse: {e}")))?;
-        if m.version == 0 || m.version > MANIFEST_VERSION {
-            return Err((
-                0,
-                format!(
-                    "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
-                    m.version
-                ),
-            ));
-        }
-        let inline_start = json_end + 16;
-        m.inline = bytes[inline_start..].to_vec();
+        Ok(())
+    }
+
+    /// Checks the inline task states (after the CRC line, from
+    /// `inline_start` in `bytes`): each one's CRC, and that they account for
+    /// every byte there.
+    fn check_inline_states(&self, bytes: &[u8], inline_start: usize, path: &Path) -> Result<(), (u64, String)> {
+        let p = path.display();
         let mut covered = 0u64;
-        for t in &m.tasks {
+        for t in &self.tasks {
             let Some(off) = t.inline_offset else { continue };
             let at = (inline_start as u64).saturating_add(off);
             let end = at.saturating_add(t.file.size);
-            let frame = t.inline_frame(&m.inline).ok_or_else(|| {
+            let frame = t.inline_frame(&self.inline).ok_or_else(|| {
                 (
                     at,
                     format!(
@@ -350,16 +373,16 @@ impl Manifest {
             }
             covered = covered.saturating_add(t.file.size);
         }
-        if covered != m.inline.len() as u64 {
+        if covered != self.inline.len() as u64 {
             return Err((
                 inline_start as u64,
                 format!(
                     "{p}: {} bytes after the CRC line (from byte {inline_start}), the inline states account for {covered}",
-                    m.inline.len()
+                    self.inline.len()
                 ),
             ));
         }
-        Ok(m)
+        Ok(())
     }
 
     /// Makes the manifest durable: the checkpoint is complete afterwards.
@@ -470,76 +493,82 @@ pub fn verify_files(root: &Path, manifest: &Manifest) -> Result<(), String> {
 
 /// [`verify_files`], telling damaged files from I/O errors.
 pub(crate) fn verify_files_located(root: &Path, manifest: &Manifest) -> Result<(), CheckFailed> {
+    for f in &manifest.files {
+        verify_file_located(&root.join(&f.path), manifest.id, f)?;
+    }
+    Ok(())
+}
+
+/// [`verify_files_located`] of one file, at `path`, as the manifest of
+/// checkpoint `id` records it (`f`).
+fn verify_file_located(path: &Path, id: u64, f: &FileRef) -> Result<(), CheckFailed> {
     let damaged = |path: &Path, at: u64, message: String| CheckFailed {
         message,
         damaged: Some((path.to_path_buf(), at)),
     };
     let io = |message: String| CheckFailed { message, damaged: None };
-    for f in &manifest.files {
-        let path = root.join(&f.path);
-        let file = vfs::File::open(&path).map_err(|e| {
-            let message = format!(
-                "checkpoint {}: file {} is missing or unreadable: {e}",
-                manifest.id,
-                path.display()
-            );
-            if e.kind() == std::io::ErrorKind::NotFound {
-                damaged(&path, 0, message)
-            } else {
-                io(message)
-            }
-        })?;
-        // The size first, from the file system: a size in the manifest is
-        // never trusted for an allocation, nor a file read past it.
-        let len = file
-            .metadata()
-            .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", manifest.id, path.display())))?
-            .len();
-        if len != f.size {
-            return Err(damaged(
-                &path,
-                len.min(f.size),
-                format!(
-                    "checkpoint {}: file {} has {len} bytes, the manifest says {} (truncated or extended at byte {})",
-                    manifest.id,
-                    path.display(),
-                    f.size,
-                    len.min(f.size)
-                ),
-            ));
+    let file = vfs::File::open(path).map_err(|e| {
+        let message = format!(
+            "checkpoint {}: file {} is missing or unreadable: {e}",
+            id,
+            path.display()
+        );
+        if e.kind() == std::io::ErrorKind::NotFound {
+            damaged(path, 0, message)
+        } else {
+            io(message)
         }
-        let mut bytes = Vec::with_capacity(len as usize);
-        file.take(len)
-            .read_to_end(&mut bytes)
-            .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", manifest.id, path.display())))?;
-        if bytes.len() as u64 != f.size {
-            return Err(damaged(
-                &path,
-                bytes.len() as u64,
-                format!(
-                    "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
-                    manifest.id,
-                    path.display(),
-                    bytes.len(),
-                    f.size,
-                    bytes.len()
-                ),
-            ));
-        }
-        let actual = crc32fast::hash(&bytes);
-        if actual != f.crc32 {
-            return Err(damaged(
-                &path,
-                0,
-                format!(
-                    "checkpoint {}: file {} (bytes 0..{}) CRC mismatch: expected {:08x}, actual {actual:08x}",
-                    manifest.id,
-                    path.display(),
-                    f.size,
-                    f.crc32
-                ),
-            ));
-        }
+    })?;
+    // The size first, from the file system: a size in the manifest is
+    // never trusted for an allocation, nor a file read past it.
+    let len = file
+        .metadata()
+        .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", id, path.display())))?
+        .len();
+    if len != f.size {
+        return Err(damaged(
+            path,
+            len.min(f.size),
+            format!(
+                "checkpoint {}: file {} has {len} bytes, the manifest says {} (truncated or extended at byte {})",
+                id,
+                path.display(),
+                f.size,
+                len.min(f.size)
+            ),
+        ));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    file.take(len)
+        .read_to_end(&mut bytes)
+        .map_err(|e| io(format!("checkpoint {}: reading {}: {e}", id, path.display())))?;
+    if bytes.len() as u64 != f.size {
+        return Err(damaged(
+            path,
+            bytes.len() as u64,
+            format!(
+                "checkpoint {}: file {} has {} bytes, the manifest says {} (truncated or extended at byte {})",
+                id,
+                path.display(),
+                bytes.len(),
+                f.size,
+                bytes.len()
+            ),
+        ));
+    }
+    let actual = crc32fast::hash(&bytes);
+    if actual != f.crc32 {
+        return Err(damaged(
+            path,
+            0,
+            format!(
+                "checkpoint {}: file {} (bytes 0..{}) CRC mismatch: expected {:08x}, actual {actual:08x}",
+                id,
+                path.display(),
+                f.size,
+                f.crc32
+            ),
+        ));
     }
     Ok(())
 }

@@ -173,72 +173,59 @@ impl StoreLifecycle {
         self.pending.push_back(id);
         let whole: usize = stores.iter().map(|s| s.full_snapshot_bytes()).sum();
         if whole <= snap.inline_max {
-            // Packing and checksumming 10,000 keys' pages takes the task
-            // a few hundred µs or more at every barrier, a stall of every
-            // record behind it: the task only copies them, and the pool
-            // packs the copies, also where the pool has no core of its own
-            // (packing on the task also costs it heap trims, `madvise`
-            // calls of up to milliseconds; docs/notebook/benchmarks-2026-12.md,
-            // "Inline snapshots packed on the pool without a spare core").
-            // Copied in steps after the barrier when the operator takes
-            // them (not at the final barrier, after which the task may take
-            // no more turns), whole now otherwise.
-            let slots: Vec<Arc<CopySlot>> = stores.iter_mut().map(|s| s.arena().begin_paced_copy(id)).collect();
-            if self.paced && !is_final {
-                self.copying = true;
-            } else {
-                for s in stores.iter_mut() {
-                    s.arena().complete_paced_copy();
-                }
-            }
-            snap.put_async(
-                op,
-                Box::new(move |_root| {
-                    let mut handles = Vec::with_capacity(slots.len());
-                    for slot in slots {
-                        let copy = slot.wait(PACED_COPY_WAIT).ok_or_else(|| {
-                            format!(
-                                "checkpoint {id}: operator {op}'s task did not finish copying its state \
-                                 within {PACED_COPY_WAIT:?} of the barrier (it stopped taking turns)"
-                            )
-                        })?;
-                        handles.push(copy.encode());
-                    }
-                    Ok(AsyncOutput {
-                        state: encode_handles(&handles),
-                        files: Vec::new(),
-                        // Counted with the task's operator states.
-                        state_bytes: 0,
-                        wrote_shared: false,
-                    })
-                }),
-            );
-            return;
+            self.snapshot_inline(stores, id, is_final, op, snap);
+        } else {
+            snapshot_to_files(stores, id, op, snap);
         }
-        let jobs: Vec<SnapshotJob> = stores.iter_mut().map(|s| s.snapshot(id)).collect();
+    }
+
+    /// The stores' snapshot of checkpoint `id`, small enough to go inline:
+    /// copied by the task, packed on the snapshot pool.
+    fn snapshot_inline(
+        &mut self,
+        stores: &mut [&mut dyn Snapshottable],
+        id: u64,
+        is_final: bool,
+        op: usize,
+        snap: &mut TaskSnapshot,
+    ) {
+        // Packing and checksumming 10,000 keys' pages takes the task
+        // a few hundred µs or more at every barrier, a stall of every
+        // record behind it: the task only copies them, and the pool
+        // packs the copies, also where the pool has no core of its own
+        // (packing on the task also costs it heap trims, `madvise`
+        // calls of up to milliseconds; docs/notebook/benchmarks-2026-12.md,
+        // "Inline snapshots packed on the pool without a spare core").
+        // Copied in steps after the barrier when the operator takes
+        // them (not at the final barrier, after which the task may take
+        // no more turns), whole now otherwise.
+        let slots: Vec<Arc<CopySlot>> = stores.iter_mut().map(|s| s.arena().begin_paced_copy(id)).collect();
+        if self.paced && !is_final {
+            self.copying = true;
+        } else {
+            for s in stores.iter_mut() {
+                s.arena().complete_paced_copy();
+            }
+        }
         snap.put_async(
             op,
-            Box::new(move |root| {
-                let mut handles = Vec::with_capacity(jobs.len());
-                let mut files = Vec::new();
-                let mut state_bytes = 0;
-                for job in jobs {
-                    // The coordinator fsyncs `shared/` once before the
-                    // manifest (`AsyncOutput::wrote_shared`).
-                    let h = job.write_deferring_dir_sync(root)?;
-                    files.extend(h.files.iter().map(|f| FileRef {
-                        path: f.path.clone(),
-                        size: f.size,
-                        crc32: f.crc32,
-                    }));
-                    state_bytes += h.state_bytes;
-                    handles.push(h);
+            Box::new(move |_root| {
+                let mut handles = Vec::with_capacity(slots.len());
+                for slot in slots {
+                    let copy = slot.wait(PACED_COPY_WAIT).ok_or_else(|| {
+                        format!(
+                            "checkpoint {id}: operator {op}'s task did not finish copying its state \
+                             within {PACED_COPY_WAIT:?} of the barrier (it stopped taking turns)"
+                        )
+                    })?;
+                    handles.push(copy.encode());
                 }
                 Ok(AsyncOutput {
                     state: encode_handles(&handles),
-                    files,
-                    state_bytes,
-                    wrote_shared: !handles.is_empty(),
+                    files: Vec::new(),
+                    // Counted with the task's operator states.
+                    state_bytes: 0,
+                    wrote_shared: false,
                 })
             }),
         );
@@ -298,6 +285,38 @@ impl StoreLifecycle {
         }
         Ok(per_store)
     }
+}
+
+/// The stores' snapshot of checkpoint `id`, frozen now and written
+/// (incrementally) to files by one asynchronous job.
+fn snapshot_to_files(stores: &mut [&mut dyn Snapshottable], id: u64, op: usize, snap: &mut TaskSnapshot) {
+    let jobs: Vec<SnapshotJob> = stores.iter_mut().map(|s| s.snapshot(id)).collect();
+    snap.put_async(
+        op,
+        Box::new(move |root| {
+            let mut handles = Vec::with_capacity(jobs.len());
+            let mut files = Vec::new();
+            let mut state_bytes = 0;
+            for job in jobs {
+                // The coordinator fsyncs `shared/` once before the
+                // manifest (`AsyncOutput::wrote_shared`).
+                let h = job.write_deferring_dir_sync(root)?;
+                files.extend(h.files.iter().map(|f| FileRef {
+                    path: f.path.clone(),
+                    size: f.size,
+                    crc32: f.crc32,
+                }));
+                state_bytes += h.state_bytes;
+                handles.push(h);
+            }
+            Ok(AsyncOutput {
+                state: encode_handles(&handles),
+                files,
+                state_bytes,
+                wrote_shared: !handles.is_empty(),
+            })
+        }),
+    );
 }
 
 /// Prefix of an operator's encoded state handles since handles may carry

@@ -29,7 +29,7 @@ use crate::checkpoint::recovery::{self, Restored};
 use crate::checkpoint::signals::{Event, Signals, TaskCheckpointing};
 use crate::checkpoint::spawner::SnapshotPool;
 use crate::checkpoint::storage::ManifestGroup;
-use crate::checkpoint::{CheckpointStats, RestartRecord, RestoreFrom};
+use crate::checkpoint::{CheckpointConfig, CheckpointStats, RestartRecord, RestoreFrom};
 use crate::clock;
 use crate::error::{Error, Result};
 use crate::runtime::collector::RestoreCtx;
@@ -112,6 +112,24 @@ impl Attempt {
 
     fn failed(&self) -> bool {
         self.failure.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// How the attempt ended, once its workers stopped, from how its
+    /// supervision ended: with the failure recorded, if there is one.
+    fn end(&self, end: AttemptEnd) -> AttemptEnd {
+        match end {
+            AttemptEnd::Failed(_) => {
+                let e = self.failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+                AttemptEnd::Failed(e.unwrap_or_else(|| Error::InvalidPipeline("unknown failure".into())))
+            }
+            other => {
+                if let Some(e) = self.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    AttemptEnd::Failed(e)
+                } else {
+                    other
+                }
+            }
+        }
     }
 }
 
@@ -258,9 +276,17 @@ struct Prepared {
     placed: Vec<Placed>,
     parkers: Vec<Arc<Parker>>,
     registry: Arc<MetricsRegistry>,
-    checkpointing: Option<(Arc<Signals>, Receiver<Event>, mpsc::Sender<Event>)>,
+    checkpointing: Option<Checkpointing>,
     infos: Vec<TaskInfo>,
 }
+
+/// The checkpointing of an attempt: the signals its tasks share with the
+/// coordinator, and the channel of the tasks' events to it.
+type Checkpointing = (Arc<Signals>, Receiver<Event>, mpsc::Sender<Event>);
+
+/// A built task before it is placed: its chain, subtask, counters and the
+/// chain's operator names.
+type Unplaced = (usize, usize, Box<dyn Task>, Arc<TaskCounters>, Arc<[String]>);
 
 /// The stable description of the job graph stored in manifests.
 fn graph_description(plan: &Plan) -> (Vec<ManifestGroup>, String) {
@@ -307,53 +333,14 @@ fn prepare(
     let mut ctx = BuildCtx::new(config.clone(), plan, parkers.clone());
     let state_root = ctx.state_root().to_path_buf();
     let ckpt = config.checkpointing.as_ref();
-    let checkpointing = ckpt.map(|c| {
-        let completed = restored.map_or(0, |r| r.manifest.id);
-        // Never reuse an id: folders of earlier runs may remain.
-        let highest = crate::checkpoint::storage::list_ids(&c.dir)
-            .ok()
-            .and_then(|ids| ids.last().copied())
-            .unwrap_or(0);
-        let timeout_ns = c.alignment_timeout.map_or(0, |d| d.as_nanos() as u64);
-        let (tx, rx) = mpsc::channel();
-        // Never reuse an id, not even one an earlier attempt of this run
-        // triggered and that left no folder: its late writes could land in
-        // a new checkpoint of the same id. Every task starts its barrier
-        // numbering here too (below), whatever it restored.
-        let first_id = (completed.max(highest) + 1).max(next_id);
-        (Arc::new(Signals::new(c.mode, timeout_ns, completed, first_id)), rx, tx)
-    });
+    let checkpointing = ckpt.map(|c| checkpoint_signals(c, restored, next_id));
     let mut built = Vec::new();
     for (g, group) in plan.groups.iter_mut().enumerate() {
         let tasks = (group.build)(&mut ctx)?;
         assert_eq!(tasks.len(), group.parallelism, "one task per subtask");
         built.push((g, tasks));
     }
-    let mut counters = Vec::new();
-    let mut placed = Vec::new();
-    let mut infos = Vec::new();
-    for (g, tasks) in built {
-        let group = &plan.groups[g];
-        let ops: Arc<[String]> = group.ops.clone().into();
-        let name = group.ops.join(" -> ");
-        for (i, task) in tasks.into_iter().enumerate() {
-            let c = Arc::new(TaskCounters::new(
-                name.clone(),
-                i,
-                group.parallelism,
-                group.input_rings,
-                config.ring_capacity as u64,
-            ));
-            counters.push(c.clone());
-            infos.push(TaskInfo {
-                group: g,
-                subtask: i,
-                name: name.clone(),
-                is_source: group.input_rings == 0,
-            });
-            placed.push((g, i, task, c, ops.clone()));
-        }
-    }
+    let (counters, placed, infos) = count_tasks(plan, built, config.ring_capacity as u64);
     let registry = Arc::new(MetricsRegistry::with_latency(counters, latency.clone()));
     let mut out = Vec::with_capacity(placed.len());
     for (k, (g, i, mut task, c, ops)) in placed.into_iter().enumerate() {
@@ -362,14 +349,7 @@ fn prepare(
         // Task `k` runs on worker `k mod workers` (see `spawn_workers`).
         ctx.parker = Some(Arc::clone(&parkers[k % parkers.len()]));
         if let (Some((signals, _, tx)), Some(root)) = (&checkpointing, root) {
-            if ckpt.is_some_and(|c| c.mode.is_exactly_once()) && !task.replayable() {
-                return Err(Error::InvalidPipeline(format!(
-                    "source '{}' is not replayable, so mode '{}' cannot be exactly-once: use a replayable \
-                     source, or the at-least-once mode or no checkpointing",
-                    group.ops[0],
-                    ckpt.map_or("", |c| c.mode.name())
-                )));
-            }
+            check_replayable(&*task, ckpt, &group.ops[0])?;
             ctx.ckpt = Some(TaskCheckpointing {
                 signals: signals.clone(),
                 events: tx.clone(),
@@ -381,26 +361,7 @@ fn prepare(
             });
         }
         if let Some(r) = restored {
-            let all = &r.states[g];
-            let own = all
-                .iter()
-                .find(|s| s.subtask as usize == i && s.parallelism as usize == group.parallelism);
-            let rc = RestoreCtx {
-                own,
-                all,
-                checkpoint: r.manifest.id,
-                key_groups: crate::state::key_groups::key_group_range(i, group.parallelism, plan.max_parallelism),
-                // Tasks with inputs and watermark generators set their own.
-                watermark: crate::watermark::MIN_WATERMARK,
-            };
-            task.restore(&rc, &mut ctx).map_err(|e| {
-                Error::Restore(format!(
-                    "checkpoint {}: operator '{}' subtask {i}: {e}",
-                    r.manifest.id,
-                    ctx.operator_name()
-                ))
-            })?;
-            ctx.notified = r.manifest.id;
+            restore_task(&mut *task, &mut ctx, r, g, group.parallelism, plan.max_parallelism)?;
         }
         if let Some((signals, _, _)) = &checkpointing {
             // Barrier ids follow the coordinator's numbering: the first
@@ -430,47 +391,104 @@ fn prepare(
     })
 }
 
+/// The signals and event channel of an attempt with checkpointing `c`,
+/// restored from `restored`; `next_id` is the lowest id the attempt may use.
+fn checkpoint_signals(c: &CheckpointConfig, restored: Option<&Restored>, next_id: u64) -> Checkpointing {
+    let completed = restored.map_or(0, |r| r.manifest.id);
+    // Never reuse an id: folders of earlier runs may remain.
+    let highest = crate::checkpoint::storage::list_ids(&c.dir)
+        .ok()
+        .and_then(|ids| ids.last().copied())
+        .unwrap_or(0);
+    let timeout_ns = c.alignment_timeout.map_or(0, |d| d.as_nanos() as u64);
+    let (tx, rx) = mpsc::channel();
+    // Never reuse an id, not even one an earlier attempt of this run
+    // triggered and that left no folder: its late writes could land in
+    // a new checkpoint of the same id. Every task starts its barrier
+    // numbering here too (`prepare`), whatever it restored.
+    let first_id = (completed.max(highest) + 1).max(next_id);
+    (Arc::new(Signals::new(c.mode, timeout_ns, completed, first_id)), rx, tx)
+}
+
+/// Gives every built task (per chain, in graph order) its counters and
+/// its identity for the coordinator: the job's counters, the tasks, and
+/// their identities, in the same order.
+fn count_tasks(
+    plan: &Plan,
+    built: Vec<(usize, Vec<Box<dyn Task>>)>,
+    ring_capacity: u64,
+) -> (Vec<Arc<TaskCounters>>, Vec<Unplaced>, Vec<TaskInfo>) {
+    let mut counters = Vec::new();
+    let mut placed = Vec::new();
+    let mut infos = Vec::new();
+    for (g, tasks) in built {
+        let group = &plan.groups[g];
+        let ops: Arc<[String]> = group.ops.clone().into();
+        let name = group.ops.join(" -> ");
+        for (i, task) in tasks.into_iter().enumerate() {
+            let c = Arc::new(TaskCounters::new(
+                name.clone(),
+                i,
+                group.parallelism,
+                group.input_rings,
+                ring_capacity,
+            ));
+            counters.push(c.clone());
+            infos.push(TaskInfo {
+                group: g,
+                subtask: i,
+                name: name.clone(),
+                is_source: group.input_rings == 0,
+            });
+            placed.push((g, i, task, c, ops.clone()));
+        }
+    }
+    (counters, placed, infos)
+}
+
+/// Restores the task of `ctx` (a subtask of chain `g`, at `parallelism`)
+/// from checkpoint `r`.
+fn restore_task(
+    task: &mut dyn Task,
+    ctx: &mut TaskContext,
+    r: &Restored,
+    g: usize,
+    parallelism: usize,
+    max_parallelism: usize,
+) -> Result<()> {
+    let i = ctx.subtask;
+    let all = &r.states[g];
+    let own = all
+        .iter()
+        .find(|s| s.subtask as usize == i && s.parallelism as usize == parallelism);
+    let rc = RestoreCtx {
+        own,
+        all,
+        checkpoint: r.manifest.id,
+        key_groups: crate::state::key_groups::key_group_range(i, parallelism, max_parallelism),
+        // Tasks with inputs and watermark generators set their own.
+        watermark: crate::watermark::MIN_WATERMARK,
+    };
+    task.restore(&rc, ctx).map_err(|e| {
+        Error::Restore(format!(
+            "checkpoint {}: operator '{}' subtask {i}: {e}",
+            r.manifest.id,
+            ctx.operator_name()
+        ))
+    })?;
+    ctx.notified = r.manifest.id;
+    Ok(())
+}
+
 /// Starts a job: builds and restores its first attempt here, then runs it
 /// on a job thread.
 pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> {
-    config.validate()?;
-    if let Some(c) = &config.checkpointing {
-        c.validate()?;
-        // Durably: a crash must not take back the folder, with every
-        // checkpoint in it, once sinks have committed what they hold.
-        crate::storage::disk::create_dir_all_durable(&c.dir).map_err(|e| {
-            Error::Checkpoint(format!(
-                "cannot create the checkpoint directory {}: {e}",
-                c.dir.display()
-            ))
-        })?;
-    }
-    config.restart.validate()?;
+    validate(&config)?;
     let (groups, fingerprint) = graph_description(&plan);
     let metrics_addr = config.metrics_addr;
-    let graph_info = crate::runtime::observe::GraphInfo {
-        job: plan.name.clone(),
-        chains: plan
-            .groups
-            .iter()
-            .map(|g| crate::runtime::observe::ChainInfo {
-                operators: g.ops.clone(),
-                parallelism: g.parallelism,
-                input_rings: g.input_rings,
-            })
-            .collect(),
-        edges: plan.edge_groups.clone(),
-        ring_capacity: config.ring_capacity,
-        checkpoint_mode: config.checkpointing.as_ref().map(|c| c.mode.name()),
-    };
-    let root = config.checkpointing.as_ref().map(|c| c.dir.clone());
+    let graph_info = graph_info(&plan, &config);
     let restored = match &config.checkpointing {
-        Some(c) => {
-            let r = recovery::find(&c.dir, c.restore, &fingerprint, plan.groups.len())?;
-            recovery::remove_incomplete(&c.dir);
-            recovery::remove_orphaned_shared_files(&c.dir)?;
-            r
-        }
+        Some(c) => restore_point(c, c.restore, &fingerprint, plan.groups.len())?,
         None => None,
     };
     let latency = LatencyPair::default();
@@ -481,42 +499,14 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     if let Some(r) = &restored {
         tracing::info!(job = %plan.name, checkpoint = r.manifest.id, "restoring from checkpoint");
     }
-    // The cores this job may use, read once here: threads pinned later
-    // (the job thread, to the helper cores) would see only theirs.
-    let cores = core_affinity::get_core_ids().unwrap_or_default();
-    let core_ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
-    // Weir's own threads go where the workers are not (`placement`).
-    let tasks: usize = plan.groups.iter().map(|g| g.parallelism).sum();
-    let helpers = placement::helper_cores(
-        &config.helpers,
-        worker_count(&config, tasks),
-        config.pin_workers,
-        &core_ids,
-    )?;
+    let (cores, helpers) = job_cores(&plan, &config)?;
     // Workers wake helper threads through it (`relay`).
     let relay = WakeRelay::start(helpers.clone()).map_err(|source| Error::SpawnHelper {
         what: "wake-up relay",
         source,
     })?;
     let pool = snapshot_pool(helpers.clone(), cores.len().max(1), &relay)?;
-    // The first attempt is built and restored on the caller's thread: the
-    // threads its sinks start there follow the helper cores too, and are
-    // woken through the relay.
-    let callers = (placement::current(), relay::current());
-    placement::set_current(helpers.clone());
-    relay::set_current(Some(relay.clone()));
-    let prepared = prepare(
-        &mut plan,
-        &config,
-        restored.as_ref(),
-        &latency,
-        root.as_deref(),
-        1,
-        &pool,
-    );
-    placement::set_current(callers.0);
-    relay::set_current(callers.1);
-    let prepared = prepared?;
+    let prepared = prepare_first(&mut plan, &config, restored.as_ref(), &latency, &pool, &helpers, &relay)?;
     let shared = Arc::new(JobShared {
         cancel: AtomicBool::new(false),
         finished: AtomicBool::new(false),
@@ -527,12 +517,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
     // Before the job thread starts: an address in use fails the job
     // before it has read or written anything.
     let observer = match metrics_addr {
-        Some(addr) => {
-            let sh = shared.clone();
-            let read: crate::runtime::observe::ReadJob =
-                Arc::new(move || (sh.metrics(), sh.finished.load(Ordering::Acquire)));
-            Some(crate::runtime::observe::Observer::start(addr, graph_info, read)?)
-        }
+        Some(addr) => Some(start_observer(addr, graph_info, &shared)?),
         None => None,
     };
     let name = plan.name.clone();
@@ -572,6 +557,121 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         thread: Some(thread),
         observer,
     })
+}
+
+/// The cores this job may use, and where weir's own threads go: where the
+/// workers are not (`placement`).
+fn job_cores(plan: &Plan, config: &RuntimeConfig) -> Result<(Vec<core_affinity::CoreId>, HelperCores)> {
+    // The cores this job may use, read once here: threads pinned later
+    // (the job thread, to the helper cores) would see only theirs.
+    let cores = core_affinity::get_core_ids().unwrap_or_default();
+    let core_ids: Vec<usize> = cores.iter().map(|c| c.id).collect();
+    let tasks: usize = plan.groups.iter().map(|g| g.parallelism).sum();
+    let helpers = placement::helper_cores(
+        &config.helpers,
+        worker_count(config, tasks),
+        config.pin_workers,
+        &core_ids,
+    )?;
+    Ok((cores, helpers))
+}
+
+/// Builds and restores the first attempt on the caller's thread: the
+/// threads its sinks start there follow the helper cores too, and are
+/// woken through the relay.
+fn prepare_first(
+    plan: &mut Plan,
+    config: &RuntimeConfig,
+    restored: Option<&Restored>,
+    latency: &LatencyPair,
+    pool: &Arc<SnapshotPool>,
+    helpers: &HelperCores,
+    relay: &Arc<WakeRelay>,
+) -> Result<Prepared> {
+    let root = config.checkpointing.as_ref().map(|c| c.dir.clone());
+    let callers = (placement::current(), relay::current());
+    placement::set_current(helpers.clone());
+    relay::set_current(Some(relay.clone()));
+    let prepared = prepare(plan, config, restored, latency, root.as_deref(), 1, pool);
+    placement::set_current(callers.0);
+    relay::set_current(callers.1);
+    prepared
+}
+
+/// Checks the configuration, and makes the checkpoint directory.
+fn validate(config: &RuntimeConfig) -> Result<()> {
+    config.validate()?;
+    if let Some(c) = &config.checkpointing {
+        c.validate()?;
+        // Durably: a crash must not take back the folder, with every
+        // checkpoint in it, once sinks have committed what they hold.
+        crate::storage::disk::create_dir_all_durable(&c.dir).map_err(|e| {
+            Error::Checkpoint(format!(
+                "cannot create the checkpoint directory {}: {e}",
+                c.dir.display()
+            ))
+        })?;
+    }
+    config.restart.validate()
+}
+
+/// The job graph as the metrics endpoint shows it.
+fn graph_info(plan: &Plan, config: &RuntimeConfig) -> crate::runtime::observe::GraphInfo {
+    crate::runtime::observe::GraphInfo {
+        job: plan.name.clone(),
+        chains: plan
+            .groups
+            .iter()
+            .map(|g| crate::runtime::observe::ChainInfo {
+                operators: g.ops.clone(),
+                parallelism: g.parallelism,
+                input_rings: g.input_rings,
+            })
+            .collect(),
+        edges: plan.edge_groups.clone(),
+        ring_capacity: config.ring_capacity,
+        checkpoint_mode: config.checkpointing.as_ref().map(|c| c.mode.name()),
+    }
+}
+
+/// The checkpoint of `c.dir` to restore from (`from`, for a job graph of
+/// `fingerprint` with `chains` chains), if any; then what an earlier run
+/// left incomplete or orphaned there is removed.
+fn restore_point(
+    c: &CheckpointConfig,
+    from: RestoreFrom,
+    fingerprint: &str,
+    chains: usize,
+) -> Result<Option<Restored>> {
+    let r = recovery::find(&c.dir, from, fingerprint, chains)?;
+    recovery::remove_incomplete(&c.dir);
+    recovery::remove_orphaned_shared_files(&c.dir)?;
+    Ok(r)
+}
+
+/// Starts the metrics endpoint on `addr`, reading the job's metrics.
+fn start_observer(
+    addr: std::net::SocketAddr,
+    graph_info: crate::runtime::observe::GraphInfo,
+    shared: &Arc<JobShared>,
+) -> Result<crate::runtime::observe::Observer> {
+    let sh = shared.clone();
+    let read: crate::runtime::observe::ReadJob = Arc::new(move || (sh.metrics(), sh.finished.load(Ordering::Acquire)));
+    crate::runtime::observe::Observer::start(addr, graph_info, read)
+}
+
+/// Fails the job at its start if a source that cannot replay is to be
+/// checkpointed exactly once.
+fn check_replayable(task: &dyn Task, ckpt: Option<&CheckpointConfig>, source: &str) -> Result<()> {
+    if ckpt.is_some_and(|c| c.mode.is_exactly_once()) && !task.replayable() {
+        return Err(Error::InvalidPipeline(format!(
+            "source '{}' is not replayable, so mode '{}' cannot be exactly-once: use a replayable \
+             source, or the at-least-once mode or no checkpointing",
+            source,
+            ckpt.map_or("", |c| c.mode.name())
+        )));
+    }
+    Ok(())
 }
 
 /// The job thread's state.
@@ -629,9 +729,7 @@ impl JobRun {
                         RestoreFrom::LatestValid => RestoreFrom::LatestValid,
                         _ => RestoreFrom::Latest,
                     };
-                    let r = recovery::find(&c.dir, from, &self.fingerprint, self.plan.groups.len())?;
-                    recovery::remove_incomplete(&c.dir);
-                    recovery::remove_orphaned_shared_files(&c.dir)?;
+                    let r = restore_point(c, from, &self.fingerprint, self.plan.groups.len())?;
                     self.retained = recovery::completed_ids(&c.dir)?.into_iter().collect();
                     r
                 }
@@ -695,23 +793,7 @@ impl JobRun {
             workers: Mutex::new(Vec::new()),
             job_thread: thread::current(),
         });
-        let mut coordinator = match (&prepared.checkpointing, &self.config.checkpointing) {
-            (Some((signals, _, _)), Some(cfg)) => Some(Coordinator::new(
-                cfg.clone(),
-                signals.clone(),
-                self.plan.name.clone(),
-                self.fingerprint.clone(),
-                self.groups.clone(),
-                prepared.infos.clone(),
-                signals.first_id,
-                self.retained.clone(),
-                self.shared.stats.clone(),
-            )),
-            _ => None,
-        };
-        if let Some(c) = &mut coordinator {
-            c.set_relay(self.relay.clone());
-        }
+        let mut coordinator = self.coordinator(&prepared);
         let (events, _keep_sender) = match prepared.checkpointing {
             Some((_, rx, tx)) => (Some(rx), Some(tx)),
             None => (None, None),
@@ -729,7 +811,55 @@ impl JobRun {
             Ok(t) => t,
             Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
         };
-        let end = loop {
+        let end = self.supervise(&attempt, coordinator.as_mut(), events.as_ref());
+        for t in threads {
+            if t.join().is_err() {
+                attempt.fail(Error::InvalidPipeline(
+                    "a worker thread panicked outside any task".into(),
+                ));
+            }
+        }
+        let finished_at = Instant::now();
+        // The workers dropped their tasks (and stores) before exiting.
+        let _ = std::fs::remove_dir_all(&state_root);
+        let end = attempt.end(end);
+        if let Some(c) = &mut coordinator {
+            self.end_checkpointing(c, events.as_ref(), matches!(end, AttemptEnd::Cancelled));
+        }
+        (end, finished_at)
+    }
+
+    /// The coordinator of an attempt with checkpointing.
+    fn coordinator(&self, prepared: &Prepared) -> Option<Coordinator> {
+        let mut coordinator = match (&prepared.checkpointing, &self.config.checkpointing) {
+            (Some((signals, _, _)), Some(cfg)) => Some(Coordinator::new(
+                cfg.clone(),
+                signals.clone(),
+                self.plan.name.clone(),
+                self.fingerprint.clone(),
+                self.groups.clone(),
+                prepared.infos.clone(),
+                signals.first_id,
+                self.retained.clone(),
+                self.shared.stats.clone(),
+            )),
+            _ => None,
+        };
+        if let Some(c) = &mut coordinator {
+            c.set_relay(self.relay.clone());
+        }
+        coordinator
+    }
+
+    /// Watches an attempt while its workers run, and coordinates its
+    /// checkpoints, until it is cancelled, fails or finishes.
+    fn supervise(
+        &self,
+        attempt: &Attempt,
+        mut coordinator: Option<&mut Coordinator>,
+        events: Option<&Receiver<Event>>,
+    ) -> AttemptEnd {
+        loop {
             if self.shared.cancel.load(Ordering::Acquire) {
                 attempt.stop_all();
                 break AttemptEnd::Cancelled;
@@ -740,7 +870,7 @@ impl JobRun {
             if attempt.running.load(Ordering::Acquire) == 0 {
                 break AttemptEnd::Finished;
             }
-            match (&mut coordinator, &events) {
+            match (&mut coordinator, events) {
                 (Some(c), Some(rx)) => {
                     match rx.recv_timeout(c.next_wakeup()) {
                         Ok(ev) => {
@@ -764,52 +894,31 @@ impl JobRun {
                 }
                 _ => thread::park_timeout(Duration::from_millis(10)),
             }
-        };
-        for t in threads {
-            if t.join().is_err() {
-                attempt.fail(Error::InvalidPipeline(
-                    "a worker thread panicked outside any task".into(),
-                ));
+        }
+    }
+
+    /// The end of an attempt's checkpointing, once its workers stopped:
+    /// what is pending is aborted, and what the next attempt needs kept.
+    fn end_checkpointing(&mut self, c: &mut Coordinator, events: Option<&Receiver<Event>>, cancelled: bool) {
+        // Task snapshots still being written would create their
+        // checkpoint's folder again after `shutdown` deleted it, under
+        // an id the next attempt (or job) reuses: let them end first.
+        if !c.wait_snapshot_jobs(SNAPSHOT_DRAIN_LIMIT) {
+            tracing::warn!(
+                job = %self.plan.name,
+                limit = ?SNAPSHOT_DRAIN_LIMIT,
+                "task snapshots still being written at the end of the attempt; going on without them"
+            );
+        }
+        // Acks of the final checkpoint may still be queued.
+        if let Some(rx) = events {
+            while let Ok(ev) = rx.try_recv() {
+                let _ = c.handle(ev);
             }
         }
-        let finished_at = Instant::now();
-        // The workers dropped their tasks (and stores) before exiting.
-        let _ = std::fs::remove_dir_all(&state_root);
-        let end = match end {
-            AttemptEnd::Failed(_) => {
-                let e = attempt.failure.lock().unwrap_or_else(|p| p.into_inner()).take();
-                AttemptEnd::Failed(e.unwrap_or_else(|| Error::InvalidPipeline("unknown failure".into())))
-            }
-            other => {
-                if let Some(e) = attempt.failure.lock().unwrap_or_else(|p| p.into_inner()).take() {
-                    AttemptEnd::Failed(e)
-                } else {
-                    other
-                }
-            }
-        };
-        if let Some(c) = &mut coordinator {
-            // Task snapshots still being written would create their
-            // checkpoint's folder again after `shutdown` deleted it, under
-            // an id the next attempt (or job) reuses: let them end first.
-            if !c.wait_snapshot_jobs(SNAPSHOT_DRAIN_LIMIT) {
-                tracing::warn!(
-                    job = %self.plan.name,
-                    limit = ?SNAPSHOT_DRAIN_LIMIT,
-                    "task snapshots still being written at the end of the attempt; going on without them"
-                );
-            }
-            // Acks of the final checkpoint may still be queued.
-            if let Some(rx) = &events {
-                while let Ok(ev) = rx.try_recv() {
-                    let _ = c.handle(ev);
-                }
-            }
-            c.shutdown(matches!(end, AttemptEnd::Cancelled));
-            self.retained = c.retained();
-            self.next_id = c.next_id();
-        }
-        (end, finished_at)
+        c.shutdown(cancelled);
+        self.retained = c.retained();
+        self.next_id = c.next_id();
     }
 }
 
@@ -925,6 +1034,27 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
     }
 }
 
+/// A worker's back-off after a round of turns: none after progress; after
+/// a round without, the idle strategy's steps (`Idler::idle`), then one
+/// more round as the last look (`parking`), then a park.
+#[inline]
+fn back_off(progressed: bool, parking: &mut bool, idler: &mut Idler, parker: &Parker) {
+    if progressed {
+        idler.reset();
+        if *parking {
+            parker.awake();
+            *parking = false;
+        }
+    } else if *parking {
+        thread::park_timeout(idler.park_timeout());
+        parker.awake();
+        *parking = false;
+    } else if idler.idle() {
+        parker.prepare_park();
+        *parking = true;
+    }
+}
+
 fn worker_main(
     mut tasks: Vec<Placed>,
     core: Option<core_affinity::CoreId>,
@@ -986,20 +1116,7 @@ fn worker_main(
             }
             i += 1;
         }
-        if progressed {
-            idler.reset();
-            if parking {
-                parker.awake();
-                parking = false;
-            }
-        } else if parking {
-            thread::park_timeout(idler.park_timeout());
-            parker.awake();
-            parking = false;
-        } else if idler.idle() {
-            parker.prepare_park();
-            parking = true;
-        }
+        back_off(progressed, &mut parking, &mut idler, parker);
     }
     // Keep what sinks recorded, even when the job is stopping.
     for t in &mut tasks {

@@ -422,34 +422,78 @@ pub(crate) fn verify_inline(image: Vec<u8>, checkpoint: u64, layout: &SlotLayout
 
 /// Verifies the bytes of `file`; see [`read_verified`].
 fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayout) -> Result<Verified> {
-    let corrupt = |page: Option<usize>, expected: u32, actual: u32, what: String| Error::Corrupt {
+    let check = FileCheck {
         checkpoint,
-        file: file.path.clone(),
-        page: page.map(|p| p as u64),
-        expected,
-        actual,
-        what,
+        file,
+        len: bytes.len(),
     };
-    let len = bytes.len();
-    let sizes = || format!("file is {len} bytes, the checkpoint recorded {}", file.size);
+    let (complete, body_end) = check_header(&bytes, &check, layout)?;
+    // Walk the record headers (sequential: lengths chain), then check the
+    // records' CRCs in parallel.
+    let (records, parse_error) = walk_records(&bytes, body_end, &check, layout);
+    check_records(&bytes, &records, &check, layout)?;
+    if let Some(e) = parse_error {
+        return Err(e);
+    }
+    if !complete {
+        let what = format!("truncated: {}", check.sizes());
+        return Err(check.corrupt(Some(records.len()), file.crc32, crc(&bytes), what));
+    }
+    check_trailer(&bytes, body_end, records.len(), &check)?;
+    let epoch = u32_at(&bytes, 32);
+    Ok(Verified { bytes, records, epoch })
+}
+
+/// The state file being verified, for its errors.
+struct FileCheck<'a> {
+    checkpoint: u64,
+    file: &'a StateFile,
+    /// Its length as read.
+    len: usize,
+}
+
+impl FileCheck<'_> {
+    /// A corruption of the file, at page record `page` if known.
+    fn corrupt(&self, page: Option<usize>, expected: u32, actual: u32, what: String) -> Error {
+        Error::Corrupt {
+            checkpoint: self.checkpoint,
+            file: self.file.path.clone(),
+            page: page.map(|p| p as u64),
+            expected,
+            actual,
+            what,
+        }
+    }
+
+    /// The file's length against the one the checkpoint recorded.
+    fn sizes(&self) -> String {
+        format!("file is {} bytes, the checkpoint recorded {}", self.len, self.file.size)
+    }
+}
+
+/// Checks the file header against `layout` and the file's length against
+/// the recorded one. Returns whether the file is complete (of the recorded
+/// length) and where its page records end.
+fn check_header(bytes: &[u8], check: &FileCheck, layout: &SlotLayout) -> Result<(bool, usize)> {
+    let (checkpoint, file, len) = (check.checkpoint, check.file, check.len);
     if len < HEADER_LEN {
-        return Err(corrupt(
+        return Err(check.corrupt(
             None,
             file.crc32,
-            crc(&bytes),
-            format!("truncated header: {}", sizes()),
+            crc(bytes),
+            format!("truncated header: {}", check.sizes()),
         ));
     }
-    let (stored, actual) = (u32_at(&bytes, 44), crc(&bytes[..44]));
+    let (stored, actual) = (u32_at(bytes, 44), crc(&bytes[..44]));
     if stored != actual {
-        return Err(corrupt(None, stored, actual, "file header checksum".into()));
+        return Err(check.corrupt(None, stored, actual, "file header checksum".into()));
     }
     let header_ok = &bytes[0..8] == MAGIC
-        && u32_at(&bytes, 8) == VERSION
-        && u32_at(&bytes, 12) >> 8 == kind_code(layout.kind)
-        && u32_at(&bytes, 16) == layout.page_size
-        && u32_at(&bytes, 20) == layout.slot_size
-        && u32_at(&bytes, 40) == layout.key_bytes
+        && u32_at(bytes, 8) == VERSION
+        && u32_at(bytes, 12) >> 8 == kind_code(layout.kind)
+        && u32_at(bytes, 16) == layout.page_size
+        && u32_at(bytes, 20) == layout.slot_size
+        && u32_at(bytes, 40) == layout.key_bytes
         && u64::from_le_bytes(bytes[24..32].try_into().expect("8 bytes")) <= checkpoint;
     if !header_ok {
         return Err(Error::State {
@@ -458,20 +502,20 @@ fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayo
         });
     }
     if len as u64 > file.size {
-        return Err(corrupt(
+        return Err(check.corrupt(
             None,
             file.crc32,
-            crc(&bytes),
-            format!("file too long: {}", sizes()),
+            crc(bytes),
+            format!("file too long: {}", check.sizes()),
         ));
     }
     let complete = len as u64 == file.size;
     if complete && len < HEADER_LEN + TRAILER_LEN {
-        return Err(corrupt(
+        return Err(check.corrupt(
             None,
             file.crc32,
-            crc(&bytes),
-            format!("no room for a trailer: {}", sizes()),
+            crc(bytes),
+            format!("no room for a trailer: {}", check.sizes()),
         ));
     }
     let body_end = if complete {
@@ -479,9 +523,13 @@ fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayo
     } else {
         len
     };
+    Ok((complete, body_end))
+}
 
-    // Walk the record headers (sequential: lengths chain), then check the
-    // records' CRCs in parallel.
+/// The page records up to `body_end`, by their headers (lengths chain, so
+/// in order), and the error that stopped the walk early, if any.
+fn walk_records(bytes: &[u8], body_end: usize, check: &FileCheck, layout: &SlotLayout) -> (Vec<Record>, Option<Error>) {
+    let file = check.file;
     let slot = layout.slot_size as usize;
     let spp = layout.slots_per_page() as u32;
     let mut records = Vec::new();
@@ -490,17 +538,17 @@ fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayo
     while at < body_end {
         let i = records.len();
         if at + RECORD_HEADER_LEN > body_end {
-            let what = format!("page record header cut off: {}", sizes());
-            parse_error = Some(corrupt(Some(i), file.crc32, crc(&bytes), what));
+            let what = format!("page record header cut off: {}", check.sizes());
+            parse_error = Some(check.corrupt(Some(i), file.crc32, crc(bytes), what));
             break;
         }
         let (page, kg, k, count) = (
-            u32_at(&bytes, at),
-            u32_at(&bytes, at + 4),
-            u32_at(&bytes, at + 8),
-            u32_at(&bytes, at + 12),
+            u32_at(bytes, at),
+            u32_at(bytes, at + 4),
+            u32_at(bytes, at + 8),
+            u32_at(bytes, at + 12),
         );
-        let stored = u32_at(&bytes, at + 16);
+        let stored = u32_at(bytes, at + 16);
         let kind = match (k, count) {
             (0, c) if c == layout.page_size => Some(RecordKind::Full),
             (1, n) if n >= 1 && n <= spp => Some(RecordKind::Delta(n)),
@@ -509,7 +557,7 @@ fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayo
         };
         let Some(kind) = kind else {
             let what = "page record header invalid (kind or length)".to_string();
-            parse_error = Some(corrupt(Some(i), stored, crc(&bytes[at..at + 16]), what));
+            parse_error = Some(check.corrupt(Some(i), stored, crc(&bytes[at..at + 16]), what));
             break;
         };
         let rec = Record {
@@ -524,66 +572,63 @@ fn verify(bytes: FileBytes, checkpoint: u64, file: &StateFile, layout: &SlotLayo
             RecordKind::Packed(n) => at + RECORD_HEADER_LEN + n as usize,
         };
         if end > body_end {
-            let what = format!("page record cut off: {}", sizes());
-            parse_error = Some(corrupt(Some(i), stored, crc(&bytes[at..body_end]), what));
+            let what = format!("page record cut off: {}", check.sizes());
+            parse_error = Some(check.corrupt(Some(i), stored, crc(&bytes[at..body_end]), what));
             break;
         }
         records.push(rec);
         at = end;
     }
+    (records, parse_error)
+}
+
+/// Checks every page record's CRC, in parallel; the error names the first
+/// bad one.
+fn check_records(bytes: &[u8], records: &[Record], check: &FileCheck, layout: &SlotLayout) -> Result<()> {
     let bad = records.par_iter().enumerate().find_first(|(_, r)| {
-        let end = r.start + RECORD_HEADER_LEN + r.payload(&bytes, layout).len();
-        record_crc(&bytes[r.start..end]) != u32_at(&bytes, r.start + 16)
+        let end = r.start + RECORD_HEADER_LEN + r.payload(bytes, layout).len();
+        record_crc(&bytes[r.start..end]) != u32_at(bytes, r.start + 16)
     });
     if let Some((i, r)) = bad {
-        let end = r.start + RECORD_HEADER_LEN + r.payload(&bytes, layout).len();
-        let (stored, actual) = (u32_at(&bytes, r.start + 16), record_crc(&bytes[r.start..end]));
+        let end = r.start + RECORD_HEADER_LEN + r.payload(bytes, layout).len();
+        let (stored, actual) = (u32_at(bytes, r.start + 16), record_crc(&bytes[r.start..end]));
         let what = format!(
             "page checksum (page {} of key group {} at byte {})",
             r.page, r.kg, r.start
         );
-        return Err(corrupt(Some(i), stored, actual, what));
+        return Err(check.corrupt(Some(i), stored, actual, what));
     }
-    if let Some(e) = parse_error {
-        return Err(e);
-    }
-    if !complete {
-        let what = format!("truncated: {}", sizes());
-        return Err(corrupt(Some(records.len()), file.crc32, crc(&bytes), what));
-    }
+    Ok(())
+}
 
-    // Trailer, then the whole file against the checkpoint's record of it.
+/// Checks the trailer at `body_end` (its CRC, the body's CRC, the count of
+/// `records`), then the whole file against the checkpoint's record of it.
+fn check_trailer(bytes: &[u8], body_end: usize, records: usize, check: &FileCheck) -> Result<()> {
     let t = &bytes[body_end..];
     let (stored, actual) = (u32_at(t, 20), crc(&t[..20]));
     if t.len() != TRAILER_LEN || stored != actual {
-        return Err(corrupt(None, stored, actual, "file trailer checksum".into()));
+        return Err(check.corrupt(None, stored, actual, "file trailer checksum".into()));
     }
     let body = par_crc(&bytes[..body_end]);
     let (stored, actual) = (u32_at(t, 16), body.clone().finalize());
     if &t[0..8] != TRAILER_MAGIC || stored != actual {
-        return Err(corrupt(
-            None,
-            stored,
-            actual,
-            "checksum of the file body (trailer)".into(),
-        ));
+        return Err(check.corrupt(None, stored, actual, "checksum of the file body (trailer)".into()));
     }
     let count = u64::from_le_bytes(t[8..16].try_into().expect("8 bytes"));
-    if count != records.len() as u64 {
-        let what = format!("trailer counts {count} page records, the file has {}", records.len());
-        return Err(corrupt(None, stored, actual, what));
+    if count != records as u64 {
+        let what = format!("trailer counts {count} page records, the file has {records}");
+        return Err(check.corrupt(None, stored, actual, what));
     }
     let mut whole = body;
     whole.update(t);
     let actual = whole.finalize();
-    if actual != file.crc32 {
-        return Err(corrupt(
+    if actual != check.file.crc32 {
+        return Err(check.corrupt(
             None,
-            file.crc32,
+            check.file.crc32,
             actual,
             "whole-file checksum recorded by the checkpoint".into(),
         ));
     }
-    let epoch = u32_at(&bytes, 32);
-    Ok(Verified { bytes, records, epoch })
+    Ok(())
 }

@@ -15,7 +15,7 @@ use std::path::Path;
 use rayon::prelude::*;
 use rustc_hash::FxHashMap;
 
-use super::arena::{Arena, MAX_FILE_EPOCH, PAGE_MAGIC, PAGE_TRAILER};
+use super::arena::{Arena, PageWriter, MAX_FILE_EPOCH, PAGE_MAGIC, PAGE_TRAILER};
 use super::format::{self, RecordKind};
 use super::handle::{SlotLayout, StateHandle};
 use super::options::StoreOptions;
@@ -139,13 +139,27 @@ impl Arena {
         verified: &format::Verified,
         page_map: &mut FxHashMap<u32, usize>,
     ) -> Result<()> {
-        let layout = self.layout;
+        let (runs, deltas) = self.place_records(h, file, verified, page_map)?;
+        let writer = self.page_writer();
+        write_runs(&writer, &self.layout, file, verified, &runs)?;
+        apply_deltas(&writer, &self.layout, file, verified, &deltas)
+    }
+
+    /// Finds each record's page in this arena (a new one for a page not
+    /// seen before), skipping key groups this store does not own; returns
+    /// the full and packed pages in runs, and the deltas.
+    fn place_records(
+        &mut self,
+        h: &StateHandle,
+        file: &str,
+        verified: &format::Verified,
+        page_map: &mut FxHashMap<u32, usize>,
+    ) -> Result<(Runs, Deltas)> {
         let want = self.opts.key_groups.clone();
-        let bytes = &verified.bytes[..];
         // Targets, and runs of full pages bound for consecutive new pages
         // of one segment (written with one positioned write each).
-        let mut runs: Vec<(usize, Vec<usize>)> = Vec::new();
-        let mut deltas: Vec<(usize, usize, bool)> = Vec::new();
+        let mut runs: Runs = Vec::new();
+        let mut deltas: Deltas = Vec::new();
         for (i, r) in verified.records.iter().enumerate() {
             let kg = r.kg as usize;
             if !h.key_groups.contains(&kg) {
@@ -182,59 +196,92 @@ impl Arena {
                 RecordKind::Delta(_) => deltas.push((i, target, fresh)),
             }
         }
-        let writer = self.page_writer();
-        let ps = layout.page_size as usize;
-        runs.par_iter().try_for_each(|(first, recs)| {
-            let mut buf = Vec::with_capacity(recs.len() * ps);
-            for &i in recs {
-                let r = &verified.records[i];
-                let payload = r.payload(bytes, &layout);
-                let image = if let RecordKind::Packed(_) = r.kind {
-                    let at = buf.len();
-                    buf.resize(at + ps, 0);
-                    unpack(payload, &mut buf[at..]).map_err(|e| {
-                        refuse(format!(
-                            "file {file}: packed page {} of key group {}: {e}",
-                            r.page, r.kg
-                        ))
-                    })?;
-                    at
-                } else {
-                    buf.extend_from_slice(payload);
-                    buf.len() - ps
-                };
-                check_trailer(file, r, &buf[image + ps - PAGE_TRAILER..image + ps])?;
-            }
-            writer.write_pages(*first, &buf)
-        })?;
-        let spp = layout.slots_per_page();
-        let slot = layout.slot_size as usize;
-        deltas.par_iter().try_for_each(|&(i, target, fresh)| {
-            let r = &verified.records[i];
-            // SAFETY: `target` was allocated for this record alone (a file
-            // holds each page once), so no other thread writes it; it spans
-            // page_size mapped bytes.
-            let dst = unsafe { writer.page_ptr(target) };
-            if fresh {
-                // A page first seen in an increment: give it its trailer.
-                // SAFETY: the trailer's first 8 bytes lie inside the page.
-                unsafe {
-                    let t = dst.add(ps - PAGE_TRAILER);
-                    t.cast::<u32>().write(r.kg);
-                    t.add(4).cast::<u32>().write(PAGE_MAGIC);
-                }
-            }
-            for entry in r.payload(bytes, &layout).chunks_exact(4 + slot) {
-                let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
-                if i >= spp {
-                    return Err(refuse(format!("file {}: page {} has slot {i} of {spp}", file, r.page)));
-                }
-                // SAFETY: slot i < slots_per_page lies inside the page.
-                unsafe { std::ptr::copy_nonoverlapping(entry[4..].as_ptr(), dst.add(i * slot), slot) };
-            }
-            Ok(())
-        })
+        Ok((runs, deltas))
     }
+}
+
+/// Runs of full (or packed) page records bound for consecutive new pages of
+/// one segment: the first target page, and the records.
+type Runs = Vec<(usize, Vec<usize>)>;
+
+/// Delta records: the record, its target page, and whether that page is
+/// new here.
+type Deltas = Vec<(usize, usize, bool)>;
+
+/// Writes the full and packed pages of `runs`, each run with one positioned
+/// write, runs in parallel.
+fn write_runs(
+    writer: &PageWriter<'_>,
+    layout: &SlotLayout,
+    file: &str,
+    verified: &format::Verified,
+    runs: &Runs,
+) -> Result<()> {
+    let bytes = &verified.bytes[..];
+    let ps = layout.page_size as usize;
+    runs.par_iter().try_for_each(|(first, recs)| {
+        let mut buf = Vec::with_capacity(recs.len() * ps);
+        for &i in recs {
+            let r = &verified.records[i];
+            let payload = r.payload(bytes, layout);
+            let image = if let RecordKind::Packed(_) = r.kind {
+                let at = buf.len();
+                buf.resize(at + ps, 0);
+                unpack(payload, &mut buf[at..]).map_err(|e| {
+                    refuse(format!(
+                        "file {file}: packed page {} of key group {}: {e}",
+                        r.page, r.kg
+                    ))
+                })?;
+                at
+            } else {
+                buf.extend_from_slice(payload);
+                buf.len() - ps
+            };
+            check_trailer(file, r, &buf[image + ps - PAGE_TRAILER..image + ps])?;
+        }
+        writer.write_pages(*first, &buf)
+    })
+}
+
+/// Applies the delta records: each changed slot copied into its page, in
+/// parallel (a file holds each page once).
+fn apply_deltas(
+    writer: &PageWriter<'_>,
+    layout: &SlotLayout,
+    file: &str,
+    verified: &format::Verified,
+    deltas: &Deltas,
+) -> Result<()> {
+    let bytes = &verified.bytes[..];
+    let ps = layout.page_size as usize;
+    let spp = layout.slots_per_page();
+    let slot = layout.slot_size as usize;
+    deltas.par_iter().try_for_each(|&(i, target, fresh)| {
+        let r = &verified.records[i];
+        // SAFETY: `target` was allocated for this record alone (a file
+        // holds each page once), so no other thread writes it; it spans
+        // page_size mapped bytes.
+        let dst = unsafe { writer.page_ptr(target) };
+        if fresh {
+            // A page first seen in an increment: give it its trailer.
+            // SAFETY: the trailer's first 8 bytes lie inside the page.
+            unsafe {
+                let t = dst.add(ps - PAGE_TRAILER);
+                t.cast::<u32>().write(r.kg);
+                t.add(4).cast::<u32>().write(PAGE_MAGIC);
+            }
+        }
+        for entry in r.payload(bytes, layout).chunks_exact(4 + slot) {
+            let i = u32::from_le_bytes(entry[0..4].try_into().expect("4 bytes")) as usize;
+            if i >= spp {
+                return Err(refuse(format!("file {}: page {} has slot {i} of {spp}", file, r.page)));
+            }
+            // SAFETY: slot i < slots_per_page lies inside the page.
+            unsafe { std::ptr::copy_nonoverlapping(entry[4..].as_ptr(), dst.add(i * slot), slot) };
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -295,41 +295,13 @@ impl SnapshotJob {
             writer.defer_dir_sync();
         }
         // What to capture, in file order, in units of about CHUNK_PAGES pages.
-        let mut offsets: Vec<u64> = Vec::new();
-        let mut groups: Vec<(usize, usize, usize)> = Vec::new();
         let by_slots = !self.shared.full && self.lists.iter().all(|c| c.slots.is_some());
-        if by_slots {
-            offsets = self
-                .lists
-                .iter()
-                .flat_map(|c| c.slots.as_deref().unwrap_or_default())
-                .copied()
-                .collect();
-            offsets.par_sort_unstable();
-            offsets.dedup();
-            let shift = self.shared.page_size.trailing_zeros();
-            for (i, &off) in offsets.iter().enumerate() {
-                let page = (off >> shift) as usize;
-                match groups.last_mut() {
-                    Some(g) if g.0 == page => g.2 = i + 1,
-                    _ => groups.push((page, i, i + 1)),
-                }
-            }
-        }
-        let units: Vec<Unit<'_>> = if self.shared.full {
-            (0..self.n_pages)
-                .step_by(CHUNK_PAGES)
-                .map(|s| Unit::Range(s, (s + CHUNK_PAGES).min(self.n_pages)))
-                .collect()
-        } else if by_slots {
-            groups.chunks(CHUNK_PAGES).map(Unit::Slots).collect()
+        let (offsets, groups) = if by_slots {
+            self.changed_slots()
         } else {
-            self.lists
-                .iter()
-                .flat_map(|c| c.pages.chunks(CHUNK_PAGES))
-                .map(Unit::Pages)
-                .collect()
+            (Vec::new(), Vec::new())
         };
+        let units = self.units(by_slots, &groups);
         // Capture a wave of units in parallel, write it, reuse its buffers:
         // memory stays bounded by the wave, whatever the state's size.
         let mut pool: Vec<Chunk> = (0..WAVE_UNITS.min(units.len())).map(|_| Chunk::default()).collect();
@@ -367,6 +339,49 @@ impl SnapshotJob {
             full: self.shared.full,
             inline: None,
         })
+    }
+
+    /// The offsets of the changed slots, sorted once each, and their pages
+    /// in order: `(page, start, end)` into the offsets.
+    fn changed_slots(&self) -> (Vec<u64>, Vec<(usize, usize, usize)>) {
+        let mut offsets: Vec<u64> = self
+            .lists
+            .iter()
+            .flat_map(|c| c.slots.as_deref().unwrap_or_default())
+            .copied()
+            .collect();
+        offsets.par_sort_unstable();
+        offsets.dedup();
+        let mut groups: Vec<(usize, usize, usize)> = Vec::new();
+        let shift = self.shared.page_size.trailing_zeros();
+        for (i, &off) in offsets.iter().enumerate() {
+            let page = (off >> shift) as usize;
+            match groups.last_mut() {
+                Some(g) if g.0 == page => g.2 = i + 1,
+                _ => groups.push((page, i, i + 1)),
+            }
+        }
+        (offsets, groups)
+    }
+
+    /// The units of capture work, in file order: ranges of pages for a full
+    /// snapshot, else the changed slots' `groups` (`by_slots`) or the dirty
+    /// pages.
+    fn units<'a>(&'a self, by_slots: bool, groups: &'a [(usize, usize, usize)]) -> Vec<Unit<'a>> {
+        if self.shared.full {
+            (0..self.n_pages)
+                .step_by(CHUNK_PAGES)
+                .map(|s| Unit::Range(s, (s + CHUNK_PAGES).min(self.n_pages)))
+                .collect()
+        } else if by_slots {
+            groups.chunks(CHUNK_PAGES).map(Unit::Slots).collect()
+        } else {
+            self.lists
+                .iter()
+                .flat_map(|c| c.pages.chunks(CHUNK_PAGES))
+                .map(Unit::Pages)
+                .collect()
+        }
     }
 
     /// Captures `(page, changed slot offsets if known)` pairs into `chunk`.

@@ -1017,20 +1017,27 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
         let layout = Self::layout(opts.page_size)?;
         let arena = Arena::restore(opts, layout, checkpoint_root, handles)?;
         let mut store = Self::with_arena(arena);
-        let bad = |message: String| Error::State {
-            context: "restoring value state".into(),
-            message,
-        };
+        let found = store.newest_pages()?;
+        store.take_tables(found)?;
+        store.count_keys()?;
+        Ok(store)
+    }
+
+    /// The pages of each key group's newest table generation, as
+    /// (position in the table, page); older pages are released.
+    fn newest_pages(&mut self) -> Result<Vec<Vec<(u32, u32)>>> {
         // Newest generation per key group; older pages are garbage.
-        let start = store.arena.opts.key_groups.start;
-        let mut found: Vec<Vec<(u32, u32)>> = vec![Vec::new(); store.tables.len()];
-        for page in 0..store.arena.pages() {
-            let (kg, gen, pos) = store.arena.page_trailer(page);
+        let start = self.arena.opts.key_groups.start;
+        let mut found: Vec<Vec<(u32, u32)>> = vec![Vec::new(); self.tables.len()];
+        for page in 0..self.arena.pages() {
+            let (kg, gen, pos) = self.arena.page_trailer(page);
             let ti = kg.wrapping_sub(start);
             if ti >= found.len() || gen == 0 {
-                return Err(bad(format!("page {page} has key group {kg} and generation {gen}")));
+                return Err(restore_error(format!(
+                    "page {page} has key group {kg} and generation {gen}"
+                )));
             }
-            let t = &mut store.tables[ti];
+            let t = &mut self.tables[ti];
             if gen > t.gen {
                 t.gen = gen;
                 found[ti].clear();
@@ -1038,32 +1045,46 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
             if gen == t.gen {
                 found[ti].push((pos, page as u32));
             } else {
-                store.arena.release_page(page);
+                self.arena.release_page(page);
             }
         }
+        Ok(found)
+    }
+
+    /// Takes each key group's table from its pages, `found` by
+    /// [`Self::newest_pages`]: an error unless they make a whole table.
+    fn take_tables(&mut self, found: Vec<Vec<(u32, u32)>>) -> Result<()> {
+        let start = self.arena.opts.key_groups.start;
         for (ti, mut pages) in found.into_iter().enumerate() {
             pages.sort_unstable();
             let n = pages.len();
             let complete = pages.iter().enumerate().all(|(i, &(pos, _))| pos as usize == i);
             if n > 0 && !(n.is_power_of_two() && complete) {
-                return Err(bad(format!(
+                return Err(restore_error(format!(
                     "key group {} has an incomplete table of {n} pages",
                     start + ti
                 )));
             }
-            let t = &mut store.tables[ti];
+            let t = &mut self.tables[ti];
             t.pages = pages.into_iter().map(|(_, page)| page).collect();
             t.ptrs = t
                 .pages
                 .iter()
-                .map(|&p| (SegPtr(store.arena.page_ptr(p as usize)), p))
+                .map(|&p| (SegPtr(self.arena.page_ptr(p as usize)), p))
                 .collect();
-            store.index_table(ti);
+            self.index_table(ti);
         }
+        Ok(())
+    }
+
+    /// Counts the keys of every table, in parallel, checking that each
+    /// belongs to its table's key group.
+    fn count_keys(&mut self) -> Result<()> {
+        let start = self.arena.opts.key_groups.start;
         // Count and check every key, in parallel.
-        let maxp = store.arena.opts.max_parallelism;
-        let (arena, spp) = (&store.arena, store.slots_per_page);
-        let counts: Vec<usize> = store
+        let maxp = self.arena.opts.max_parallelism;
+        let (arena, spp) = (&self.arena, self.slots_per_page);
+        let counts: Vec<usize> = self
             .tables
             .par_iter()
             .enumerate()
@@ -1078,7 +1099,7 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                         match K::read_slot(arena.key_area(off)) {
                             Some(key) if key_group(stable_hash(&key), maxp) == start + ti => count += 1,
                             _ => {
-                                return Err(bad(format!(
+                                return Err(restore_error(format!(
                                     "a slot of key group {} holds no valid key of this store's key type",
                                     start + ti
                                 )))
@@ -1089,16 +1110,24 @@ impl<K: StateKey, V: StateValue> ValueStore<K, V> {
                 Ok(count)
             })
             .collect::<Result<_>>()?;
-        for (t, count) in store.tables.iter_mut().zip(counts) {
+        for (t, count) in self.tables.iter_mut().zip(counts) {
             t.count = count;
-            store.len += count;
+            self.len += count;
         }
-        Ok(store)
+        Ok(())
     }
 
     #[cfg(test)]
     pub(crate) fn arena(&self) -> &Arena {
         &self.arena
+    }
+}
+
+/// An error restoring value state.
+fn restore_error(message: String) -> Error {
+    Error::State {
+        context: "restoring value state".into(),
+        message,
     }
 }
 

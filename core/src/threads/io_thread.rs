@@ -196,6 +196,15 @@ impl Shared {
         }
     }
 
+    /// Records that the thread failed, and `why`: the sink reports it.
+    fn fail(&self, why: String) {
+        let why: Arc<str> = Arc::from(why);
+        self.update(|p| {
+            p.failed = Some(why);
+            self.failed.store(true, Ordering::Release);
+        });
+    }
+
     /// Waits until `ticket` completed; the failure otherwise. `limit`
     /// bounds the wait (None: until the thread completes or stops).
     fn wait_for(&self, name: &str, ticket: Ticket, limit: Option<Duration>) -> Result<(), BoxError> {
@@ -282,93 +291,7 @@ impl<H: IoHandler> IoThread<H> {
         let relay = crate::threads::relay::current();
         let thread = std::thread::Builder::new().name(name.to_string()).spawn(move || {
             crate::threads::placement::enter(helpers);
-            park.register();
-            let mut ticket = 0u64;
-            // Napped since the last request: the next empty look parks.
-            let mut napped = true;
-            loop {
-                if s.stop.load(Ordering::Acquire) {
-                    break;
-                }
-                let request = match req_rx.pop() {
-                    Ok(r) => r,
-                    // The sink's side is gone: nothing more will come.
-                    Err(_) if req_rx.is_abandoned() && req_rx.is_empty() => break,
-                    Err(_) => {
-                        let nap = s.nap_ns.load(Ordering::Relaxed);
-                        if !napped && nap > 0 {
-                            napped = true;
-                            // Not flagged as parked: a submit now rings no
-                            // one, and the request is found after the nap.
-                            // A leftover unpark (a ring that raced with an
-                            // earlier park) returns early: nap again. Drop
-                            // sets `stop` and unparks: that ends it.
-                            let until = s.submitted_ns.load(Ordering::Relaxed).saturating_add(nap);
-                            // (Tests count the naps a request cut short.)
-                            #[cfg(test)]
-                            let mut slept = false;
-                            loop {
-                                let now = crate::clock::now_ns();
-                                if now >= until || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire) {
-                                    break;
-                                }
-                                if !req_rx.is_empty() {
-                                    #[cfg(test)]
-                                    s.naps_cut.fetch_add(u64::from(slept), Ordering::Relaxed);
-                                    break;
-                                }
-                                #[cfg(test)]
-                                s.nap_sleeps.fetch_add(1, Ordering::Relaxed);
-                                std::thread::park_timeout(Duration::from_nanos(until - now));
-                                #[cfg(test)]
-                                {
-                                    slept = true;
-                                }
-                            }
-                            continue;
-                        }
-                        #[cfg(test)]
-                        s.parks.fetch_add(1, Ordering::Relaxed);
-                        park.park_unless(|| {
-                            !req_rx.is_empty() || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire)
-                        });
-                        continue;
-                    }
-                };
-                ticket += 1;
-                napped = false;
-                match catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
-                    Ok(Ok(reply)) => {
-                        // Never blocks: at most `capacity` replies are
-                        // unreceived (the other side's invariant).
-                        if rep_tx.send(reply).is_err() {
-                            break;
-                        }
-                        s.update(|p| p.done = ticket);
-                    }
-                    Ok(Err(e)) => {
-                        let why: Arc<str> = Arc::from(format!("request {ticket} failed: {e}"));
-                        s.update(|p| {
-                            p.failed = Some(why);
-                            s.failed.store(true, Ordering::Release);
-                        });
-                        break;
-                    }
-                    Err(panic) => {
-                        let msg = panic
-                            .downcast_ref::<&str>()
-                            .map(|s| s.to_string())
-                            .or_else(|| panic.downcast_ref::<String>().cloned())
-                            .unwrap_or_else(|| "a panic".into());
-                        let why: Arc<str> = Arc::from(format!("request {ticket} panicked: {msg}"));
-                        s.update(|p| {
-                            p.failed = Some(why);
-                            s.failed.store(true, Ordering::Release);
-                        });
-                        break;
-                    }
-                }
-            }
+            serve(&mut handler, &mut req_rx, &rep_tx, &s, &park);
             s.update(|p| p.exited = true);
         })?;
         Ok(IoThread {
@@ -540,6 +463,100 @@ impl<H: IoHandler> Drop for IoThread<H> {
         while self.replies.try_recv().is_ok() {}
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+    }
+}
+
+/// An I/O thread's loop: hands each request to `handler` in order and
+/// sends its reply back, until the thread is stopped, the sink's side is
+/// gone, or a request fails; out of requests, it naps or parks.
+fn serve<H: IoHandler>(
+    handler: &mut H,
+    req_rx: &mut rtrb::Consumer<H::Request>,
+    rep_tx: &mpsc::SyncSender<H::Reply>,
+    s: &Shared,
+    park: &Parker,
+) {
+    park.register();
+    let mut ticket = 0u64;
+    // Napped since the last request: the next empty look parks.
+    let mut napped = true;
+    loop {
+        if s.stop.load(Ordering::Acquire) {
+            break;
+        }
+        let request = match req_rx.pop() {
+            Ok(r) => r,
+            // The sink's side is gone: nothing more will come.
+            Err(_) if req_rx.is_abandoned() && req_rx.is_empty() => break,
+            Err(_) => {
+                let nap = s.nap_ns.load(Ordering::Relaxed);
+                if !napped && nap > 0 {
+                    napped = true;
+                    // Not flagged as parked: a submit now rings no
+                    // one, and the request is found after the nap.
+                    // A leftover unpark (a ring that raced with an
+                    // earlier park) returns early: nap again. Drop
+                    // sets `stop` and unparks: that ends it.
+                    nap_until(s, req_rx, s.submitted_ns.load(Ordering::Relaxed).saturating_add(nap));
+                    continue;
+                }
+                #[cfg(test)]
+                s.parks.fetch_add(1, Ordering::Relaxed);
+                park.park_unless(|| !req_rx.is_empty() || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire));
+                continue;
+            }
+        };
+        ticket += 1;
+        napped = false;
+        match catch_unwind(AssertUnwindSafe(|| handler.handle(request))) {
+            Ok(Ok(reply)) => {
+                // Never blocks: at most `capacity` replies are
+                // unreceived (the other side's invariant).
+                if rep_tx.send(reply).is_err() {
+                    break;
+                }
+                s.update(|p| p.done = ticket);
+            }
+            Ok(Err(e)) => {
+                s.fail(format!("request {ticket} failed: {e}"));
+                break;
+            }
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into());
+                s.fail(format!("request {ticket} panicked: {msg}"));
+                break;
+            }
+        }
+    }
+}
+
+/// Naps until `until` (clock ns): ends early when a request comes, the
+/// sink's side is gone or the thread is stopped.
+fn nap_until<R>(s: &Shared, req_rx: &rtrb::Consumer<R>, until: u64) {
+    // (Tests count the naps a request cut short.)
+    #[cfg(test)]
+    let mut slept = false;
+    loop {
+        let now = crate::clock::now_ns();
+        if now >= until || req_rx.is_abandoned() || s.stop.load(Ordering::Acquire) {
+            break;
+        }
+        if !req_rx.is_empty() {
+            #[cfg(test)]
+            s.naps_cut.fetch_add(u64::from(slept), Ordering::Relaxed);
+            break;
+        }
+        #[cfg(test)]
+        s.nap_sleeps.fetch_add(1, Ordering::Relaxed);
+        std::thread::park_timeout(Duration::from_nanos(until - now));
+        #[cfg(test)]
+        {
+            slept = true;
         }
     }
 }

@@ -262,76 +262,17 @@ impl Registry {
         head(o, "weir_uptime_seconds", "gauge", "Seconds since the endpoint started.");
         let uptime = now_ns.saturating_sub(self.started_ns) as f64 / 1e9;
         let _ = writeln!(o, "weir_uptime_seconds{{job=\"{job}\"}} {uptime}");
+        task_counters(o, &job, m);
+        self.task_rates(o, &job, m);
+        self.channels(o, &job, m);
+        checkpoint_counters(o, &job, m);
+        self.checkpoint_histograms(o, &job);
+        latency_histograms(o, &job, m);
+        out
+    }
 
-        type TaskField = (&'static str, &'static str, &'static str, fn(&crate::TaskMetrics) -> f64);
-        let task_fields: [TaskField; 10] = [
-            (
-                "weir_task_records_in_total",
-                "counter",
-                "Records that entered the task (emitted, for a source).",
-                |t| t.records_in as f64,
-            ),
-            (
-                "weir_task_records_out_total",
-                "counter",
-                "Records that left the task (written, for a sink).",
-                |t| t.records_out as f64,
-            ),
-            (
-                "weir_task_bytes_in_total",
-                "counter",
-                "In-memory bytes of the records that entered the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
-                |t| t.bytes_in as f64,
-            ),
-            (
-                "weir_task_bytes_out_total",
-                "counter",
-                "In-memory bytes of the records that left the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
-                |t| t.bytes_out as f64,
-            ),
-            (
-                "weir_task_busy_seconds_total",
-                "counter",
-                "Time the task did work.",
-                |t| t.busy_ns as f64 / 1e9,
-            ),
-            (
-                "weir_task_backpressured_seconds_total",
-                "counter",
-                "Time the task waited for room in its output.",
-                |t| t.backpressured_ns as f64 / 1e9,
-            ),
-            (
-                "weir_task_idle_seconds_total",
-                "counter",
-                "Time the task had no input or waited for its worker.",
-                |t| t.idle_ns as f64 / 1e9,
-            ),
-            (
-                "weir_task_input_queued",
-                "gauge",
-                "Messages queued in the task's input rings.",
-                |t| t.input_queued as f64,
-            ),
-            (
-                "weir_task_input_capacity",
-                "gauge",
-                "Slots of the task's input rings.",
-                |t| t.input_capacity as f64,
-            ),
-            (
-                "weir_task_input_occupancy",
-                "gauge",
-                "Fraction of the task's input ring slots in use (near 1: the task is the bottleneck).",
-                |t| t.input_occupancy(),
-            ),
-        ];
-        for (name, kind, help, get) in task_fields {
-            head(o, name, kind, help);
-            for t in &m.tasks {
-                let _ = writeln!(o, "{name}{{{}}} {}", task_labels(&job, t), get(t));
-            }
-        }
+    /// Each task's rates over the last sample period.
+    fn task_rates(&self, o: &mut String, job: &str, m: &JobMetrics) {
         type RateField = (&'static str, &'static str, fn(&TaskRates) -> f64);
         let rate_fields: [RateField; 5] = [
             ("weir_task_busy_time_ms_per_second", "Busy milliseconds per second over the last sample period (Flink's busyTimeMsPerSecond).", |r| r.busy_ms_per_s),
@@ -343,9 +284,13 @@ impl Registry {
         for (name, help, get) in rate_fields {
             head(o, name, "gauge", help);
             for (t, r) in m.tasks.iter().zip(&self.rates) {
-                let _ = writeln!(o, "{name}{{{}}} {}", task_labels(&job, t), get(r));
+                let _ = writeln!(o, "{name}{{{}}} {}", task_labels(job, t), get(r));
             }
         }
+    }
+
+    /// Each input ring's queue, the rings' capacity, the sources' backlog.
+    fn channels(&self, o: &mut String, job: &str, m: &JobMetrics) {
         head(
             o,
             "weir_channel_queued",
@@ -354,7 +299,7 @@ impl Registry {
         );
         for t in &m.tasks {
             for (i, q) in t.channel_queued.iter().enumerate() {
-                let _ = writeln!(o, "weir_channel_queued{{{},input=\"{i}\"}} {q}", task_labels(&job, t));
+                let _ = writeln!(o, "weir_channel_queued{{{},input=\"{i}\"}} {q}", task_labels(job, t));
             }
         }
         head(
@@ -367,59 +312,13 @@ impl Registry {
         head(o, "weir_source_backlog", "gauge", "What a source has left to read, where it knows (files: bytes; Kafka: records behind the partitions' end; in-memory sources: records).");
         for t in &m.tasks {
             if let Some(b) = t.backlog {
-                let _ = writeln!(o, "weir_source_backlog{{{}}} {b}", task_labels(&job, t));
+                let _ = writeln!(o, "weir_source_backlog{{{}}} {b}", task_labels(job, t));
             }
         }
+    }
 
-        let c = &m.checkpoints;
-        let job_counters: [(&str, &str, &str, f64); 7] = [
-            (
-                "weir_job_restarts_total",
-                "counter",
-                "Restarts of the job after a task failure.",
-                c.restarts.len() as f64,
-            ),
-            (
-                "weir_checkpoints_completed_total",
-                "counter",
-                "Checkpoints completed.",
-                c.completed as f64,
-            ),
-            (
-                "weir_checkpoints_failed_total",
-                "counter",
-                "Checkpoints aborted (failed, declined or timed out).",
-                c.failed as f64,
-            ),
-            (
-                "weir_checkpoints_subsumed_total",
-                "counter",
-                "Checkpoints given up because a newer one completed first.",
-                c.subsumed as f64,
-            ),
-            (
-                "weir_checkpoints_in_progress",
-                "gauge",
-                "Checkpoints triggered and not yet completed or aborted.",
-                c.in_progress as f64,
-            ),
-            (
-                "weir_checkpoint_latest_completed_id",
-                "gauge",
-                "Id of the latest completed checkpoint (0: none).",
-                c.latest_completed().unwrap_or(0) as f64,
-            ),
-            (
-                "weir_corruptions_detected_total",
-                "counter",
-                "Bytes on disk that failed their check and that this process went on without (each logged at warn with file and offset); a start after a crash may count a torn last write of the WAL.",
-                crate::storage::corruption::detected() as f64,
-            ),
-        ];
-        for (name, kind, help, v) in job_counters {
-            head(o, name, kind, help);
-            let _ = writeln!(o, "{name}{{job=\"{job}\"}} {v}");
-        }
+    /// The histograms of completed checkpoints.
+    fn checkpoint_histograms(&self, o: &mut String, job: &str) {
         let histos = [
             (
                 "weir_checkpoint_duration_seconds",
@@ -444,35 +343,42 @@ impl Registry {
         ];
         for (name, help, b) in histos {
             head(o, name, "histogram", help);
-            write_buckets(o, name, &job, b);
+            write_buckets(o, name, job, b);
         }
-        let latencies = [
-            (
-                "weir_processing_latency_seconds",
-                "End-to-end latency, source emission to sink.",
-                &m.latency_ns,
-            ),
-            (
-                "weir_visibility_latency_seconds",
-                "Latency until a record is visible in the sink's target (committed).",
-                &m.visible_latency_ns,
-            ),
-        ];
-        for (name, help, h) in latencies {
-            head(o, name, "histogram", help);
-            let mut b = Buckets::new(&LATENCY_BUCKETS);
-            for (bound, count) in b.bounds.iter().zip(&mut b.counts) {
-                *count = h.count_between(0, (bound * 1e9) as u64);
-            }
-            b.count = h.len();
-            b.sum = h.mean() * h.len() as f64 / 1e9;
-            write_buckets(o, name, &job, &b);
-        }
-        out
     }
 
     /// The JSON of `/api/job`: the graph, tasks, checkpoints and series.
     pub(crate) fn json(&self, m: &JobMetrics, finished: bool, now_ns: u64) -> Value {
+        let c = &m.checkpoints;
+        let restarts: Vec<Value> = c
+            .restarts
+            .iter()
+            .map(|r| json!({"attempt": r.attempt, "error": r.error, "restored_from": r.restored_from}))
+            .collect();
+        let series: Vec<Value> = self
+            .series
+            .iter()
+            .map(|p| {
+                json!({"t": p.t, "source_records_per_s": p.source_records_per_s,
+                       "sink_records_per_s": p.sink_records_per_s, "latency_p50_us": p.latency_p50_us,
+                       "latency_p99_us": p.latency_p99_us, "visible_p99_us": p.visible_p99_us})
+            })
+            .collect();
+        json!({
+            "job": self.graph.job,
+            "running": !finished,
+            "uptime_s": now_ns.saturating_sub(self.started_ns) as f64 / 1e9,
+            "graph": self.graph_json(),
+            "tasks": self.tasks_json(m),
+            "checkpoints": self.checkpoints_json(c),
+            "restarts": restarts,
+            "latency": {"processing": summary(&m.latency_ns), "visible": summary(&m.visible_latency_ns)},
+            "series": series,
+        })
+    }
+
+    /// The job graph: its chains and the edges between them.
+    fn graph_json(&self) -> Value {
         let chains: Vec<Value> = self
             .graph
             .chains
@@ -494,8 +400,12 @@ impl Registry {
             .iter()
             .map(|&(from, to)| json!({"from": from, "to": to}))
             .collect();
-        let tasks: Vec<Value> = m
-            .tasks
+        json!({"chains": chains, "edges": edges, "ring_capacity": self.graph.ring_capacity})
+    }
+
+    /// Each task's counters and rates.
+    fn tasks_json(&self, m: &JobMetrics) -> Vec<Value> {
+        m.tasks
             .iter()
             .enumerate()
             .map(|(k, t)| {
@@ -523,8 +433,11 @@ impl Registry {
                     "backlog": t.backlog,
                 })
             })
-            .collect();
-        let c = &m.checkpoints;
+            .collect()
+    }
+
+    /// The checkpoints' counts, and the latest completed and failed ones.
+    fn checkpoints_json(&self, c: &CheckpointStats) -> Value {
         let skip = c.history.len().saturating_sub(API_CHECKPOINTS);
         let history: Vec<Value> = c
             .history
@@ -560,41 +473,169 @@ impl Registry {
                        "duration_us": f.duration_us, "reason": f.reason})
             })
             .collect();
-        let restarts: Vec<Value> = c
-            .restarts
-            .iter()
-            .map(|r| json!({"attempt": r.attempt, "error": r.error, "restored_from": r.restored_from}))
-            .collect();
-        let series: Vec<Value> = self
-            .series
-            .iter()
-            .map(|p| {
-                json!({"t": p.t, "source_records_per_s": p.source_records_per_s,
-                       "sink_records_per_s": p.sink_records_per_s, "latency_p50_us": p.latency_p50_us,
-                       "latency_p99_us": p.latency_p99_us, "visible_p99_us": p.visible_p99_us})
-            })
-            .collect();
         json!({
-            "job": self.graph.job,
-            "running": !finished,
-            "uptime_s": now_ns.saturating_sub(self.started_ns) as f64 / 1e9,
-            "graph": {"chains": chains, "edges": edges, "ring_capacity": self.graph.ring_capacity},
-            "tasks": tasks,
-            "checkpoints": {
-                "mode": self.graph.checkpoint_mode,
-                "completed": c.completed,
-                "failed": c.failed,
-                "subsumed": c.subsumed,
-                "in_progress": c.in_progress,
-                "latest_completed": c.latest_completed(),
-                "restored_from": c.restored_from,
-                "history": history,
-                "failures": failures,
-            },
-            "restarts": restarts,
-            "latency": {"processing": summary(&m.latency_ns), "visible": summary(&m.visible_latency_ns)},
-            "series": series,
+            "mode": self.graph.checkpoint_mode,
+            "completed": c.completed,
+            "failed": c.failed,
+            "subsumed": c.subsumed,
+            "in_progress": c.in_progress,
+            "latest_completed": c.latest_completed(),
+            "restored_from": c.restored_from,
+            "history": history,
+            "failures": failures,
         })
+    }
+}
+
+/// Each task's counters and input gauges.
+fn task_counters(o: &mut String, job: &str, m: &JobMetrics) {
+    type TaskField = (&'static str, &'static str, &'static str, fn(&crate::TaskMetrics) -> f64);
+    let task_fields: [TaskField; 10] = [
+        (
+            "weir_task_records_in_total",
+            "counter",
+            "Records that entered the task (emitted, for a source).",
+            |t| t.records_in as f64,
+        ),
+        (
+            "weir_task_records_out_total",
+            "counter",
+            "Records that left the task (written, for a sink).",
+            |t| t.records_out as f64,
+        ),
+        (
+            "weir_task_bytes_in_total",
+            "counter",
+            "In-memory bytes of the records that entered the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
+            |t| t.bytes_in as f64,
+        ),
+        (
+            "weir_task_bytes_out_total",
+            "counter",
+            "In-memory bytes of the records that left the task: records times the size of their type (inline size, no heap data; nothing is serialized).",
+            |t| t.bytes_out as f64,
+        ),
+        (
+            "weir_task_busy_seconds_total",
+            "counter",
+            "Time the task did work.",
+            |t| t.busy_ns as f64 / 1e9,
+        ),
+        (
+            "weir_task_backpressured_seconds_total",
+            "counter",
+            "Time the task waited for room in its output.",
+            |t| t.backpressured_ns as f64 / 1e9,
+        ),
+        (
+            "weir_task_idle_seconds_total",
+            "counter",
+            "Time the task had no input or waited for its worker.",
+            |t| t.idle_ns as f64 / 1e9,
+        ),
+        (
+            "weir_task_input_queued",
+            "gauge",
+            "Messages queued in the task's input rings.",
+            |t| t.input_queued as f64,
+        ),
+        (
+            "weir_task_input_capacity",
+            "gauge",
+            "Slots of the task's input rings.",
+            |t| t.input_capacity as f64,
+        ),
+        (
+            "weir_task_input_occupancy",
+            "gauge",
+            "Fraction of the task's input ring slots in use (near 1: the task is the bottleneck).",
+            |t| t.input_occupancy(),
+        ),
+    ];
+    for (name, kind, help, get) in task_fields {
+        head(o, name, kind, help);
+        for t in &m.tasks {
+            let _ = writeln!(o, "{name}{{{}}} {}", task_labels(job, t), get(t));
+        }
+    }
+}
+
+/// The job's restarts and its checkpoints' counts.
+fn checkpoint_counters(o: &mut String, job: &str, m: &JobMetrics) {
+    let c = &m.checkpoints;
+    let job_counters: [(&str, &str, &str, f64); 7] = [
+        (
+            "weir_job_restarts_total",
+            "counter",
+            "Restarts of the job after a task failure.",
+            c.restarts.len() as f64,
+        ),
+        (
+            "weir_checkpoints_completed_total",
+            "counter",
+            "Checkpoints completed.",
+            c.completed as f64,
+        ),
+        (
+            "weir_checkpoints_failed_total",
+            "counter",
+            "Checkpoints aborted (failed, declined or timed out).",
+            c.failed as f64,
+        ),
+        (
+            "weir_checkpoints_subsumed_total",
+            "counter",
+            "Checkpoints given up because a newer one completed first.",
+            c.subsumed as f64,
+        ),
+        (
+            "weir_checkpoints_in_progress",
+            "gauge",
+            "Checkpoints triggered and not yet completed or aborted.",
+            c.in_progress as f64,
+        ),
+        (
+            "weir_checkpoint_latest_completed_id",
+            "gauge",
+            "Id of the latest completed checkpoint (0: none).",
+            c.latest_completed().unwrap_or(0) as f64,
+        ),
+        (
+            "weir_corruptions_detected_total",
+            "counter",
+            "Bytes on disk that failed their check and that this process went on without (each logged at warn with file and offset); a start after a crash may count a torn last write of the WAL.",
+            crate::storage::corruption::detected() as f64,
+        ),
+    ];
+    for (name, kind, help, v) in job_counters {
+        head(o, name, kind, help);
+        let _ = writeln!(o, "{name}{{job=\"{job}\"}} {v}");
+    }
+}
+
+/// The end-to-end latency histograms.
+fn latency_histograms(o: &mut String, job: &str, m: &JobMetrics) {
+    let latencies = [
+        (
+            "weir_processing_latency_seconds",
+            "End-to-end latency, source emission to sink.",
+            &m.latency_ns,
+        ),
+        (
+            "weir_visibility_latency_seconds",
+            "Latency until a record is visible in the sink's target (committed).",
+            &m.visible_latency_ns,
+        ),
+    ];
+    for (name, help, h) in latencies {
+        head(o, name, "histogram", help);
+        let mut b = Buckets::new(&LATENCY_BUCKETS);
+        for (bound, count) in b.bounds.iter().zip(&mut b.counts) {
+            *count = h.count_between(0, (bound * 1e9) as u64);
+        }
+        b.count = h.len();
+        b.sum = h.mean() * h.len() as f64 / 1e9;
+        write_buckets(o, name, job, &b);
     }
 }
 

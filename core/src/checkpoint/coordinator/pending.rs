@@ -1,0 +1,252 @@
+//! Pending checkpoints: triggered, not yet complete. A checkpoint is
+//! pending from its trigger (its folder made, the tasks told) until every
+//! task acknowledged it, a task declined it, it timed out, or a newer one
+//! completed first and subsumed it. An abort counts as a failure, and too
+//! many in a row (or the final checkpoint's) stop the job; a subsumption
+//! does not.
+
+use std::time::{Instant, SystemTime};
+
+use crate::checkpoint::snapshot::TaskAck;
+use crate::checkpoint::stats::FailedCheckpoint;
+use crate::checkpoint::storage;
+use crate::clock;
+
+use super::{Coordinator, CoordinatorError};
+
+/// A checkpoint in flight, and the acknowledgements received so far.
+pub(super) struct Pending {
+    pub(super) trigger: Instant,
+    pub(super) trigger_unix_ms: u64,
+    pub(super) is_final: bool,
+    /// Per task, its acknowledgement once received.
+    pub(super) acks: Vec<Option<TaskAck>>,
+    pub(super) received: usize,
+    /// Whether the checkpoint's folder was made and its entry synced at
+    /// the trigger, so that the manifest's commit need not sync the root.
+    pub(super) folder_synced: bool,
+}
+
+impl Coordinator {
+    /// Starts checkpoint `next_id`: makes its folder, tells the tasks, and
+    /// makes it pending.
+    pub(super) fn trigger(&mut self, now: Instant, is_final: bool) -> Result<(), CoordinatorError> {
+        let id = self.next_id;
+        let created = self.create_folder(id)?;
+        self.next_id += 1;
+        self.last_trigger = now;
+        self.final_triggered = is_final;
+        let trigger_unix_ms = SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
+        self.signals.trigger(id, clock::now_ns(), is_final);
+        self.prime_relay();
+        // The folder's entry, synced while the barriers travel and the
+        // tasks snapshot (sinks sync their pre-commits meanwhile, so this
+        // journal commit often joins theirs): one disk wait fewer after the
+        // last acknowledgement. If the folder could not be made or synced,
+        // the manifest's commit syncs the root (and the first file written
+        // creates the folder). (Acknowledgements are handled on this
+        // thread, so none arrives before the checkpoint is pending below.)
+        let folder_synced = created && self.sync_new_folder(id);
+        self.pending.insert(
+            id,
+            Pending {
+                trigger: now,
+                trigger_unix_ms,
+                is_final,
+                acks: vec![None; self.tasks.len()],
+                received: 0,
+                folder_synced,
+            },
+        );
+        self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = self.pending.len() as u64;
+        Ok(())
+    }
+
+    /// Makes checkpoint `id`'s folder, before the tasks hear of the id;
+    /// false if it could not be made (the first file written makes it).
+    ///
+    /// The folder must be new: ids start past every folder on disk and
+    /// never repeat, so an existing one means that something else writes
+    /// into this directory. Writing into it would break that checkpoint's
+    /// manifest; the attempt fails instead (a restart numbers past it).
+    fn create_folder(&self, id: u64) -> Result<bool, CoordinatorError> {
+        match storage::create_checkpoint_dir(&self.root, id) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(CoordinatorError::Failed(format!(
+                "cannot trigger checkpoint {id}: its folder {} exists already, and a checkpoint never \
+                 writes into another one's folder; is another job using the checkpoint directory {}? \
+                 Give each job a directory of its own",
+                storage::checkpoint_dir(&self.root, id).display(),
+                self.root.display()
+            ))),
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not create the checkpoint folder ahead");
+                Ok(false)
+            }
+        }
+    }
+
+    /// Syncs the entry of checkpoint `id`'s new folder; false if that
+    /// failed.
+    fn sync_new_folder(&mut self, id: u64) -> bool {
+        match storage::sync_dir(&self.root) {
+            Ok(()) => {
+                // The same sync made every earlier folder removal durable.
+                self.root_sync_owed = false;
+                true
+            }
+            Err(e) => {
+                tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
+                false
+            }
+        }
+    }
+
+    /// Aborts the pending checkpoints not complete after the timeout.
+    pub(super) fn abort_timed_out(&mut self, now: Instant) -> Result<(), CoordinatorError> {
+        let timed_out: Vec<u64> = self
+            .pending
+            .iter()
+            .filter(|(_, p)| now.duration_since(p.trigger) >= self.cfg.timeout)
+            .map(|(&id, _)| id)
+            .collect();
+        for id in timed_out {
+            self.abort(id, format!("not complete after the timeout of {:?}", self.cfg.timeout))?;
+        }
+        Ok(())
+    }
+
+    /// A task's acknowledgement: the checkpoint completes with the last one.
+    pub(super) fn on_ack(&mut self, ack: Box<TaskAck>) -> Result<(), CoordinatorError> {
+        let id = ack.id;
+        let Some(p) = self.pending.get_mut(&id) else {
+            self.late_ack(&ack);
+            return Ok(());
+        };
+        let task = ack.task;
+        if p.acks[task].is_none() {
+            p.received += 1;
+        }
+        p.acks[task] = Some(*ack);
+        if p.received == self.tasks.len() {
+            let latest = self.signals.completed();
+            if id < latest {
+                // Never reached: a completion gives up every older
+                // pending checkpoint at once. Kept as the rule's
+                // last guard: completions never go backwards.
+                self.subsume(id, latest);
+                self.collect_garbage();
+            } else {
+                self.complete(id)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Late ack of an aborted checkpoint of this attempt: its folder is
+    /// gone or going; removes what the task wrote.
+    fn late_ack(&mut self, ack: &TaskAck) {
+        let id = ack.id;
+        if id < self.first_id || self.retained.contains(&id) {
+            return;
+        }
+        let _ = self.remove_folder(id);
+        let fence = self.next_id.saturating_sub(1);
+        self.doomed
+            .extend(ack.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        self.collect_garbage();
+    }
+
+    /// A task declined checkpoint `id`: it is aborted.
+    pub(super) fn on_decline(&mut self, id: u64, task: usize, reason: String) -> Result<(), CoordinatorError> {
+        if self.pending.contains_key(&id) {
+            let t = &self.tasks[task];
+            self.abort(
+                id,
+                format!("task '{}' subtask {} declined: {reason}", t.name, t.subtask),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Gives up pending checkpoint `id` as failed, for `reason`: discarded,
+    /// counted and reported. An error when the job must stop: the final
+    /// checkpoint failed, or more checkpoints in a row than tolerated.
+    pub(super) fn abort(&mut self, id: u64, reason: String) -> Result<(), CoordinatorError> {
+        let Some(p) = self.discard(id) else {
+            return Ok(());
+        };
+        self.collect_garbage();
+        self.consecutive_failures += 1;
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.record_failed(FailedCheckpoint {
+                id,
+                trigger_unix_ms: p.trigger_unix_ms,
+                duration_us: p.trigger.elapsed().as_micros() as u64,
+                reason: reason.clone(),
+            });
+            stats.in_progress = self.pending.len() as u64;
+        }
+        tracing::warn!(checkpoint = id, %reason, "checkpoint aborted");
+        if p.is_final {
+            return Err(CoordinatorError::Failed(format!(
+                "the final checkpoint {id} failed: {reason}"
+            )));
+        }
+        if self.consecutive_failures > self.cfg.tolerable_failures {
+            return Err(CoordinatorError::Failed(format!(
+                "{} consecutive checkpoints failed (tolerated: {}); last: checkpoint {id}: {reason}",
+                self.consecutive_failures, self.cfg.tolerable_failures
+            )));
+        }
+        Ok(())
+    }
+
+    /// Gives up pending checkpoint `id` because `by`, a newer one, has
+    /// completed (Flink's subsumption): discarded like an aborted
+    /// checkpoint, but no failure. Acknowledgements still to come are
+    /// handled as late ones (their files deleted).
+    fn subsume(&mut self, id: u64, by: u64) {
+        if self.discard(id).is_none() {
+            return;
+        }
+        {
+            let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            stats.subsumed += 1;
+            stats.in_progress = self.pending.len() as u64;
+        }
+        tracing::debug!(checkpoint = id, by, "checkpoint subsumed by a newer completed one");
+    }
+
+    /// Removes pending checkpoint `id`: tells the tasks it is aborted,
+    /// deletes its folder and queues the shared files written for it.
+    fn discard(&mut self, id: u64) -> Option<Pending> {
+        let p = self.pending.remove(&id)?;
+        self.signals.abort(id);
+        if let Err(e) = self.remove_folder(id) {
+            tracing::warn!(checkpoint = id, error = %e, "could not delete an aborted checkpoint's files");
+        }
+        // Shared files written for it are queued like dropped ones.
+        let fence = self.next_id.saturating_sub(1);
+        for a in p.acks.iter().flatten() {
+            self.doomed
+                .extend(a.shared_files.iter().map(|f| (f.path.clone(), fence)));
+        }
+        Some(p)
+    }
+
+    /// Gives up every checkpoint still pending that is older than `id`,
+    /// which completed: they could only complete after it, and none of them
+    /// may ever become the latest (sinks commit through `id` already; a
+    /// restore must never go back behind it).
+    pub(super) fn subsume_older(&mut self, id: u64) {
+        let older: Vec<u64> = self.pending.range(..id).map(|(&k, _)| k).collect();
+        for k in older {
+            self.subsume(k, id);
+        }
+    }
+}
