@@ -333,3 +333,71 @@ fn bad_intervals_are_usage_errors() {
     );
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `weir bench --fail-at-record`: the keyed function panics once, the job
+/// restarts from its latest checkpoint, the output stays exact (exactly-once
+/// modes) or gains only duplicates (at-least-once), and the run reports
+/// what the failure cost for every sink subtask.
+#[test]
+fn bench_fail_at_record_reports_what_the_failure_cost() {
+    let dir = tempfile::tempdir().unwrap();
+    for mode in ["aligned", "unaligned", "at-least-once", "none"] {
+        let json = dir.path().join(format!("{mode}.json"));
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["bench", "--pipeline", "keyed", "--parallelism", "2", "--rate", "100000"])
+            .args(["--events", "200000", "--checkpoint-interval-ms", "10", "--mode", mode])
+            .args(["--fail-at-record", "120000", "--platform-probe", "off", "--json"])
+            .arg(&json)
+            .env("WEIR_LOG", "error")
+            .env("RUST_BACKTRACE", "0")
+            .env("TMPDIR", dir.path())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{mode}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains("failure at record 120000: restarted after"),
+            "{mode}: {stdout}"
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&json).unwrap().lines().next().unwrap())
+                .expect("one JSON object per run");
+        let f = &v["failure"];
+        assert_eq!(f["at_record"], 120000, "{mode}: {v}");
+        for field in ["restarted_ms", "processing_again_ms"] {
+            assert!(f[field].as_f64().is_some_and(|ms| ms > 0.0), "{mode}: {field} in {f}");
+        }
+        assert!(
+            f["restarted_ms"].as_f64() <= f["processing_again_ms"].as_f64(),
+            "{mode}: restarted before processing again: {f}"
+        );
+        let gaps = f["longest_gap_ms"].as_array().unwrap();
+        let redone = f["reprocessed"].as_array().unwrap();
+        assert_eq!((gaps.len(), redone.len()), (2, 2), "{mode}: one per sink subtask: {f}");
+        let redone: u64 = redone.iter().map(|r| r.as_u64().unwrap()).sum();
+        let delivered = v["sink_records"].as_u64().unwrap();
+        match mode {
+            // Restarted from scratch: everything before the failure again.
+            "none" => assert!(redone >= 100_000, "{mode}: {f}"),
+            // From a checkpoint at most a few intervals old, not from scratch.
+            _ => assert!(redone < 100_000, "{mode}: {f}"),
+        }
+        match mode {
+            "at-least-once" => assert!(delivered >= 200_000, "{mode}: {delivered}"),
+            _ => assert_eq!(delivered, 200_000, "{mode}: exactly the events"),
+        }
+    }
+    // The failure runs are the keyed job's, through the count sink.
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "--pipeline", "keyed", "--events", "1000", "--sink", "wal"])
+        .args(["--fail-at-record", "10"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--fail-at-record needs --sink count"));
+}

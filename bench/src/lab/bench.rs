@@ -66,6 +66,14 @@ pub struct BenchArgs {
     /// job's start-up is not its steady state). 0 measures every record.
     #[arg(long, default_value_t = crate::lab::pipelines::DEFAULT_WARMUP_MS)]
     pub warmup_ms: u64,
+    /// Keyed job: the keyed function panics once, on the record with this
+    /// sequence number, and the job restarts from its latest checkpoint
+    /// (one restart allowed); prints what the failure cost: when the
+    /// failed path processed again, when the job caught up with its
+    /// schedule, each sink subtask's longest output gap and the records it
+    /// received again. Needs `--sink count`.
+    #[arg(long)]
+    pub fail_at_record: Option<u64>,
     /// Checkpoints in flight at once.
     #[arg(long, default_value_t = 1)]
     pub max_concurrent_checkpoints: usize,
@@ -212,6 +220,20 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
     if events == 0 {
         return Err(CliError::Usage("--events must be at least 1".into()));
     }
+    if let Some(at) = args.fail_at_record {
+        if args.pipeline != Kind::Keyed {
+            return Err(CliError::Usage("--fail-at-record needs --pipeline keyed".into()));
+        }
+        if args.sink != SinkKind::Count {
+            return Err(CliError::Usage("--fail-at-record needs --sink count".into()));
+        }
+        if at >= events {
+            return Err(CliError::Usage(format!(
+                "--fail-at-record {at}: the run has records 0 to {}",
+                events - 1
+            )));
+        }
+    }
     let cores = weir_core::available_cores();
     let sweep = if args.parallelism.is_empty() {
         vec![cores]
@@ -233,6 +255,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             sink: args.sink,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms: args.warmup_ms,
+            failure: args.fail_at_record.map(crate::lab::failure::FailureProbe::new),
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
@@ -262,6 +285,13 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             )
         });
         config.metrics_addr = args.metrics_addr;
+        if spec.failure.is_some() {
+            // One injected failure, one restart, at once.
+            config.restart = weir_core::RestartStrategy::FixedDelay {
+                attempts: 1,
+                delay: Duration::ZERO,
+            };
+        }
         let result = run_one(
             &spec,
             config,
@@ -295,6 +325,16 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         }
         if let Some(w) = warmup_line(&result) {
             println!("    {w}");
+        }
+        if let Some(f) = &result.failure {
+            println!("    {}", f.line());
+            if f.reprocessed.iter().sum::<u64>() > 0 && result.sink_records > result.events {
+                println!(
+                    "    at-least-once: {} records reached the count sink twice (they had passed its barrier \
+                     before the checkpoint's other inputs)",
+                    result.sink_records - result.events
+                );
+            }
         }
         if let Some(e) = endpoint_line(&result) {
             println!("    {e}");
@@ -479,8 +519,12 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         return Err(CliError::Wrong("the job was cancelled".into()));
     }
     let delivered = totals.count.load(Ordering::Relaxed);
+    let failure = spec.failure.as_ref().and_then(|p| p.report(spec.parallelism));
     if let Some(expected) = spec.kind.expected_output(spec.events) {
-        if delivered != expected {
+        // A failure under at-least-once delivers the replayed records
+        // again: more, never fewer.
+        let duplicates_allowed = failure.is_some() && mode == Mode::AtLeastOnce;
+        if delivered < expected || (delivered > expected && !duplicates_allowed) {
             return Err(CliError::Wrong(format!(
                 "{delivered} records reached the sinks, expected {expected}"
             )));
@@ -523,6 +567,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
                 result.metrics.checkpoints.completed,
             )
         }),
+        failure,
         machine: Machine::here(),
     };
     Ok(RunOutput {

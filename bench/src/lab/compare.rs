@@ -385,6 +385,7 @@ impl Plan {
                 _ => PathBuf::new(),
             },
             warmup_ms: crate::lab::pipelines::DEFAULT_WARMUP_MS,
+            failure: None,
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();

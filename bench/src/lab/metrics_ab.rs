@@ -217,6 +217,7 @@ pub fn run(args: &BenchArgs, plan: &AbPlan) -> Result<AbReport, CliError> {
         sink: SinkKind::Count,
         sink_dir: std::path::PathBuf::new(),
         warmup_ms: 0,
+        failure: None,
     };
     let out = measure(&spec, config, args.mode, plan);
     let _ = std::fs::remove_dir_all(&dir);
@@ -695,6 +696,7 @@ mod tests {
             sink: SinkKind::Count,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms: 0,
+            failure: None,
         };
         let config = weir_core::RuntimeConfig {
             workers: 2,

@@ -21,6 +21,7 @@ pub mod copy_probe;
 pub mod cpu_time;
 pub mod disk_probe;
 pub mod event;
+pub mod failure;
 pub mod handoff_probe;
 pub mod kafka_bench;
 pub mod metrics_ab;

@@ -115,6 +115,9 @@ pub struct Spec {
     /// are the warm-up, processed but left out of the latency figures
     /// ([`Spec::warmup_records`]).
     pub warmup_ms: u64,
+    /// Keyed only: the keyed function panics once on this record
+    /// (`weir bench --fail-at-record`), measured by the probe.
+    pub failure: Option<Arc<crate::lab::failure::FailureProbe>>,
 }
 
 /// The open-loop warm-up of `weir bench` and `weir compare`, in ms: the job
@@ -207,6 +210,13 @@ pub struct CountSink {
     total: Arc<AtomicU64>,
     total_checksum: Arc<AtomicU64>,
     inner: Option<Box<dyn Sink<Event>>>,
+    /// A failure run's probe, with this sink's subtask.
+    failure: Option<(Arc<crate::lab::failure::FailureProbe>, usize)>,
+    /// The count at the last pre-commit, with its checkpoint.
+    pre_committed: (u64, u64),
+    /// The count at the last completed checkpoint.
+    committed: u64,
+    finished: bool,
 }
 
 impl CountSink {
@@ -218,7 +228,26 @@ impl CountSink {
             total,
             total_checksum,
             inner: None,
+            failure: None,
+            pre_committed: (0, 0),
+            committed: 0,
+            finished: false,
         }
+    }
+
+    /// Reports batch arrivals and abandoned work to a failure run's probe,
+    /// as sink subtask `subtask`.
+    pub fn with_failure(mut self, probe: Arc<crate::lab::failure::FailureProbe>, subtask: usize) -> Self {
+        self.failure = Some((probe, subtask));
+        self
+    }
+
+    /// The count sink's own checkpoint state: count and checksum.
+    fn state(&self) -> Vec<u8> {
+        let mut s = Vec::with_capacity(16);
+        s.extend_from_slice(&self.count.to_le_bytes());
+        s.extend_from_slice(&self.checksum.to_le_bytes());
+        s
     }
 
     /// Also writes every record through `inner`.
@@ -295,6 +324,7 @@ impl Sink<Event> for CountSink {
             return Ok(());
         };
         let mut stamp = first.emitted_ns;
+        let first_stamp = stamp;
         let mut run = 0u64;
         let mut checksum = self.checksum;
         for e in batch.iter() {
@@ -308,6 +338,9 @@ impl Sink<Event> for CountSink {
             }
         }
         record_known(ctx, stamp, run);
+        if let Some((probe, subtask)) = &self.failure {
+            probe.on_batch(*subtask, weir_core::clock::now_ns(), first_stamp);
+        }
         self.checksum = checksum;
         self.count += batch.len() as u64;
         match &mut self.inner {
@@ -331,21 +364,34 @@ impl Sink<Event> for CountSink {
         }
         self.total.fetch_add(self.count, Ordering::Relaxed);
         self.total_checksum.fetch_add(self.checksum, Ordering::Relaxed);
+        self.finished = true;
         Ok(())
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.inner.as_mut().map_or(Ok(Vec::new()), |s| s.pre_commit(checkpoint))
+        self.pre_committed = (checkpoint, self.count);
+        match &mut self.inner {
+            Some(s) => s.pre_commit(checkpoint),
+            None if self.failure.is_some() => Ok(self.state()),
+            None => Ok(Vec::new()),
+        }
     }
 
     fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
+        self.pre_committed = (checkpoint, self.count);
         match &mut self.inner {
             Some(s) => s.pre_commit_detached(checkpoint),
+            // Alone, in a failure run, the count sink keeps its count in
+            // the checkpoint, so that the restarted job counts on from it.
+            None if self.failure.is_some() => Ok(PreCommit::done(self.state())),
             None => Ok(PreCommit::done(Vec::new())),
         }
     }
 
     fn commit(&mut self, checkpoint: u64) -> Result<(), BoxError> {
+        if self.pre_committed.0 == checkpoint {
+            self.committed = self.pre_committed.1;
+        }
         self.inner.as_mut().map_or(Ok(()), |s| s.commit(checkpoint))
     }
 
@@ -354,7 +400,39 @@ impl Sink<Event> for CountSink {
     }
 
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        self.inner.as_mut().map_or(Ok(()), |s| s.restore(checkpoint, state))
+        match &mut self.inner {
+            Some(s) => s.restore(checkpoint, state),
+            None => {
+                let (count, checksum) = match state.len() {
+                    0 => (0, 0),
+                    16 => (
+                        u64::from_le_bytes(state[..8].try_into().expect("8 bytes")),
+                        u64::from_le_bytes(state[8..].try_into().expect("8 bytes")),
+                    ),
+                    n => {
+                        return Err(format!(
+                            "checkpoint {checkpoint}: the count sink's state is {n} bytes, expected 16"
+                        )
+                        .into())
+                    }
+                };
+                self.count = count;
+                self.checksum = checksum;
+                self.committed = count;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// A failure run's sink subtask that ends without finishing (its attempt
+/// failed) reports what it had received since its last completed
+/// checkpoint: the restarted job delivers that again.
+impl Drop for CountSink {
+    fn drop(&mut self) {
+        if let (false, Some((probe, subtask))) = (self.finished, &self.failure) {
+            probe.on_abandoned(*subtask, self.count.saturating_sub(self.committed));
+        }
     }
 }
 
@@ -402,8 +480,13 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
     });
     let (count, checksum) = (totals.count.clone(), totals.checksum.clone());
     let (sink_kind, sink_dir) = (spec.sink, spec.sink_dir.clone());
+    let failure = spec.failure.clone();
     let sink = move |i| {
-        let s = CountSink::new(count.clone(), checksum.clone());
+        let mut s = CountSink::new(count.clone(), checksum.clone());
+        if let Some(probe) = &failure {
+            probe.on_sink_built();
+            s = s.with_failure(probe.clone(), i);
+        }
         match real_sink(sink_kind, &sink_dir, i) {
             Some(inner) => s.with_inner(inner),
             None => s,
@@ -424,9 +507,20 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
                 *sum = sum.wrapping_add(e.value);
                 out.emit(Event { value: *sum, ..e });
             };
-            let summed = match spec.state {
-                StateBackend::Mapped => keyed.process(running_sum),
-                StateBackend::Heap => keyed.process_heap(running_sum),
+            let summed = match (spec.state, spec.failure.clone()) {
+                (StateBackend::Mapped, None) => keyed.process(running_sum),
+                (StateBackend::Heap, None) => keyed.process_heap(running_sum),
+                // A failure run: the probe sees every record first.
+                (state, Some(probe)) => {
+                    let failing = move |key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
+                        probe.on_record(e.seq);
+                        running_sum(key, sum, e, out)
+                    };
+                    match state {
+                        StateBackend::Mapped => keyed.process(failing),
+                        StateBackend::Heap => keyed.process_heap(failing),
+                    }
+                }
             }
             .name("running-sum");
             if slow_ns > 0 {
@@ -463,6 +557,7 @@ mod tests {
             sink: SinkKind::Count,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms,
+            failure: None,
         }
     }
 

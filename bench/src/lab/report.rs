@@ -289,6 +289,9 @@ pub struct BenchResult {
     /// `--metrics-addr` (what serving metrics cost the machine).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub metrics_endpoint_cpu_s: Option<f64>,
+    /// `--fail-at-record`: what the one injected failure cost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub failure: Option<crate::lab::failure::FailureReport>,
     /// Where and when.
     pub machine: Machine,
 }
