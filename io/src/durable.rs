@@ -33,6 +33,13 @@ pub const DURABLE_FAULT_POINTS: &[&str] = &[FAULT_WRITE, FAULT_FSYNC, FAULT_RENA
 /// content survives a crash; a crash before leaves the old file (or none,
 /// if there was none) or the new one. The folder must exist.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_file_at(path, bytes, [FAULT_WRITE, FAULT_FSYNC, FAULT_RENAME, FAULT_DIRSYNC])
+}
+
+/// [`write_file`] through the fault points `faults` (write, fsync, rename,
+/// folder fsync), for a caller whose steps have names of their own.
+pub(crate) fn write_file_at(path: &Path, bytes: &[u8], faults: [&str; 4]) -> Result<()> {
+    let [write, fsync, rename, dirsync] = faults;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -41,7 +48,7 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
     let tmp = dir.join(format!(".{name}.tmp"));
-    fault(FAULT_WRITE, "write", &tmp)?;
+    fault(write, "write", &tmp)?;
     let mut f = OpenOptions::new()
         .write(true)
         .create(true)
@@ -49,39 +56,20 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
         .open(&tmp)
         .ctx("create", &tmp)?;
     f.write_all(bytes).ctx("write", &tmp)?;
-    fault(FAULT_FSYNC, "fsync", &tmp)?;
+    fault(fsync, "fsync", &tmp)?;
     f.sync_data().ctx("fsync", &tmp)?;
     drop(f);
-    fault(FAULT_RENAME, "rename", &tmp)?;
+    fault(rename, "rename", &tmp)?;
     vfs::rename(&tmp, path).ctx(&format!("rename {} to", tmp.display()), path)?;
-    sync_dir(dir, FAULT_DIRSYNC)
+    sync_dir(dir, dirsync)
 }
 
 #[cfg(test)]
 mod tests {
     use std::path::PathBuf;
-    use std::sync::Arc;
-
-    use weir_core::vfs::sim::{Faults, SimFs};
 
     use super::*;
-
-    /// A simulated disk mounted at `root` for the test's life.
-    struct Mounted(PathBuf, SimFs);
-
-    impl Mounted {
-        fn new(root: PathBuf, seed: u64) -> Mounted {
-            let fs = SimFs::new(&root, seed, Faults::default());
-            vfs::mount(&root, Arc::new(fs.clone()));
-            Mounted(root, fs)
-        }
-    }
-
-    impl Drop for Mounted {
-        fn drop(&mut self) {
-            vfs::unmount(&self.0);
-        }
-    }
+    use crate::fsutil::sim::Mounted;
 
     #[test]
     fn write_file_replaces_the_content() {

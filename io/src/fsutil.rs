@@ -105,3 +105,32 @@ mod tests {
         assert_eq!(parse_part_name("other", ".csv"), None);
     }
 }
+
+/// Test support: a simulated disk (`weir_core::vfs::sim`) mounted for a
+/// test's life, for the crash tests of durable writes.
+#[cfg(test)]
+pub(crate) mod sim {
+    use std::path::PathBuf;
+    use std::sync::Arc;
+
+    use weir_core::vfs::{self, sim::Faults, sim::SimFs};
+
+    /// A simulated disk mounted at `.0`, unmounted when dropped; `.1`
+    /// crashes it and counts its operations.
+    pub(crate) struct Mounted(pub(crate) PathBuf, pub(crate) SimFs);
+
+    impl Mounted {
+        /// Mounts a fresh simulated disk at `root`, its choices seeded by `seed`.
+        pub(crate) fn new(root: PathBuf, seed: u64) -> Mounted {
+            let fs = SimFs::new(&root, seed, Faults::default());
+            vfs::mount(&root, Arc::new(fs.clone()));
+            Mounted(root, fs)
+        }
+    }
+
+    impl Drop for Mounted {
+        fn drop(&mut self) {
+            vfs::unmount(&self.0);
+        }
+    }
+}

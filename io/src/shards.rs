@@ -78,7 +78,6 @@
 //! - the process folder and its parents are created durably, and
 //!   `scale-out` is rewritten last, once every owned shard is in place.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use weir_core::vfs::{self, OpenOptions};
@@ -247,25 +246,11 @@ fn decode_fields(bytes: &[u8]) -> std::result::Result<Vec<Field>, (u64, String)>
 /// Writes `name=value` lines and the CRC line to `path`, durably.
 fn write_fields(path: &Path, fields: &[(&str, String)]) -> Result<()> {
     let bytes = encode_fields(fields)?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map_or_else(String::new, |n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{name}.tmp"));
-    fault(FAULT_FILE_WRITE, "write", &tmp)?;
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .ctx("create", &tmp)?;
-    f.write_all(&bytes).ctx("write", &tmp)?;
-    fault(FAULT_FILE_FSYNC, "fsync", &tmp)?;
-    f.sync_data().ctx("fsync", &tmp)?;
-    drop(f);
-    fault(FAULT_FILE_RENAME, "rename", &tmp)?;
-    vfs::rename(&tmp, path).ctx(&format!("rename {} to", tmp.display()), path)?;
-    sync_dir(dir, FAULT_DIRSYNC)
+    crate::durable::write_file_at(
+        path,
+        &bytes,
+        [FAULT_FILE_WRITE, FAULT_FILE_FSYNC, FAULT_FILE_RENAME, FAULT_DIRSYNC],
+    )
 }
 
 /// The fields of a small file, verified; `None` if it does not exist.
@@ -570,11 +555,9 @@ pub fn prepare<E: From<Error>>(
 
 #[cfg(test)]
 mod tests {
-    use std::sync::Arc;
-
-    use weir_core::vfs::sim::{Faults, SimFs};
 
     use super::*;
+    use crate::fsutil::sim::Mounted;
 
     fn shape() -> JobShape {
         JobShape {
@@ -760,23 +743,6 @@ mod tests {
         // A shard folder without its generation file.
         let e = read_generation(t.path()).unwrap_err().to_string();
         assert!(e.contains("generation") && e.contains("missing"), "{e}");
-    }
-
-    /// A simulated disk mounted at `root` for the test's life.
-    struct Mounted(PathBuf, SimFs);
-
-    impl Mounted {
-        fn new(root: PathBuf, seed: u64) -> Mounted {
-            let fs = SimFs::new(&root, seed, Faults::default());
-            vfs::mount(&root, Arc::new(fs.clone()));
-            Mounted(root, fs)
-        }
-    }
-
-    impl Drop for Mounted {
-        fn drop(&mut self) {
-            vfs::unmount(&self.0);
-        }
     }
 
     /// A crash at every step of rewriting a small file leaves the old
