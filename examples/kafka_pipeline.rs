@@ -55,7 +55,6 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 struct Rec {
     key: String,
     value: i64,
-    emitted_ns: u64,
 }
 
 /// One output record.
@@ -64,12 +63,11 @@ struct Counted {
     key: String,
     count: u64,
     sum: i64,
-    emitted_ns: u64,
 }
 
 /// `key,value` from a record's value; a bad record stops the job with the
 /// topic, partition and offset named.
-fn parse(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Rec, ParseError> {
+fn parse(value: &[u8], _: &KafkaRecordInfo<'_>) -> Result<Rec, ParseError> {
     let text = std::str::from_utf8(value).map_err(|_| ParseError::new("not UTF-8"))?;
     let (key, v) = text
         .split_once(',')
@@ -78,7 +76,6 @@ fn parse(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Rec, ParseError> {
     Ok(Rec {
         key: key.to_string(),
         value,
-        emitted_ns: info.emitted_ns,
     })
 }
 
@@ -116,7 +113,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 key: key.clone(),
                 count: st[0] as u64,
                 sum: st[1],
-                emitted_ns: r.emitted_ns,
             });
         })
         .name("count")

@@ -13,8 +13,6 @@ use std::cell::RefCell;
 use std::hash::Hash;
 use std::rc::Rc;
 
-use rustc_hash::FxHashMap;
-
 use crate::data::Data;
 use crate::error::{Error, Result};
 use crate::operators::keyed::{KeyedProcess, MappedKeyedProcess, Output, PodCell};
@@ -674,19 +672,14 @@ where
             let inputs = ctx.inputs_from::<T>(&edges, j);
             if ctx.config.state_backend == crate::state::StateBackend::Heap {
                 let mut f = f.clone();
-                let op = KeyedProcess {
-                    max_parallelism: ctx.max_parallelism,
-                    key_fn: key_fn.clone(),
-                    f: move |k: &K, s: &mut PodCell<S>, t: T, out: &mut Output<O>| f(k, &mut s.0, t, out),
-                    state: FxHashMap::default(),
-                    out: Output {
-                        buf: Vec::with_capacity(ctx.config.batch_size),
-                    },
-                    next: down,
-                    op: 0,
-                    tagged: true,
-                    _in: std::marker::PhantomData,
-                };
+                let op = KeyedProcess::new(
+                    ctx.max_parallelism,
+                    ctx.config.batch_size,
+                    key_fn.clone(),
+                    move |k: &K, s: &mut PodCell<S>, t: T, out: &mut Output<O>| f(k, &mut s.0, t, out),
+                    down,
+                    true,
+                );
                 return Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>);
             }
             let opts = crate::state::StoreOptions {
@@ -726,19 +719,14 @@ where
         let edges_in = edges.clone();
         let chain: ChainFn<O> = Box::new(move |ctx, j, down| {
             let inputs = ctx.inputs_from::<T>(&edges, j);
-            let op = KeyedProcess {
-                max_parallelism: ctx.max_parallelism,
-                key_fn: key_fn.clone(),
-                f: f.clone(),
-                state: FxHashMap::default(),
-                out: Output {
-                    buf: Vec::with_capacity(ctx.config.batch_size),
-                },
-                next: down,
-                op: 0,
-                tagged: false,
-                _in: std::marker::PhantomData,
-            };
+            let op = KeyedProcess::new(
+                ctx.max_parallelism,
+                ctx.config.batch_size,
+                key_fn.clone(),
+                f.clone(),
+                down,
+                false,
+            );
             Ok(Box::new(InputTask::new(inputs, Box::new(op), ctx.config.batch_size)) as Box<dyn Task>)
         });
         Stream::new(graph, q, vec!["process".to_string()], p, edges_in, chain)

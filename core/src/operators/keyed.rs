@@ -73,6 +73,33 @@ pub(crate) struct KeyedProcess<T, K, S, O, KF, F> {
 /// mapped backend's state handles never start with it.
 pub(crate) const HEAP_STATE_TAG: u8 = b'H';
 
+impl<T, K, S, O, KF, F> KeyedProcess<T, K, S, O, KF, F> {
+    /// The operator of one subtask, with empty state, handing its results
+    /// to `next`; `tagged` as for [`KeyedProcess::tagged`].
+    pub(crate) fn new(
+        max_parallelism: usize,
+        batch_size: usize,
+        key_fn: KF,
+        f: F,
+        next: Box<dyn Collector<O>>,
+        tagged: bool,
+    ) -> Self {
+        KeyedProcess {
+            max_parallelism,
+            key_fn,
+            f,
+            state: FxHashMap::default(),
+            out: Output {
+                buf: Vec::with_capacity(batch_size),
+            },
+            next,
+            op: 0,
+            tagged,
+            _in: std::marker::PhantomData,
+        }
+    }
+}
+
 impl<T, K, S, O, KF, F> Collector<T> for KeyedProcess<T, K, S, O, KF, F>
 where
     K: Hash + Eq + Send + Serialize + DeserializeOwned,
