@@ -206,7 +206,7 @@ fn scenario_outcome(mode: &str, sink: &str, kills: usize, seed: u64) -> Outcome 
 
 /// Whether `mode` promises exactly-once output.
 fn exactly_once(mode: &str) -> bool {
-    mode == "aligned" || mode == "unaligned"
+    mode == "aligned" || mode == "unaligned" || mode == "dedup"
 }
 
 #[test]
@@ -227,6 +227,16 @@ fn aligned_two_phase_file_survives_kills() {
 #[test]
 fn unaligned_two_phase_file_survives_kills() {
     assert!(scenario("unaligned", "2pc-file", 5, 4) >= 4);
+}
+
+#[test]
+fn dedup_wal_survives_kills() {
+    assert!(scenario("dedup", "wal", 5, 11) >= 4);
+}
+
+#[test]
+fn dedup_two_phase_file_survives_kills() {
+    assert!(scenario("dedup", "2pc-file", 5, 12) >= 4);
 }
 
 #[test]
@@ -271,6 +281,7 @@ fn kafka_outcome(mode: &str, sink: &str, kills: usize, seed: u64) -> Outcome {
 fn kafka_to_kafka_survives_kills_exactly_once_or_at_least_once() {
     assert!(kafka_scenario("aligned", "wal", 4, 7) >= 3);
     assert!(kafka_scenario("unaligned", "wal", 4, 8) >= 3);
+    assert!(kafka_scenario("dedup", "wal", 4, 10) >= 3);
     assert!(kafka_scenario("at-least-once", "direct", 3, 9) >= 2);
 }
 
@@ -285,8 +296,11 @@ fn kafka_to_kafka_survives_kills_exactly_once_or_at_least_once() {
 #[test]
 #[ignore = "a long soak; run by bench/soak.sh"]
 fn soak() {
-    const COMBOS: [(&str, &str); 10] = [
+    const COMBOS: [(&str, &str); 13] = [
         ("aligned", "wal"),
+        ("dedup", "wal"),
+        ("dedup", "2pc-file"),
+        ("dedup", "kafka wal"),
         ("aligned", "2pc-file"),
         ("unaligned", "wal"),
         ("unaligned", "2pc-file"),

@@ -19,6 +19,9 @@ pub enum Mode {
     Aligned,
     /// Unaligned barriers (exactly-once, in-flight records stored).
     Unaligned,
+    /// Exactly-once by deduplication: no alignment, replays dropped per
+    /// input channel, a failed subtask recovers alone.
+    Dedup,
 }
 
 impl Mode {
@@ -29,6 +32,7 @@ impl Mode {
             Mode::AtLeastOnce => "at-least-once",
             Mode::Aligned => "aligned",
             Mode::Unaligned => "unaligned",
+            Mode::Dedup => "dedup",
         }
     }
 
@@ -39,6 +43,7 @@ impl Mode {
             Mode::AtLeastOnce => Some(CheckpointMode::AtLeastOnce),
             Mode::Aligned => Some(CheckpointMode::Aligned),
             Mode::Unaligned => Some(CheckpointMode::Unaligned),
+            Mode::Dedup => Some(CheckpointMode::Dedup),
         }
     }
 }

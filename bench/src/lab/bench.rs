@@ -255,7 +255,14 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             sink: args.sink,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms: args.warmup_ms,
-            failure: args.fail_at_record.map(crate::lab::failure::FailureProbe::new),
+            failure: args.fail_at_record.map(|at| {
+                // The timeline covers the schedule and a margin (closed
+                // loop: the cap).
+                let ms = args
+                    .rate
+                    .map_or(usize::MAX, |r| (events as f64 / r * 1e3) as usize * 2 + 10_000);
+                crate::lab::failure::FailureProbe::new(at, parallelism, ms)
+            }),
         };
         if args.checkpoint_interval_ms == 0 {
             return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));

@@ -158,7 +158,13 @@ pub struct CompareArgs {
 /// steal beside the probe, closed-loop rounds").
 pub const COUNT_EVENTS_FACTOR: u64 = 5;
 
-const MODES: [Mode; 4] = [Mode::None, Mode::AtLeastOnce, Mode::Aligned, Mode::Unaligned];
+const MODES: [Mode; 5] = [
+    Mode::None,
+    Mode::AtLeastOnce,
+    Mode::Aligned,
+    Mode::Unaligned,
+    Mode::Dedup,
+];
 
 /// One row of the comparison: a mode with its sink.
 #[derive(Debug, Clone, Copy)]
@@ -173,7 +179,7 @@ impl Row {
     }
 
     fn exactly_once(self) -> bool {
-        matches!(self.mode, Mode::Aligned | Mode::Unaligned)
+        matches!(self.mode, Mode::Aligned | Mode::Unaligned | Mode::Dedup)
     }
 }
 
@@ -189,7 +195,7 @@ fn rows(plain: SinkKind) -> Vec<Row> {
             sink: plain,
         },
     ];
-    for mode in [Mode::Aligned, Mode::Unaligned] {
+    for mode in [Mode::Aligned, Mode::Unaligned, Mode::Dedup] {
         for sink in [SinkKind::Wal, SinkKind::TwoPcFile] {
             rows.push(Row { mode, sink });
         }
@@ -223,6 +229,9 @@ struct Measured {
     disk: DiskProbe,
     /// The probe merged over every open-loop run.
     platform: Option<PlatformResult>,
+    /// One failure per mode (keyed job, open loop, counting sink), in
+    /// MODES order; empty for other pipelines.
+    failures: Vec<(Mode, RunOutput)>,
 }
 
 impl Measured {
@@ -404,6 +413,63 @@ impl Plan {
     }
 }
 
+impl Plan {
+    /// The record the failure runs fail on: the middle of the open-loop
+    /// schedule.
+    fn failure_record(&self, interval_ms: u64) -> u64 {
+        self.open_events
+            .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
+            / 2
+    }
+
+    /// One failure in `mode` (keyed job, open loop, counting sink, which
+    /// keeps its count in checkpoints): the keyed function panics once, on
+    /// the middle record, and the job recovers: the whole job from its
+    /// latest checkpoint in the snapshot modes, the failed subtask alone in
+    /// dedup mode (one restart allowed, no delay).
+    fn run_failure(&self, mode: Mode, interval_ms: u64) -> Result<RunOutput, CliError> {
+        let events = self
+            .open_events
+            .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64);
+        let ms = (events as f64 / self.rate * 1e3) as usize * 2 + 10_000;
+        let spec = Spec {
+            kind: self.pipeline,
+            events,
+            rate: Some(self.rate),
+            keys: self.keys,
+            parallelism: self.parallelism,
+            seed: 1,
+            slow_ns: self.slow_ns,
+            state: self.state,
+            sink: SinkKind::Count,
+            sink_dir: PathBuf::new(),
+            warmup_ms: crate::lab::pipelines::DEFAULT_WARMUP_MS,
+            failure: Some(crate::lab::failure::FailureProbe::new(
+                self.failure_record(interval_ms),
+                self.parallelism,
+                ms,
+            )),
+        };
+        let dir = temp_checkpoint_dir();
+        let defaults = weir_core::RuntimeConfig::default();
+        let mut config = runtime_config(
+            self.open_workers,
+            defaults.ring_capacity,
+            defaults.batch_size,
+            mode,
+            interval_ms,
+            &dir,
+        );
+        config.restart = weir_core::RestartStrategy::FixedDelay {
+            attempts: 1,
+            delay: std::time::Duration::ZERO,
+        };
+        let r = run_one_full(&spec, config, mode, false);
+        let _ = std::fs::remove_dir_all(&dir);
+        r
+    }
+}
+
 fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     let positive = |x: f64| x.is_finite() && x > 0.0;
     if !positive(args.rate) || !positive(args.open_seconds) {
@@ -548,10 +614,12 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
 
     // Every open-loop run once, then each round's closed-loop runs: one
     // with the counting sink per mode and one per row.
+    let failure_runs = if plan.pipeline == Kind::Keyed { MODES.len() } else { 0 };
     let total_runs = rows
         .iter()
         .map(|r| if r.exactly_once() { intervals.len() } else { 1 })
         .sum::<usize>()
+        + failure_runs
         + plan.rounds * (MODES.len() + rows.len());
     let mut done = 0;
     let mut progress = |what: String| {
@@ -590,6 +658,17 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         outputs.bytes() as f64 / 1e6
     );
     drop(outputs);
+    let mut failures = Vec::new();
+    if failure_runs > 0 {
+        for mode in MODES {
+            progress(format!(
+                "{:<22} one failure, open loop, {} ms",
+                format!("{}·count", mode.name()),
+                intervals[0]
+            ));
+            failures.push((mode, plan.run_failure(mode, intervals[0])?));
+        }
+    }
     let mut count: Vec<Vec<RunOutput>> = MODES.iter().map(|_| Vec::new()).collect();
     let mut closed: Vec<Vec<RunOutput>> = rows.iter().map(|_| Vec::new()).collect();
     for round in 1..=plan.rounds {
@@ -629,10 +708,12 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         open,
         disk,
         platform,
+        failures,
     };
 
     print_latency_table(&m, &plan, args.open_seconds);
     print_throughput_table(&m, &plan);
+    print_failure_table(&m, &plan);
     print_sentences(&m, &plan);
 
     std::fs::create_dir_all(&args.results).map_err(|source| CliError::Io {
@@ -988,6 +1069,23 @@ fn print_sentences(m: &Measured, plan: &Plan) {
             with_sinks.join(", ")
         );
     }
+    // The documents' two ways to exactly-once, at equal cadence.
+    for sink in [SinkKind::Wal, SinkKind::TwoPcFile] {
+        let find = |mode: Mode| m.rows.iter().position(|r| r.mode == mode && r.sink == sink);
+        let (Some(d), Some(a)) = (find(Mode::Dedup), find(Mode::Aligned)) else {
+            continue;
+        };
+        let eps = |r: usize| m.closed[r].result.events_per_sec;
+        let p99 = |r: usize| vis(r, base).map_or("-".to_string(), |v| dur(v.p99));
+        println!(
+            "- the two ways to exactly-once with the {} sink: dedup ran {:.0}% of aligned's events/s (closed \
+             loop, median rounds) and made output visible after p99 {} against aligned's {} at {base} ms",
+            sink.name(),
+            100.0 * eps(d) / eps(a).max(1e-9),
+            p99(d),
+            p99(a)
+        );
+    }
     // Checkpoints and their syncs, per exactly-once row and interval.
     for (r, row) in m.rows.iter().enumerate().filter(|(_, r)| r.exactly_once()) {
         let parts: Vec<String> = m
@@ -1070,6 +1168,87 @@ fn print_sentences(m: &Measured, plan: &Plan) {
     }
 }
 
+/// What one failure cost in each mode.
+fn print_failure_table(m: &Measured, plan: &Plan) {
+    if m.failures.is_empty() {
+        return;
+    }
+    println!(
+        "\nwhat one failure costs: the keyed function panics once, on record {}, open loop at {} events/s, \
+         {} ms interval, counting sink (snapshot modes: the whole job restarts from its latest checkpoint; \
+         dedup: the failed subtask recovers alone)",
+        plan.failure_record(m.base()),
+        si(plan.rate),
+        m.base()
+    );
+    if std::env::var_os("RUST_BACKTRACE").is_some_and(|v| v != "0") {
+        println!(
+            "  note: RUST_BACKTRACE is set, so the panic prints a backtrace before it unwinds (tens to hundreds \
+             of ms, counted below); unset it to measure weir's recovery alone"
+        );
+    }
+    println!(
+        "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
+        "mode", "restarted", "again", "caught up", "longest gap (ms)", "reprocessed", "rate after/before"
+    );
+    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
+    for (mode, out) in &m.failures {
+        let Some(f) = &out.result.failure else {
+            println!(
+                "{:<16} the failure did not happen (the record was not processed)",
+                mode.name()
+            );
+            continue;
+        };
+        let gaps: Vec<String> = f.longest_gap_ms.iter().map(|g| format!("{g:.1}")).collect();
+        let redo: Vec<String> = f.reprocessed.iter().map(u64::to_string).collect();
+        let rates: Vec<String> = f
+            .rate_after_before
+            .iter()
+            .map(|r| r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)))
+            .collect();
+        println!(
+            "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
+            mode.name(),
+            ms(f.restarted_ms),
+            ms(f.processing_again_ms),
+            ms(f.caught_up_ms),
+            gaps.join(" / "),
+            redo.join(" / "),
+            rates.join(" / ")
+        );
+    }
+    let of = |mode: Mode| {
+        m.failures
+            .iter()
+            .find(|(md, _)| *md == mode)
+            .and_then(|(_, o)| o.result.failure.as_ref())
+    };
+    if let (Some(d), Some(a)) = (of(Mode::Dedup), of(Mode::Aligned)) {
+        // The subtasks that did not fail: those that reprocessed nothing.
+        let others: Vec<String> = d
+            .reprocessed
+            .iter()
+            .zip(&d.rate_after_before)
+            .filter(|(redo, _)| **redo == 0)
+            .filter_map(|(_, r)| r.map(|r| format!("{:.0}%", r * 100.0)))
+            .collect();
+        println!(
+            "- dedup's failed subtask processed again after {}, the other subtasks kept {} of their rate and \
+             reprocessed nothing; aligned's whole-job recovery processed again after {} and reprocessed [{}] \
+             records per sink subtask",
+            ms(d.processing_again_ms),
+            if others.is_empty() {
+                "-".to_string()
+            } else {
+                others.join(", ")
+            },
+            ms(a.processing_again_ms),
+            a.reprocessed.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+        );
+    }
+}
+
 fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, machine: &Machine) -> Result<(), CliError> {
     let io = |source| CliError::Io {
         path: path.display().to_string(),
@@ -1112,6 +1291,17 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             syncs: o.syncs,
             rounds_events_per_sec: None,
             result: &o.out.result,
+        });
+    }
+    for (mode, out) in &m.failures {
+        lines.push(JsonRow {
+            run: "failure",
+            scenario,
+            row: format!("{}·count", mode.name()),
+            interval_ms: interval(*mode, m.base()),
+            syncs: None,
+            rounds_events_per_sec: None,
+            result: &out.result,
         });
     }
     let mut text = String::new();

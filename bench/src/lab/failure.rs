@@ -37,6 +37,17 @@ pub const CAUGHT_UP_NS: u64 = 1_000_000;
 /// at most this in practice on one machine).
 pub const MAX_SUBTASKS: usize = 64;
 
+/// The timeline's resolution: records per sink subtask per millisecond.
+pub const BUCKET_NS: u64 = 1_000_000;
+
+/// Most milliseconds the timeline covers (from the probe's creation): ten
+/// minutes, 8 bytes per subtask and millisecond.
+pub const MAX_TIMELINE_MS: usize = 600_000;
+
+/// The window on each side of the failure over which each sink subtask's
+/// rate is compared (after / before).
+pub const RATE_WINDOW_MS: u64 = 20;
+
 /// What a failure run shares between the keyed function, the sinks and the
 /// report. Written at most a few times per batch and once per failure.
 #[derive(Debug)]
@@ -54,12 +65,22 @@ pub struct FailureProbe {
     /// subtasks write them from their own workers.
     last_batch_ns: [CachePadded<AtomicU64>; MAX_SUBTASKS],
     redone: [AtomicU64; MAX_SUBTASKS],
+    /// Start of the timeline (clock ns).
+    start_ns: u64,
+    /// Per sink subtask, records received per millisecond since `start_ns`.
+    timeline: Vec<Box<[AtomicU64]>>,
 }
 
 impl FailureProbe {
-    /// A probe for a failure at record `at_record`.
-    pub fn new(at_record: u64) -> Arc<Self> {
+    /// A probe for a failure at record `at_record`, with a timeline of
+    /// `subtasks` sink subtasks over `ms` milliseconds (both capped).
+    pub fn new(at_record: u64, subtasks: usize, ms: usize) -> Arc<Self> {
+        let ms = ms.min(MAX_TIMELINE_MS);
         Arc::new(FailureProbe {
+            start_ns: clock::now_ns(),
+            timeline: (0..subtasks.min(MAX_SUBTASKS))
+                .map(|_| (0..ms).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
             at_record,
             fired: AtomicBool::new(false),
             failed_ns: AtomicU64::new(0),
@@ -117,10 +138,16 @@ impl FailureProbe {
         }
     }
 
-    /// A batch arrived at sink subtask `subtask` at `now_ns`;
+    /// A batch of `records` arrived at sink subtask `subtask` at `now_ns`;
     /// `first_emitted_ns` is the schedule of its first record (0: unknown).
     #[inline]
-    pub fn on_batch(&self, subtask: usize, now_ns: u64, first_emitted_ns: u64) {
+    pub fn on_batch(&self, subtask: usize, now_ns: u64, first_emitted_ns: u64, records: u64) {
+        if let Some(line) = self.timeline.get(subtask) {
+            let bucket = (now_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+            if let Some(b) = line.get(bucket) {
+                b.fetch_add(records, Ordering::Relaxed);
+            }
+        }
         if subtask < MAX_SUBTASKS {
             let prev_ns = self.last_batch_ns[subtask].swap(now_ns, Ordering::Relaxed);
             if prev_ns != 0 {
@@ -167,7 +194,44 @@ impl FailureProbe {
                 .map(|i| self.gap_ns[i].load(Ordering::Relaxed) as f64 / 1e6)
                 .collect(),
             reprocessed: (0..n).map(|i| self.redone[i].load(Ordering::Relaxed)).collect(),
+            rate_after_before: (0..n).map(|i| self.rate_ratio(i, failed)).collect(),
+            timeline: self.timeline_around(failed),
         })
+    }
+
+    /// Sink subtask `i`'s records in the [`RATE_WINDOW_MS`] after the
+    /// failure over those in the window before it; `None` without a
+    /// timeline or without records before.
+    fn rate_ratio(&self, i: usize, failed_ns: u64) -> Option<f64> {
+        let line = self.timeline.get(i)?;
+        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        let w = RATE_WINDOW_MS as usize;
+        let sum = |from: usize, to: usize| -> u64 {
+            line.get(from..to.min(line.len()))
+                .map_or(0, |s| s.iter().map(|b| b.load(Ordering::Relaxed)).sum())
+        };
+        let before = sum(at.checked_sub(w)?, at);
+        (before > 0).then(|| sum(at, at + w) as f64 / before as f64)
+    }
+
+    /// Records per sink subtask per millisecond, from 50 ms before the
+    /// failure to 150 ms after it (`[ms from the failure, per subtask...]`).
+    fn timeline_around(&self, failed_ns: u64) -> Vec<(i64, Vec<u64>)> {
+        let Some(len) = self.timeline.first().map(|l| l.len()) else {
+            return Vec::new();
+        };
+        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as i64;
+        (at - 50..at + 150)
+            .filter(|&b| b >= 0 && (b as usize) < len)
+            .map(|b| {
+                let per: Vec<u64> = self
+                    .timeline
+                    .iter()
+                    .map(|l| l[b as usize].load(Ordering::Relaxed))
+                    .collect();
+                (b - at, per)
+            })
+            .collect()
     }
 }
 
@@ -191,6 +255,12 @@ pub struct FailureReport {
     /// Per sink subtask: records it received again after the restart
     /// (received since its last completed checkpoint when it failed).
     pub reprocessed: Vec<u64>,
+    /// Per sink subtask: records received in the [`RATE_WINDOW_MS`] after
+    /// the failure over those in the window before it (1.0: undisturbed).
+    pub rate_after_before: Vec<Option<f64>>,
+    /// Records per sink subtask per millisecond around the failure:
+    /// `(ms from the failure, [records per subtask])`.
+    pub timeline: Vec<(i64, Vec<u64>)>,
 }
 
 impl FailureReport {
@@ -199,17 +269,25 @@ impl FailureReport {
         let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
         let gaps: Vec<String> = self.longest_gap_ms.iter().map(|g| format!("{g:.1}")).collect();
         let redo: Vec<String> = self.reprocessed.iter().map(u64::to_string).collect();
+        let rates: Vec<String> = self
+            .rate_after_before
+            .iter()
+            .map(|r| r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)))
+            .collect();
         format!(
             "failure at record {}: restarted after {}, processing again after {}, caught up (< {} ms \
              late) after {}; longest output gap per sink subtask [{}] ms; records reprocessed per sink \
-             subtask [{}]",
+             subtask [{}]; rate in the {} ms after the failure against the {} ms before, per sink subtask [{}]",
             self.at_record,
             ms(self.restarted_ms),
             ms(self.processing_again_ms),
             CAUGHT_UP_NS / 1_000_000,
             ms(self.caught_up_ms),
             gaps.join(", "),
-            redo.join(", ")
+            redo.join(", "),
+            RATE_WINDOW_MS,
+            RATE_WINDOW_MS,
+            rates.join(", ")
         )
     }
 }
@@ -220,7 +298,7 @@ mod tests {
 
     #[test]
     fn the_chosen_record_panics_once_and_the_next_one_marks_the_resume() {
-        let p = FailureProbe::new(5);
+        let p = FailureProbe::new(5, 1, 10);
         for seq in 0..5 {
             p.on_record(seq);
         }
@@ -239,19 +317,19 @@ mod tests {
 
     #[test]
     fn gaps_and_catching_up_are_measured_per_subtask() {
-        let p = FailureProbe::new(0);
-        p.on_batch(0, 1_000, 900);
-        p.on_batch(0, 3_000, 2_900);
-        p.on_batch(1, 10, 5);
-        p.on_batch(1, 5_010, 5_000);
+        let p = FailureProbe::new(0, 2, 10);
+        p.on_batch(0, 1_000, 900, 1);
+        p.on_batch(0, 3_000, 2_900, 1);
+        p.on_batch(1, 10, 5, 1);
+        p.on_batch(1, 5_010, 5_000, 1);
         let _ = std::panic::catch_unwind(|| p.on_record(0));
         p.on_sink_built();
         p.on_record(1);
         let failed = p.failed_ns.load(Ordering::Relaxed);
         // Late by 2 ms: not caught up; then on time. Subtask 0's gap spans
         // the restart: from its batch at 3,000 ns to the next one.
-        p.on_batch(0, failed + 10, failed + 10 - 2 * CAUGHT_UP_NS);
-        p.on_batch(0, failed + 20, failed + 19);
+        p.on_batch(0, failed + 10, failed + 10 - 2 * CAUGHT_UP_NS, 1);
+        p.on_batch(0, failed + 20, failed + 19, 1);
         p.on_abandoned(1, 42);
         let r = p.report(2).unwrap();
         assert_eq!(r.caught_up_ms, Some(20.0 / 1e6));
@@ -261,8 +339,25 @@ mod tests {
     }
 
     #[test]
+    fn each_subtask_s_rate_after_the_failure_is_compared_with_before() {
+        let p = FailureProbe::new(u64::MAX, 2, 100);
+        let t0 = p.start_ns;
+        // Subtask 0: 10 records per ms throughout; subtask 1: 10 per ms
+        // before the failure at 50 ms, 5 per ms after.
+        for ms in 0..90u64 {
+            p.on_batch(0, t0 + ms * BUCKET_NS, 0, 10);
+            p.on_batch(1, t0 + ms * BUCKET_NS, 0, if ms < 50 { 10 } else { 5 });
+        }
+        p.failed_ns.store(t0 + 50 * BUCKET_NS, Ordering::Relaxed);
+        let r = p.report(2).unwrap();
+        assert_eq!(r.rate_after_before, vec![Some(1.0), Some(0.5)]);
+        assert_eq!(r.timeline.first().unwrap(), &(-50, vec![10, 10]));
+        assert_eq!(r.timeline.iter().find(|(ms, _)| *ms == 0).unwrap().1, vec![10, 5]);
+    }
+
+    #[test]
     fn no_report_without_a_failure() {
-        let p = FailureProbe::new(7);
+        let p = FailureProbe::new(7, 2, 10);
         p.on_record(1);
         assert_eq!(p.report(2), None);
     }

@@ -128,11 +128,11 @@ pub struct KafkaBenchResult {
 pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
     let exactly_once = match args.mode {
         Mode::AtLeastOnce => false,
-        Mode::Aligned | Mode::Unaligned => true,
+        Mode::Aligned | Mode::Unaligned | Mode::Dedup => true,
         Mode::None => {
             return Err(CliError::Usage(
-                "--source kafka needs checkpoints: --mode at-least-once (the at-least-once sink), aligned or \
-                 unaligned (the exactly-once sink)"
+                "--source kafka needs checkpoints: --mode at-least-once (the at-least-once sink), aligned, \
+                 unaligned or dedup (the exactly-once sink)"
                     .into(),
             ))
         }

@@ -339,7 +339,7 @@ impl Sink<Event> for CountSink {
         }
         record_known(ctx, stamp, run);
         if let Some((probe, subtask)) = &self.failure {
-            probe.on_batch(*subtask, weir_core::clock::now_ns(), first_stamp);
+            probe.on_batch(*subtask, weir_core::clock::now_ns(), first_stamp, batch.len() as u64);
         }
         self.checksum = checksum;
         self.count += batch.len() as u64;

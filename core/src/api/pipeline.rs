@@ -12,6 +12,7 @@
 use std::cell::RefCell;
 use std::hash::Hash;
 use std::rc::Rc;
+use std::sync::{Arc, Mutex};
 
 use crate::data::Data;
 use crate::error::{Error, Result};
@@ -431,14 +432,25 @@ impl<T: Send + 'static> Stream<T> {
         ops.push(name.to_string());
         let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
         let p = self.parallelism;
+        // Built whole per attempt, and one subtask again for a dedup
+        // recovery: both from the job thread, one at a time.
+        let one = Arc::new(Mutex::new(move |ctx: &mut BuildCtx, i: usize| {
+            chain(ctx, i, Box::new(SinkTail { sink: factory(i), op }))
+        }));
+        let again = Arc::clone(&one);
         let group = ChainGroup {
             ops,
             parallelism: p,
             input_rings: self.input_rings,
             build: Box::new(move |ctx| {
-                (0..p)
-                    .map(|i| chain(ctx, i, Box::new(SinkTail { sink: factory(i), op })))
-                    .collect()
+                let mut build = one.lock().unwrap_or_else(|e| e.into_inner());
+                (0..p).map(|i| (*build)(ctx, i)).collect()
+            }),
+            rebuild: (self.input_rings > 0).then(|| {
+                Box::new(move |ctx: &mut BuildCtx, i: usize| {
+                    let mut build = again.lock().unwrap_or_else(|e| e.into_inner());
+                    (*build)(ctx, i)
+                }) as crate::runtime::plan::SubtaskBuild
             }),
         };
         let graph = self.graph.clone();
@@ -477,6 +489,7 @@ impl<T: Send + 'static> Stream<T> {
                     })
                     .collect()
             }),
+            rebuild: None,
         };
         let index = self.push_group(&mut g, group);
         debug_assert_eq!(index, from_group);

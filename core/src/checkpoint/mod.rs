@@ -26,7 +26,7 @@ pub mod storage;
 pub mod task_frame;
 
 pub use config::{
-    CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, DEFAULT_INLINE_STATE_MAX,
-    MAX_CONCURRENT, MAX_INLINE_STATE, MAX_RETAINED, MIN_INTERVAL,
+    CheckpointConfig, CheckpointMode, RestartStrategy, RestoreFrom, RetainOnCancel, DEFAULT_DEDUP_BACKUP_LIMIT,
+    DEFAULT_INLINE_STATE_MAX, MAX_CONCURRENT, MAX_INLINE_STATE, MAX_RETAINED, MIN_INTERVAL,
 };
 pub use stats::{CheckpointRecord, CheckpointStats, FailedCheckpoint, RestartRecord, TaskCheckpointStats, MAX_HISTORY};

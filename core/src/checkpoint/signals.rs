@@ -169,6 +169,15 @@ pub(crate) enum Event {
     /// A source task has no more input; it will take part in the final
     /// checkpoint and then end its stream.
     SourceExhausted { task: usize },
+    /// Dedup mode: a task failed and waits, dropped, for a replacement
+    /// that recovers it alone (handled by the job thread, not the
+    /// coordinator). `record`: the `(input, position)` it failed on, if
+    /// known.
+    TaskFailed {
+        task: usize,
+        message: String,
+        record: Option<(u32, u64)>,
+    },
 }
 
 /// A task's handle on checkpointing.
@@ -186,6 +195,12 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) inline_max: usize,
     /// Where asynchronous snapshot work runs (the job's snapshot pool).
     pub(crate) pool: Arc<super::spawner::SnapshotPool>,
+    /// The task's incarnation in this attempt: 0, then one more each time
+    /// it recovers alone (dedup mode). The coordinator refuses a snapshot
+    /// of an older incarnation (a zombie's).
+    pub(crate) generation: u64,
+    /// `CheckpointConfig::dedup_backup_limit`.
+    pub(crate) backup_limit: usize,
 }
 
 impl TaskCheckpointing {

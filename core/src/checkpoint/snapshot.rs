@@ -295,6 +295,9 @@ pub(crate) enum AckedState {
 pub(crate) struct TaskAck {
     pub(crate) id: u64,
     pub(crate) task: usize,
+    /// The incarnation of the task that took the snapshot
+    /// ([`TaskCheckpointing::generation`]).
+    pub(crate) generation: u64,
     pub(crate) state: AckedState,
     /// Files in `shared/` (state backend) this task's state relies on.
     pub(crate) shared_files: Vec<FileRef>,
@@ -328,6 +331,7 @@ pub(crate) fn complete(snapshot: TaskSnapshot, ck: &TaskCheckpointing) {
         ck.send(Event::Ack(Box::new(TaskAck {
             id: snapshot.id(),
             task: ck.task,
+            generation: ck.generation,
             state: AckedState::Inline(frame),
             shared_files: Vec::new(),
             wrote_shared: false,
@@ -388,6 +392,7 @@ fn write_task_state(mut snapshot: TaskSnapshot, ck: &TaskCheckpointing) -> Resul
     Ok(TaskAck {
         id,
         task: ck.task,
+        generation: ck.generation,
         state,
         shared_files,
         wrote_shared,

@@ -70,6 +70,10 @@ pub struct RestartRecord {
     pub error: String,
     /// The checkpoint the restarted job restored from (`None`: from scratch).
     pub restored_from: Option<u64>,
+    /// Dedup mode: the subtask that recovered alone, `(operator chain,
+    /// subtask)`, while the rest of the job ran on; `None` for a restart of
+    /// the whole job.
+    pub subtask: Option<(String, usize)>,
 }
 
 /// Checkpointing counters and history of a job.

@@ -90,6 +90,59 @@ struct Attempt {
     running: AtomicUsize,
     workers: Mutex<Vec<Thread>>,
     job_thread: Thread,
+    /// Per worker: replacements of its failed tasks (dedup recovery).
+    mail: Vec<Mailbox>,
+    /// The failure must not restart the job: a subtask that recovers
+    /// alone spent its restart attempts.
+    final_failure: AtomicBool,
+}
+
+/// Replacements for a worker's failed tasks, from the job thread.
+#[derive(Default)]
+struct Mailbox {
+    /// Set when `items` holds something: one load per worker round.
+    flag: AtomicBool,
+    items: Mutex<Vec<Replacement>>,
+}
+
+/// A failed task's replacement, built on the job thread; the worker
+/// restores it, gives it the failed task's inputs, and runs it.
+struct Replacement {
+    /// Global index of the task it replaces.
+    task: usize,
+    built: Box<dyn Task>,
+    /// The checkpoint it restores from (`None`: none completed yet).
+    restored: Option<Arc<Restored>>,
+    checkpoint: u64,
+    generation: u64,
+    max_parallelism: usize,
+}
+
+/// A task that failed and waits for its replacement: never polled.
+struct Failed;
+
+impl Task for Failed {
+    fn poll(&mut self, _ctx: &mut TaskContext) -> std::result::Result<TaskPoll, crate::error::BoxError> {
+        Ok(TaskPoll::Idle)
+    }
+    fn restore(
+        &mut self,
+        _r: &RestoreCtx<'_>,
+        _ctx: &mut TaskContext,
+    ) -> std::result::Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+    fn open(&mut self, _ctx: &mut TaskContext) -> std::result::Result<(), crate::error::BoxError> {
+        Ok(())
+    }
+}
+
+/// What the job thread needs of a running attempt to recover one of its
+/// tasks alone.
+struct Running {
+    parkers: Vec<Arc<Parker>>,
+    state_root: std::path::PathBuf,
+    infos: Vec<TaskInfo>,
 }
 
 impl Attempt {
@@ -240,6 +293,15 @@ struct Placed {
     ctx: TaskContext,
     /// Where the task's time is accounted up to (clock ns).
     mark_ns: u64,
+    /// Global index of the task and its chain.
+    global: usize,
+    group: usize,
+    /// Dedup mode, a chain that can be built again alone: a failure
+    /// recovers this task alone instead of failing the attempt.
+    recoverable: bool,
+    /// A failed task's inputs while it waits for its replacement (it is
+    /// not polled meanwhile).
+    held: Option<Box<dyn Any + Send>>,
 }
 
 impl Placed {
@@ -358,6 +420,8 @@ fn prepare(
                 root: Arc::from(root),
                 inline_max: ckpt.map_or(crate::checkpoint::DEFAULT_INLINE_STATE_MAX, |c| c.inline_state_max),
                 pool: Arc::clone(pool),
+                generation: 0,
+                backup_limit: ckpt.map_or(crate::checkpoint::DEFAULT_DEDUP_BACKUP_LIMIT, |c| c.dedup_backup_limit),
             });
         }
         if let Some(r) = restored {
@@ -379,7 +443,17 @@ fn prepare(
             parallelism: group.parallelism,
             message: format!("could not open: {e}"),
         })?;
-        out.push(Placed { task, ctx, mark_ns: 0 });
+        let recoverable =
+            ckpt.is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup) && group.rebuild.is_some();
+        out.push(Placed {
+            task,
+            ctx,
+            mark_ns: 0,
+            global: k,
+            group: g,
+            recoverable,
+            held: None,
+        });
     }
     Ok(Prepared {
         state_root,
@@ -484,6 +558,7 @@ fn restore_task(
 /// on a job thread.
 pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> {
     validate(&config)?;
+    validate_dedup(&plan, &config)?;
     let (groups, fingerprint) = graph_description(&plan);
     let metrics_addr = config.metrics_addr;
     let graph_info = graph_info(&plan, &config);
@@ -544,6 +619,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
                 relay,
                 pool,
                 cores,
+                task_failures: std::collections::HashMap::new(),
             };
             let r = job.run(prepared);
             sh.finished.store(true, Ordering::Release);
@@ -613,6 +689,34 @@ fn validate(config: &RuntimeConfig) -> Result<()> {
         })?;
     }
     config.restart.validate()
+}
+
+/// Dedup mode drops replayed records by their position in each channel,
+/// which needs producers that replay the same records in the same order
+/// after a restore: source chains do (from their offsets); a chain fed by
+/// several rings interleaves them anew and cannot.
+fn validate_dedup(plan: &Plan, config: &RuntimeConfig) -> Result<()> {
+    if !config
+        .checkpointing
+        .as_ref()
+        .is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup)
+    {
+        return Ok(());
+    }
+    for &(from, to) in &plan.edge_groups {
+        let producer = &plan.groups[from];
+        if producer.input_rings > 0 {
+            return Err(Error::InvalidPipeline(format!(
+                    "checkpoint mode dedup: the chain '{}' reads an exchange and feeds another ('{}'): dedup drops replayed \
+                     records by their position in a channel, which needs a producer that replays the \
+                     same records in the same order, a source chain; exchanges after the first are not \
+                     supported yet. Use the aligned or unaligned mode for this job",
+                    producer.ops.join(" -> "),
+                    plan.groups[to].ops.join(" -> ")
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The job graph as the metrics endpoint shows it.
@@ -693,12 +797,16 @@ struct JobRun {
     pool: Arc<SnapshotPool>,
     /// The cores the job may use (workers are pinned to them in order).
     cores: Vec<core_affinity::CoreId>,
+    /// Dedup mode: failures per task that recovered alone (global index).
+    task_failures: std::collections::HashMap<usize, u32>,
 }
 
 enum AttemptEnd {
     Finished,
     Cancelled,
     Failed(Error),
+    /// Failed, and restarting would not help (see `Attempt::final_failure`).
+    FailedFinally(Error),
 }
 
 impl JobRun {
@@ -713,6 +821,10 @@ impl JobRun {
                 AttemptEnd::Finished => return Ok(self.result(Outcome::Finished, elapsed)),
                 AttemptEnd::Cancelled => return Ok(self.result(Outcome::Cancelled, elapsed)),
                 AttemptEnd::Failed(e) => e,
+                AttemptEnd::FailedFinally(e) => {
+                    tracing::error!(job = %self.plan.name, error = %e, "job failed");
+                    return Err(e);
+                }
             };
             restarts += 1;
             let Some(delay) = self.config.restart.delay(restarts) else {
@@ -737,16 +849,12 @@ impl JobRun {
             };
             let restored_from = restored.as_ref().map(|r| r.manifest.id);
             tracing::info!(job = %self.plan.name, restart = restarts, checkpoint = ?restored_from, "restarted");
-            self.shared
-                .stats
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .restarts
-                .push(RestartRecord {
-                    attempt: restarts,
-                    error: error.to_string(),
-                    restored_from,
-                });
+            self.record_restart(RestartRecord {
+                attempt: restarts,
+                error: error.to_string(),
+                restored_from,
+                subtask: None,
+            });
             let root = self.config.checkpointing.as_ref().map(|c| c.dir.clone());
             prepared = prepare(
                 &mut self.plan,
@@ -759,6 +867,16 @@ impl JobRun {
             )?;
             *self.shared.registry.lock().unwrap_or_else(|p| p.into_inner()) = prepared.registry.clone();
         }
+    }
+
+    /// Adds a restart, of the job or of one subtask, to the job's history.
+    fn record_restart(&self, r: RestartRecord) {
+        self.shared
+            .stats
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .restarts
+            .push(r);
     }
 
     fn result(&self, outcome: Outcome, elapsed: Duration) -> JobResult {
@@ -792,7 +910,14 @@ impl JobRun {
             running: AtomicUsize::new(0),
             workers: Mutex::new(Vec::new()),
             job_thread: thread::current(),
+            mail: (0..prepared.parkers.len()).map(|_| Mailbox::default()).collect(),
+            final_failure: AtomicBool::new(false),
         });
+        let running = Running {
+            parkers: prepared.parkers.clone(),
+            state_root: prepared.state_root.clone(),
+            infos: prepared.infos.clone(),
+        };
         let mut coordinator = self.coordinator(&prepared);
         let (events, _keep_sender) = match prepared.checkpointing {
             Some((_, rx, tx)) => (Some(rx), Some(tx)),
@@ -811,7 +936,7 @@ impl JobRun {
             Ok(t) => t,
             Err(e) => return (AttemptEnd::Failed(e), Instant::now()),
         };
-        let end = self.supervise(&attempt, coordinator.as_mut(), events.as_ref());
+        let end = self.supervise(&attempt, coordinator.as_mut(), events.as_ref(), &running);
         for t in threads {
             if t.join().is_err() {
                 attempt.fail(Error::InvalidPipeline(
@@ -822,7 +947,10 @@ impl JobRun {
         let finished_at = Instant::now();
         // The workers dropped their tasks (and stores) before exiting.
         let _ = std::fs::remove_dir_all(&state_root);
-        let end = attempt.end(end);
+        let end = match attempt.end(end) {
+            AttemptEnd::Failed(e) if attempt.final_failure.load(Ordering::Acquire) => AttemptEnd::FailedFinally(e),
+            end => end,
+        };
         if let Some(c) = &mut coordinator {
             self.end_checkpointing(c, events.as_ref(), matches!(end, AttemptEnd::Cancelled));
         }
@@ -854,10 +982,11 @@ impl JobRun {
     /// Watches an attempt while its workers run, and coordinates its
     /// checkpoints, until it is cancelled, fails or finishes.
     fn supervise(
-        &self,
+        &mut self,
         attempt: &Attempt,
         mut coordinator: Option<&mut Coordinator>,
         events: Option<&Receiver<Event>>,
+        running: &Running,
     ) -> AttemptEnd {
         loop {
             if self.shared.cancel.load(Ordering::Acquire) {
@@ -874,14 +1003,14 @@ impl JobRun {
                 (Some(c), Some(rx)) => {
                     match rx.recv_timeout(c.next_wakeup()) {
                         Ok(ev) => {
-                            if let Err(e) = c.handle(ev) {
-                                attempt.fail(coordinator_error(e));
+                            if let Err(e) = self.on_event(ev, c, attempt, running) {
+                                attempt.fail(e);
                                 continue;
                             }
                             // Drain what else is queued before ticking.
                             while let Ok(ev) = rx.try_recv() {
-                                if let Err(e) = c.handle(ev) {
-                                    attempt.fail(coordinator_error(e));
+                                if let Err(e) = self.on_event(ev, c, attempt, running) {
+                                    attempt.fail(e);
                                     break;
                                 }
                             }
@@ -895,6 +1024,107 @@ impl JobRun {
                 _ => thread::park_timeout(Duration::from_millis(10)),
             }
         }
+    }
+
+    /// One event of the attempt's tasks: a failed task recovering alone
+    /// (dedup), or the coordinator's.
+    fn on_event(&mut self, ev: Event, c: &mut Coordinator, attempt: &Attempt, running: &Running) -> Result<()> {
+        match ev {
+            Event::TaskFailed { task, message, record } => self.recover(task, message, record, c, attempt, running),
+            ev => c.handle(ev).map_err(coordinator_error),
+        }
+    }
+
+    /// Dedup mode: task `task` failed with `message` (on `record`, if it
+    /// failed while its backup was fed again); its worker dropped it and
+    /// holds its inputs. Builds its replacement, restored from the latest
+    /// completed checkpoint, and hands it to that worker; every other task
+    /// runs on. An error (the attempt fails) when the restart strategy's
+    /// attempts for this subtask are spent or the replacement cannot be
+    /// built.
+    fn recover(
+        &mut self,
+        task: usize,
+        message: String,
+        record: Option<(u32, u64)>,
+        c: &mut Coordinator,
+        attempt: &Attempt,
+        running: &Running,
+    ) -> Result<()> {
+        let info = &running.infos[task];
+        let (g, i) = (info.group, info.subtask);
+        let failures = {
+            let n = self.task_failures.entry(task).or_insert(0);
+            *n += 1;
+            *n
+        };
+        let group = &self.plan.groups[g];
+        let (operator, parallelism) = (group.ops.join(" -> "), group.parallelism);
+        let on_record = record.map_or(String::new(), |(input, position)| {
+            format!(" on the record at position {position} of input channel {input}")
+        });
+        let Some(delay) = self.config.restart.delay(failures) else {
+            // Restarting the whole job would only meet the record again.
+            attempt.final_failure.store(true, Ordering::Release);
+            return Err(Error::OperatorFailed {
+                operator,
+                subtask: i,
+                parallelism,
+                message: format!(
+                    "{message}{on_record}; it failed {failures} times, and the restart strategy's attempts are spent"
+                ),
+            });
+        };
+        tracing::warn!(job = %self.plan.name, operator = %operator, subtask = i, error = %message, ?delay, "subtask failed; recovering it alone");
+        if self.sleep_unless_cancelled(delay) {
+            return Ok(());
+        }
+        let (generation, checkpoint) = c.task_failed(task);
+        let cfg = self
+            .config
+            .checkpointing
+            .as_ref()
+            .expect("dedup recovery runs with checkpointing");
+        let restored = if checkpoint > 0 {
+            recovery::find(
+                &cfg.dir,
+                RestoreFrom::Id(checkpoint),
+                &self.fingerprint,
+                self.plan.groups.len(),
+            )?
+            .map(Arc::new)
+        } else {
+            None
+        };
+        let mut ctx = BuildCtx::new(self.config.clone(), &self.plan, running.parkers.clone())
+            .with_state_root(running.state_root.join(format!("recovery-{task}-{failures}")));
+        let rebuild = self.plan.groups[g]
+            .rebuild
+            .as_mut()
+            .expect("only tasks of rebuildable chains recover alone");
+        let built = rebuild(&mut ctx, i)?;
+        self.record_restart(RestartRecord {
+            attempt: failures,
+            error: format!("operator '{operator}' subtask {i}: {message}{on_record}"),
+            restored_from: (checkpoint > 0).then_some(checkpoint),
+            subtask: Some((operator, i)),
+        });
+        let w = task % running.parkers.len();
+        attempt.mail[w]
+            .items
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Replacement {
+                task,
+                built,
+                restored,
+                checkpoint,
+                generation,
+                max_parallelism: self.plan.max_parallelism,
+            });
+        attempt.mail[w].flag.store(true, Ordering::Release);
+        running.parkers[w].wake();
+        Ok(())
     }
 
     /// The end of an attempt's checkpointing, once its workers stopped:
@@ -1000,7 +1230,7 @@ fn spawn_workers(
             // cores, and are woken through the relay.
             placement::set_current(h);
             relay::set_current(Some(r));
-            worker_main(tasks, core, idle, &parker, &a)
+            worker_main(tasks, core, idle, &parker, &a, w)
         });
         match spawned {
             Ok(t) => {
@@ -1061,6 +1291,7 @@ fn worker_main(
     idle: IdleStrategy,
     parker: &Parker,
     attempt: &Attempt,
+    w: usize,
 ) {
     if let Some(core) = core {
         // Pinning is best-effort: an unpinned worker is slower, not wrong.
@@ -1081,8 +1312,17 @@ fn worker_main(
         // One clock reading per turn (a batch): each turn's end is the next
         // one's start; the reading here covers the worker's back-off.
         let mut now = clock::now_ns();
+        if attempt.mail[w].flag.load(Ordering::Acquire) {
+            install_replacements(&mut tasks, attempt, w);
+            progressed = true;
+        }
         while i < tasks.len() {
             let placed = &mut tasks[i];
+            if placed.held.is_some() {
+                // Failed; waiting for its replacement.
+                i += 1;
+                continue;
+            }
             placed.account_wait(now);
             placed.ctx.output_blocked = false;
             let result = catch_unwind(AssertUnwindSafe(|| placed.task.poll(&mut placed.ctx)));
@@ -1105,6 +1345,10 @@ fn worker_main(
                 Err(payload) => Some(panic_message(&*payload)),
             };
             if let Some(message) = failure {
+                if placed.recoverable && recover_alone(placed, message.clone()) {
+                    i += 1;
+                    continue;
+                }
                 let ctx = &placed.ctx;
                 attempt.fail(Error::OperatorFailed {
                     operator: ctx.operator_name().to_string(),
@@ -1125,6 +1369,76 @@ fn worker_main(
     drop(tasks);
     attempt.running.fetch_sub(1, Ordering::AcqRel);
     attempt.job_thread.unpark();
+}
+
+/// Dedup mode: a recoverable task failed with `message`. Takes its inputs
+/// out, drops it (its sink's threads and files must be gone before its
+/// replacement restores), and asks the job thread for a replacement; false
+/// if the task cannot recover alone.
+fn recover_alone(placed: &mut Placed, message: String) -> bool {
+    let Some(ck) = placed.ctx.ckpt.clone() else {
+        return false;
+    };
+    let Some(inputs) = placed.task.take_inputs() else {
+        return false;
+    };
+    let record = placed.task.failing_record();
+    let failed = std::mem::replace(&mut placed.task, Box::new(Failed));
+    // A panic while dropping the failed chain must not take the worker
+    // down with it.
+    let _ = catch_unwind(AssertUnwindSafe(move || drop(failed)));
+    placed.held = Some(inputs);
+    ck.send(Event::TaskFailed {
+        task: placed.global,
+        message,
+        record,
+    });
+    true
+}
+
+/// Installs the replacements the job thread built for this worker's
+/// failed tasks: each restored, given its predecessor's inputs, opened.
+fn install_replacements(tasks: &mut [Placed], attempt: &Attempt, w: usize) {
+    let items = std::mem::take(&mut *attempt.mail[w].items.lock().unwrap_or_else(|p| p.into_inner()));
+    attempt.mail[w].flag.store(false, Ordering::Release);
+    for r in items {
+        let Some(placed) = tasks.iter_mut().find(|p| p.global == r.task) else {
+            continue;
+        };
+        let Some(inputs) = placed.held.take() else { continue };
+        let mut task = r.built;
+        let ctx = &mut placed.ctx;
+        let installed = (|| -> Result<()> {
+            if let Some(restored) = &r.restored {
+                restore_task(
+                    &mut *task,
+                    ctx,
+                    restored,
+                    placed.group,
+                    ctx.parallelism,
+                    r.max_parallelism,
+                )?;
+            }
+            if let Some(ck) = &mut ctx.ckpt {
+                ck.generation = r.generation;
+            }
+            let (operator, subtask, parallelism) = (ctx.operator_name().to_string(), ctx.subtask, ctx.parallelism);
+            let failed = |what: &str, e: crate::error::BoxError| Error::OperatorFailed {
+                operator: operator.clone(),
+                subtask,
+                parallelism,
+                message: format!("{what} after it failed: {e}"),
+            };
+            task.resume_inputs(inputs, r.checkpoint, ctx)
+                .map_err(|e| failed("could not resume its inputs", e))?;
+            task.open(ctx).map_err(|e| failed("could not open", e))?;
+            Ok(())
+        })();
+        match installed {
+            Ok(()) => placed.task = task,
+            Err(e) => attempt.fail(e),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -56,6 +56,12 @@ pub(crate) struct TaskCounters {
     pub(crate) idle_ns: AtomicU64,
     /// What a source has left to read ([`NO_BACKLOG`]: it does not know).
     pub(crate) backlog: AtomicU64,
+    /// Dedup mode: bytes of the channel positions in the last snapshot.
+    pub(crate) dedup_state_bytes: AtomicU64,
+    /// Dedup mode: the upstream backup at the last snapshot, and its most.
+    pub(crate) backup_bytes: AtomicU64,
+    pub(crate) backup_records: AtomicU64,
+    pub(crate) backup_peak_bytes: AtomicU64,
 }
 
 /// The value of [`TaskCounters::backlog`] when the source does not know it.
@@ -78,6 +84,10 @@ impl TaskCounters {
             backpressured_ns: AtomicU64::new(0),
             idle_ns: AtomicU64::new(0),
             backlog: AtomicU64::new(NO_BACKLOG),
+            dedup_state_bytes: AtomicU64::new(0),
+            backup_bytes: AtomicU64::new(0),
+            backup_records: AtomicU64::new(0),
+            backup_peak_bytes: AtomicU64::new(0),
         }
     }
 
@@ -97,6 +107,10 @@ impl TaskCounters {
             backpressured_ns: self.backpressured_ns.load(Ordering::Relaxed),
             idle_ns: self.idle_ns.load(Ordering::Relaxed),
             backlog: Some(self.backlog.load(Ordering::Relaxed)).filter(|&b| b != NO_BACKLOG),
+            dedup_state_bytes: self.dedup_state_bytes.load(Ordering::Relaxed),
+            backup_bytes: self.backup_bytes.load(Ordering::Relaxed),
+            backup_records: self.backup_records.load(Ordering::Relaxed),
+            backup_peak_bytes: self.backup_peak_bytes.load(Ordering::Relaxed),
         }
     }
 }
@@ -146,6 +160,17 @@ pub struct TaskMetrics {
     /// left to read, in the unit the source documents (bytes of a file,
     /// records behind a partition's end).
     pub backlog: Option<u64>,
+    /// Dedup mode: bytes of the task's deduplication state in its last
+    /// snapshot: two positions per input channel, whatever the number of
+    /// records (0 in the other modes and for sources).
+    pub dedup_state_bytes: u64,
+    /// Dedup mode: bytes of records the task kept in its upstream backup
+    /// (taken since its last completed checkpoint) at its last snapshot.
+    pub backup_bytes: u64,
+    /// Dedup mode: records in the upstream backup at the last snapshot.
+    pub backup_records: u64,
+    /// Dedup mode: the most bytes the upstream backup held at a snapshot.
+    pub backup_peak_bytes: u64,
 }
 
 impl TaskMetrics {

@@ -27,6 +27,11 @@ pub(crate) type ChainFn<T> =
 /// Builds every task of a chain; called once per attempt of the job.
 pub(crate) type GroupBuild = Box<dyn FnMut(&mut BuildCtx) -> Result<Vec<Box<dyn Task>>> + Send>;
 
+/// Builds one subtask of a chain again, for a dedup recovery of that
+/// subtask alone; its input rings are made afresh here and replaced by the
+/// failed task's ([`Task::resume_inputs`]).
+pub(crate) type SubtaskBuild = Box<dyn FnMut(&mut BuildCtx, usize) -> Result<Box<dyn Task>> + Send>;
+
 /// A finished chain waiting to be instantiated by [`Pipeline::run`].
 pub(crate) struct ChainGroup {
     pub(crate) ops: Vec<String>,
@@ -34,6 +39,9 @@ pub(crate) struct ChainGroup {
     /// Input rings of each subtask (0 for a source chain).
     pub(crate) input_rings: usize,
     pub(crate) build: GroupBuild,
+    /// Chains that end in a sink and read input rings: one subtask built
+    /// again (they hold no ring that another task reads).
+    pub(crate) rebuild: Option<SubtaskBuild>,
 }
 
 /// A complete job graph, ready to be instantiated (once per attempt).
@@ -98,6 +106,13 @@ impl BuildCtx {
             rings: HashMap::new(),
             max_parallelism: plan.max_parallelism,
         }
+    }
+
+    /// The same context with its state working files under `root` (a
+    /// recovery's, inside its attempt's folder).
+    pub(crate) fn with_state_root(mut self, root: std::path::PathBuf) -> Self {
+        self.state_root = root;
+        self
     }
 
     /// A fresh working folder for one state store of this attempt.

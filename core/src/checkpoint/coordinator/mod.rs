@@ -73,6 +73,9 @@ pub(crate) struct Coordinator {
     fingerprint: String,
     groups: Vec<ManifestGroup>,
     tasks: Vec<TaskInfo>,
+    /// Per task, its current incarnation (dedup mode: one more each time
+    /// it recovered alone); acknowledgements of older ones are refused.
+    generations: Vec<u64>,
     sources_exhausted: Vec<bool>,
     /// First id of this attempt; lower ids belong to earlier runs.
     first_id: u64,
@@ -121,6 +124,7 @@ impl Coordinator {
             fingerprint,
             groups,
             tasks,
+            generations: vec![0; n],
             sources_exhausted: vec![false; n],
             first_id,
             next_id: first_id,
@@ -195,7 +199,29 @@ impl Coordinator {
                 self.sources_exhausted[task] = true;
                 Ok(())
             }
+            // The job thread's (a dedup recovery), never passed here.
+            Event::TaskFailed { .. } => Ok(()),
         }
+    }
+
+    /// Task `task` failed and recovers alone (dedup mode): its next
+    /// incarnation gets a new generation, and every pending checkpoint is
+    /// given up (the failed incarnation may have taken part in it; the
+    /// sinks fold an aborted checkpoint's output into the next one). Not
+    /// counted as a checkpoint failure. Returns the new generation and the
+    /// latest completed checkpoint, the one the task restores from.
+    pub(crate) fn task_failed(&mut self, task: usize) -> (u64, u64) {
+        self.generations[task] += 1;
+        let ids: Vec<u64> = self.pending.keys().copied().collect();
+        for id in ids {
+            if self.discard(id).is_some() {
+                let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+                stats.subsumed += 1;
+                stats.in_progress = self.pending.len() as u64;
+            }
+        }
+        self.collect_garbage();
+        (self.generations[task], self.signals.completed())
     }
 
     /// Waits (at most `limit`) until no task snapshot of this attempt is

@@ -122,6 +122,25 @@ impl Coordinator {
     /// A task's acknowledgement: the checkpoint completes with the last one.
     pub(super) fn on_ack(&mut self, ack: Box<TaskAck>) -> Result<(), CoordinatorError> {
         let id = ack.id;
+        if ack.generation < self.generations[ack.task] {
+            // A zombie: an incarnation that failed and was replaced (dedup
+            // recovery), whose snapshot finished late. Its checkpoints were
+            // given up when it failed; one still pending here (never
+            // expected) is given up too, since the zombie's files may have
+            // replaced the live incarnation's. Its files go like a late
+            // ack's.
+            tracing::warn!(
+                checkpoint = id,
+                task = ack.task,
+                generation = ack.generation,
+                "refused a snapshot of a replaced incarnation"
+            );
+            if self.discard(id).is_some() {
+                self.stats.lock().unwrap_or_else(|e| e.into_inner()).subsumed += 1;
+            }
+            self.late_ack(&ack);
+            return Ok(());
+        }
         let Some(p) = self.pending.get_mut(&id) else {
             self.late_ack(&ack);
             return Ok(());
@@ -224,7 +243,7 @@ impl Coordinator {
 
     /// Removes pending checkpoint `id`: tells the tasks it is aborted,
     /// deletes its folder and queues the shared files written for it.
-    fn discard(&mut self, id: u64) -> Option<Pending> {
+    pub(super) fn discard(&mut self, id: u64) -> Option<Pending> {
         let p = self.pending.remove(&id)?;
         self.signals.abort(id);
         if let Err(e) = self.remove_folder(id) {

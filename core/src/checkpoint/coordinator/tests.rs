@@ -99,6 +99,7 @@ fn ack(id: u64, task: usize) -> Event {
     Event::Ack(Box::new(TaskAck {
         id,
         task,
+        generation: 0,
         state: AckedState::Inline(state.encode()),
         shared_files: Vec::new(),
         wrote_shared: false,
@@ -342,4 +343,50 @@ fn a_restore_syncs_the_checkpoint_folder_before_using_it() {
     assert_eq!(restored.manifest.id, 1);
     let chk1 = format!("sync {}", storage::checkpoint_dir(root, 1).display());
     assert!(log.contains(&chk1), "{log:#?}");
+}
+
+/// Dedup recovery: when task 0 fails and recovers alone, every pending
+/// checkpoint is given up (not counted as a failure), the restore point is
+/// the latest completed one, and a snapshot of the replaced incarnation
+/// (a zombie's, generation 0) is refused, even for a checkpoint triggered
+/// after the failure; the replacement's (generation 1) completes it.
+#[test]
+fn a_replaced_incarnation_s_snapshot_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (mut c, signals, stats) = coordinator(root, 1, |cfg| cfg.max_concurrent = 2);
+    c.trigger(Instant::now(), false).unwrap();
+    c.handle(ack(1, 0)).unwrap();
+    c.handle(ack(1, 1)).unwrap();
+    assert_eq!(signals.completed(), 1);
+    c.trigger(Instant::now(), false).unwrap();
+    c.handle(ack(2, 1)).unwrap();
+    let (generation, restore_from) = c.task_failed(0);
+    assert_eq!((generation, restore_from), (1, 1));
+    assert_eq!(signals.aborted_after(1), vec![2], "the pending checkpoint is given up");
+    assert!(!storage::checkpoint_dir(root, 2).exists());
+    c.trigger(Instant::now(), false).unwrap();
+    // A zombie's snapshot (generation 0) is refused, and the checkpoint
+    // it reached is given up, since its files might replace the live
+    // incarnation's.
+    c.handle(ack(3, 1)).unwrap();
+    c.handle(ack(3, 0)).unwrap();
+    assert_eq!(signals.completed(), 1, "a zombie's snapshot does not count");
+    assert!(!storage::checkpoint_dir(root, 3).exists());
+    c.trigger(Instant::now(), false).unwrap();
+    let Event::Ack(mut a) = ack(4, 0) else { unreachable!() };
+    a.generation = 1;
+    c.handle(Event::Ack(a)).unwrap();
+    c.handle(ack(4, 1)).unwrap();
+    assert_eq!(
+        signals.completed(),
+        4,
+        "the replacement's snapshot completes the next one"
+    );
+    let st = stats.lock().unwrap();
+    assert_eq!(
+        (st.completed, st.failed),
+        (2, 0),
+        "the given-up checkpoints are no failures"
+    );
 }

@@ -9,6 +9,8 @@
 //! it reads ([`InputTask::on_barrier`]) and each end-of-stream, and lets
 //! it look ahead, or check the alignment timeout, once per turn.
 
+use std::sync::atomic::Ordering;
+
 use crate::checkpoint::channel::ChannelRecorder;
 use crate::checkpoint::signals::Event;
 use crate::checkpoint::snapshot::TaskSnapshot;
@@ -467,6 +469,8 @@ impl<T: Data> InputTask<T> {
     /// A barrier read from input `i`, in order with its data.
     pub(super) fn on_barrier(&mut self, i: usize, barrier: Barrier, ctx: &mut TaskContext) -> Result<(), BoxError> {
         let mode = Self::mode(ctx).ok_or("a barrier reached a job without checkpointing")?;
+        // Dedup: the channel's position at this barrier.
+        self.inputs[i].at_barrier = (barrier.id, self.inputs[i].records);
         let Some((before, barrier)) = self.deliver(i, barrier, ctx) else {
             return Ok(());
         };
@@ -541,10 +545,47 @@ impl<T: Data> InputTask<T> {
         // at-least-once mode, whose inputs went on past the barrier (their
         // watermarks from after it would make the replayed records late);
         // event time then starts again from the beginning after a restore.
-        if Self::mode(ctx).is_some_and(|m| m.is_exactly_once()) {
+        if Self::mode(ctx).is_some_and(|m| m.snapshots_at_barrier()) {
             snap.state.input_event_time = Some(self.watermarks.checkpoint());
         }
+        if Self::mode(ctx) == Some(CheckpointMode::Dedup) {
+            // Per channel: records delivered at the barrier, and records
+            // whose effect the state holds: those taken, and those of a
+            // replay still to drop (taken before an earlier restore).
+            let skips = &self.skips;
+            let positions = super::dedup::Positions {
+                channels: self
+                    .inputs
+                    .iter()
+                    .enumerate()
+                    .map(|(k, i)| {
+                        debug_assert!(
+                            i.ended || i.at_barrier.0 == barrier.id,
+                            "every input delivered this barrier last"
+                        );
+                        let at = if i.at_barrier.0 == barrier.id {
+                            i.at_barrier.1
+                        } else {
+                            i.records
+                        };
+                        (at, i.records + skips.get(k).copied().unwrap_or(0))
+                    })
+                    .collect(),
+            };
+            let encoded = positions.encode();
+            ctx.counters
+                .dedup_state_bytes
+                .store(encoded.len() as u64, Ordering::Relaxed);
+            snap.state.operators.push((super::dedup::POSITIONS_OP, encoded));
+        }
         let snap = snapshot_chain(&mut *self.chain, barrier, snap, ctx)?;
+        if let Some(b) = &mut self.backup {
+            b.mark(barrier.id);
+            let c = &ctx.counters;
+            c.backup_bytes.store(b.bytes() as u64, Ordering::Relaxed);
+            c.backup_records.store(b.held_records(), Ordering::Relaxed);
+            c.backup_peak_bytes.fetch_max(b.bytes() as u64, Ordering::Relaxed);
+        }
         for inbox in &mut self.inputs {
             inbox.blocked = false;
         }

@@ -23,8 +23,10 @@ use crate::runtime::message::{BatchReturn, Message};
 use crate::threads::idle::Parker;
 use crate::watermark::MIN_WATERMARK;
 
+use super::dedup::{Backup, Positions, POSITIONS_OP};
 use super::gate::Gate;
 use super::{common_phase, forward_watermark, Phase, Task, TaskPoll};
+use crate::checkpoint::CheckpointMode;
 
 /// Records handed to the chain at a time by an input task; between slices
 /// it checks the turn's time.
@@ -53,6 +55,12 @@ pub(crate) struct Inbox<T> {
     pub(super) ahead: Option<u64>,
     /// Id of the latest barrier this input delivered or look-ahead found.
     pub(super) delivered: u64,
+    /// Data records taken out of the ring so far: the position of the
+    /// next one in this channel (dedup mode's record id, [`super::dedup`]).
+    pub(super) records: u64,
+    /// `(barrier id, records)`: the latest barrier read from this input,
+    /// and how many records it had delivered before it.
+    pub(super) at_barrier: (u64, u64),
     /// A same-worker channel: where each batch handed over by reference
     /// goes back, emptied, to its producer's pool.
     returns: Option<BatchReturn<T>>,
@@ -81,6 +89,8 @@ impl<T> Inbox<T> {
             scanned: 0,
             ahead: None,
             delivered: 0,
+            records: 0,
+            at_barrier: (0, 0),
         }
     }
 
@@ -102,6 +112,16 @@ fn hand_on<T>(batch: &mut Vec<T>, chain: &mut dyn Collector<T>, ctx: &mut TaskCo
     chain.collect(batch, ctx)?;
     batch.clear();
     Ok(())
+}
+
+/// Dedup mode: keeps `records` of input `input` in the backup before the
+/// chain sees them; `end` is the channel position after the last one.
+#[inline]
+fn keep<T: Data>(backup: &mut Option<Box<Backup>>, input: usize, end: u64, records: &[T]) -> Result<(), BoxError> {
+    match backup {
+        Some(b) => b.records(input, end - records.len() as u64, records),
+        None => Ok(()),
+    }
 }
 
 /// A batch handed over by reference: the records of `batch` before it
@@ -168,6 +188,21 @@ fn out_of_time(turn_start: u64) -> bool {
     clock::now_ns().saturating_sub(turn_start) > TURN_QUANTUM_NS
 }
 
+/// A read chunk of a ring that commits its first `consumed` slots when
+/// dropped, unwinding included.
+struct Committing<'a, T> {
+    chunk: Option<rtrb::chunks::ReadChunk<'a, Message<T>>>,
+    consumed: usize,
+}
+
+impl<T> Drop for Committing<'_, T> {
+    fn drop(&mut self) {
+        if let Some(c) = self.chunk.take() {
+            c.commit(self.consumed);
+        }
+    }
+}
+
 /// What one read of an input did.
 struct Read<T> {
     /// Messages taken out of the ring.
@@ -194,6 +229,26 @@ pub(crate) struct InputTask<T> {
     replay: Option<Box<Replay<T>>>,
     /// Event time of each input; the minimum goes to the chain.
     pub(super) watermarks: InputWatermarks,
+    /// Dedup mode: what the task took since its last completed
+    /// checkpoint, to recover alone ([`super::dedup`]).
+    pub(super) backup: Option<Box<Backup>>,
+    /// Dedup mode, after a restore: per input, the replayed records still
+    /// to drop (empty once none are left).
+    pub(super) skips: Vec<u64>,
+    /// The id (input, position) of the backed-up record being fed again
+    /// after a recovery, one at a time: named if it fails again.
+    replaying: Option<(u32, u64)>,
+}
+
+/// The input side of a failed dedup task, moved into its replacement: the
+/// rings with what they hold, the backup, the inputs' event time.
+struct Transplant<T> {
+    inputs: Vec<Inbox<T>>,
+    backup: Option<Box<Backup>>,
+    watermarks: InputWatermarks,
+    /// Replayed records still to drop (after an earlier whole-job
+    /// restore): the restored state holds them too.
+    skips: Vec<u64>,
 }
 
 impl<T> InputTask<T> {
@@ -211,6 +266,9 @@ impl<T> InputTask<T> {
             gate: Gate::Idle,
             replay: None,
             watermarks: InputWatermarks::new(open_inputs),
+            backup: None,
+            skips: Vec::new(),
+            replaying: None,
         }
     }
 }
@@ -228,6 +286,12 @@ impl<T: Data> InputTask<T> {
         queued: &mut u64,
         ctx: &mut TaskContext,
     ) -> Result<usize, BoxError> {
+        if self.backup.as_ref().is_some_and(|b| b.is_full()) || self.skips.get(i).is_some_and(|&k| k > 0) {
+            // Dedup: a full backup takes nothing until a checkpoint
+            // completes; an input still dropping replayed records is read
+            // by `drop_replayed`.
+            return Ok(0);
+        }
         let recording_id = self.gate.recording();
         if recording_id.is_some() {
             // Everything readable must be recorded before it is consumed.
@@ -258,6 +322,7 @@ impl<T: Data> InputTask<T> {
     /// slice may stay in `self.batch`.
     #[inline]
     fn read_input(&mut self, i: usize, n: usize, turn_start: u64, ctx: &mut TaskContext) -> Result<Read<T>, BoxError> {
+        debug_assert!(self.batch.is_empty(), "every read starts with an empty batch");
         let inbox = &mut self.inputs[i];
         let mut read = Read {
             consumed: 0,
@@ -266,14 +331,23 @@ impl<T: Data> InputTask<T> {
         };
         let mut failed = None;
         {
-            let mut chunk = inbox
-                .ring
-                .read_chunk(n)
-                .expect("slots() promised n readable slots and only this consumer reads");
+            // Commits what was taken even when the chain panics midway: a
+            // slot whose message was moved out must never be read again
+            // (it holds an `End` in its place), and a dedup task's rings
+            // outlive its chain ([`super::dedup`]).
+            let mut chunk = Committing {
+                chunk: Some(
+                    inbox
+                        .ring
+                        .read_chunk(n)
+                        .expect("slots() promised n readable slots and only this consumer reads"),
+                ),
+                consumed: 0,
+            };
             // The chunk is read as its two slices, a run of records at a
             // time (`move_records`), and its first `consumed` slots are
             // committed at the end.
-            let (first, second) = chunk.as_mut_slices();
+            let (first, second) = chunk.chunk.as_mut().expect("set above").as_mut_slices();
             'parts: for part in [first, second] {
                 let mut j = 0;
                 while j < part.len() {
@@ -281,11 +355,16 @@ impl<T: Data> InputTask<T> {
                     let end = part.len().min(j + (SLICE - self.batch.len()));
                     let start = j;
                     j = move_records(part, j, end, &mut self.batch);
-                    read.consumed += j - start;
+                    chunk.consumed += j - start;
+                    inbox.records += (j - start) as u64;
                     if self.batch.len() == SLICE {
                         // Hand on a slice, then see whether the turn has
                         // used its time: a slow chain must not keep the
                         // worker's other tasks waiting.
+                        if let Err(e) = keep(&mut self.backup, i, inbox.records, &self.batch) {
+                            failed = Some(e);
+                            break 'parts;
+                        }
                         ctx.count_in::<T>(SLICE);
                         if let Err(e) = self.chain.collect(&mut self.batch, ctx) {
                             failed = Some(e);
@@ -303,9 +382,20 @@ impl<T: Data> InputTask<T> {
                     }
                     let message = std::mem::replace(&mut part[j], Message::End);
                     j += 1;
-                    read.consumed += 1;
+                    chunk.consumed += 1;
                     match message {
                         Message::Batch(records) => {
+                            if self.backup.is_some() {
+                                let kept = keep(&mut self.backup, i, inbox.records, &self.batch).and_then(|()| {
+                                    keep(&mut self.backup, i, inbox.records + records.len() as u64, &records)
+                                });
+                                if let Err(e) = kept {
+                                    drop(ManuallyDrop::into_inner(records));
+                                    failed = Some(e);
+                                    break 'parts;
+                                }
+                            }
+                            inbox.records += records.len() as u64;
                             let returns = inbox.returns.as_mut();
                             if let Err(e) = hand_on_batch(records, &mut self.batch, &mut *self.chain, returns, ctx) {
                                 failed = Some(e);
@@ -319,6 +409,13 @@ impl<T: Data> InputTask<T> {
                         Message::Watermark(wm) => {
                             // In order with the data: hand on the records
                             // before it, then the watermark, and read on.
+                            if let Err(e) = keep(&mut self.backup, i, inbox.records, &self.batch) {
+                                failed = Some(e);
+                                break 'parts;
+                            }
+                            if let Some(b) = &mut self.backup {
+                                b.watermark(i, wm);
+                            }
                             if let Err(e) = hand_on(&mut self.batch, &mut *self.chain, ctx) {
                                 failed = Some(e);
                                 break 'parts;
@@ -338,11 +435,13 @@ impl<T: Data> InputTask<T> {
                     }
                 }
             }
-            chunk.commit(read.consumed);
+            read.consumed = chunk.consumed;
         }
         if let Some(e) = failed {
             return Err(e);
         }
+        // What the read left in the batch, kept before `end_read` hands it on.
+        keep(&mut self.backup, i, inbox.records, &self.batch)?;
         inbox.scanned = inbox.scanned.saturating_sub(read.consumed);
         if let Some(w) = &inbox.wake {
             w.wake();
@@ -401,6 +500,63 @@ impl<T: Data> InputTask<T> {
         Ok(())
     }
 
+    /// Dedup mode, after a restore: reads the inputs that still have
+    /// replayed records to drop (those the snapshot holds already), drops
+    /// them, and hands on what follows them. True if it read anything.
+    fn drop_replayed(&mut self, ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        let mut progressed = false;
+        for i in 0..self.inputs.len() {
+            while self.skips[i] > 0 {
+                let Ok(message) = self.inputs[i].ring.pop() else { break };
+                progressed = true;
+                match message {
+                    Message::Data(_) => {
+                        self.skips[i] -= 1;
+                        self.inputs[i].records += 1;
+                    }
+                    Message::Batch(records) => {
+                        let mut records = ManuallyDrop::into_inner(records);
+                        let dropped = records.len().min(self.skips[i] as usize);
+                        records.drain(..dropped);
+                        self.skips[i] -= dropped as u64;
+                        let inbox = &mut self.inputs[i];
+                        inbox.records += dropped as u64;
+                        inbox.records += records.len() as u64;
+                        let kept = keep(&mut self.backup, i, inbox.records, &records);
+                        let result = kept.and_then(|()| hand_on(&mut records, &mut *self.chain, ctx));
+                        records.clear();
+                        if let Some(back) = inbox.returns.as_mut() {
+                            let _ = back.push(records);
+                        }
+                        result?;
+                    }
+                    Message::Watermark(wm) => {
+                        if let Some(b) = &mut self.backup {
+                            b.watermark(i, wm);
+                        }
+                        let update = self.watermarks.on_watermark(i, wm);
+                        forward_watermark(&mut *self.chain, update, ctx)?;
+                    }
+                    control => {
+                        let end = matches!(control, Message::End);
+                        self.on_control(i, Some(control), ctx)?;
+                        if end {
+                            // Ended before the replay reached the snapshot.
+                            self.skips[i] = 0;
+                        }
+                    }
+                }
+            }
+            if let Some(w) = &self.inputs[i].wake {
+                w.wake();
+            }
+        }
+        if self.skips.iter().all(|&k| k == 0) {
+            self.skips.clear();
+        }
+        Ok(progressed)
+    }
+
     /// Feeds at most a batch of restored channel state to the chain, with
     /// the watermarks between the records, as if read from the inputs.
     fn feed_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -410,7 +566,21 @@ impl<T: Data> InputTask<T> {
         Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
         let next_mark = replay.marks.front().map_or(usize::MAX, |m| m.0 - replay.fed);
         let n = replay.records.len().min(self.batch_size).min(next_mark);
-        if n > 0 {
+        if !replay.ids.is_empty() {
+            // A dedup recovery: one record at a time, so that a record
+            // that fails again is named.
+            for _ in 0..n {
+                let record = replay.records.pop_front().expect("n records are left");
+                self.replaying = Some(replay.ids[replay.fed]);
+                self.batch.push(record);
+                replay.fed += 1;
+                ctx.count_in::<T>(1);
+                self.chain.collect(&mut self.batch, ctx)?;
+                self.batch.clear();
+                Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
+            }
+            self.replaying = None;
+        } else if n > 0 {
             self.batch.extend(replay.records.drain(..n));
             replay.fed += n;
             ctx.count_in::<T>(n);
@@ -452,12 +622,16 @@ impl<T: Data> Task for InputTask<T> {
         if let Some(p) = common_phase(&mut self.phase, &mut *self.chain, ctx)? {
             return Ok(p);
         }
+        if let Some(b) = &mut self.backup {
+            // What the latest completed checkpoint holds is safe.
+            b.completed(ctx.notified);
+        }
         if self.replay.is_some() {
             self.feed_replay(ctx)?;
             return Ok(TaskPoll::Progress);
         }
+        let mut progressed = !self.skips.is_empty() && self.drop_replayed(ctx)?;
         let mut budget = self.turn_budget(self.batch_size, mode, ctx);
-        let mut progressed = false;
         let mut queued = 0u64;
         let n_inputs = self.inputs.len();
         let turn_start = clock::now_ns();
@@ -496,7 +670,74 @@ impl<T: Data> Task for InputTask<T> {
     }
 
     fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if let Some(ck) = &ctx.ckpt {
+            if ck.signals.mode == CheckpointMode::Dedup && self.backup.is_none() {
+                self.backup = Some(Box::new(Backup::new(ctx.notified, ck.backup_limit)));
+            }
+        }
         self.chain.open(ctx)
+    }
+
+    fn take_inputs(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        self.backup.as_ref()?;
+        Some(Box::new(Transplant {
+            inputs: std::mem::take(&mut self.inputs),
+            backup: self.backup.take(),
+            watermarks: std::mem::replace(&mut self.watermarks, InputWatermarks::new(0)),
+            skips: std::mem::take(&mut self.skips),
+        }))
+    }
+
+    fn resume_inputs(
+        &mut self,
+        inputs: Box<dyn std::any::Any + Send>,
+        checkpoint: u64,
+        ctx: &mut TaskContext,
+    ) -> Result<(), BoxError> {
+        let t = inputs
+            .downcast::<Transplant<T>>()
+            .map_err(|_| "the failed task's inputs are of another record type")?;
+        let mut backup = t.backup.ok_or("the failed task kept no dedup backup")?;
+        if t.inputs.len() != self.inputs.len() {
+            return Err(format!(
+                "the failed task had {} inputs, its replacement {}",
+                t.inputs.len(),
+                self.inputs.len()
+            )
+            .into());
+        }
+        let again = backup.since::<T>(checkpoint)?;
+        self.inputs = t.inputs;
+        self.watermarks = t.watermarks;
+        self.open_inputs = self.inputs.iter().filter(|i| !i.ended).count();
+        self.skips = t.skips;
+        ctx.last_barrier = self
+            .inputs
+            .iter()
+            .map(|i| i.delivered)
+            .max()
+            .unwrap_or(checkpoint)
+            .max(checkpoint);
+        for inbox in &mut self.inputs {
+            inbox.blocked = false;
+        }
+        let mut replay = Replay {
+            records: std::collections::VecDeque::with_capacity(again.records.len()),
+            ids: Vec::with_capacity(again.records.len()),
+            marks: again.watermarks.into_iter().collect(),
+            fed: 0,
+        };
+        for (input, position, record) in again.records {
+            replay.ids.push((input, position));
+            replay.records.push_back(record);
+        }
+        self.replay = (!replay.records.is_empty() || !replay.marks.is_empty()).then(|| Box::new(replay));
+        self.backup = Some(backup);
+        Ok(())
+    }
+
+    fn failing_record(&self) -> Option<(u32, u64)> {
+        self.replaying
     }
 
     fn restore(&mut self, r: &RestoreCtx<'_>, ctx: &mut TaskContext) -> Result<(), BoxError> {
@@ -523,6 +764,16 @@ impl<T: Data> Task for InputTask<T> {
                         watermark = time.emitted;
                     }
                 }
+                if let Some(bytes) = own.operator(POSITIONS_OP as usize) {
+                    let positions = Positions::decode(bytes, self.inputs.len(), r.checkpoint)?;
+                    for (inbox, (at_barrier, _)) in self.inputs.iter_mut().zip(&positions.channels) {
+                        inbox.records = *at_barrier;
+                    }
+                    let skips = positions.skips();
+                    if skips.iter().any(|&k| k > 0) {
+                        self.skips = skips;
+                    }
+                }
                 let replay = Replay::decode(own, self.inputs.len(), r.checkpoint)?;
                 if !replay.records.is_empty() || !replay.marks.is_empty() {
                     self.replay = Some(Box::new(replay));
@@ -545,8 +796,11 @@ impl<T: Data> Task for InputTask<T> {
 
 /// Restored input channel state still to be fed to the chain.
 struct Replay<T> {
-    /// The records of every input channel, channel after channel.
-    records: Vec<T>,
+    /// The records of every input channel, channel after channel (or, for
+    /// a dedup recovery, in the order the failed task took them).
+    records: std::collections::VecDeque<T>,
+    /// Dedup recovery: each record's `(input, position)`; empty otherwise.
+    ids: Vec<(u32, u64)>,
     /// Watermarks to hand on: (records of `records` fed before it, input
     /// channel, watermark), in order.
     marks: std::collections::VecDeque<(usize, usize, i64)>,
@@ -560,7 +814,8 @@ impl<T: Data> Replay<T> {
     /// of the orders in which the task could have read them).
     fn decode(own: &TaskState, inputs: usize, checkpoint: u64) -> Result<Self, BoxError> {
         let mut replay = Replay {
-            records: Vec::new(),
+            records: std::collections::VecDeque::new(),
+            ids: Vec::new(),
             marks: std::collections::VecDeque::new(),
             fed: 0,
         };
@@ -579,7 +834,7 @@ impl<T: Data> Replay<T> {
                 .map_err(|e| format!("checkpoint {checkpoint}: input channel {i}: {e}"))?;
             for e in entries {
                 match e {
-                    Replayed::Record(record) => replay.records.push(record),
+                    Replayed::Record(record) => replay.records.push_back(record),
                     Replayed::Watermark(wm) => replay.marks.push_back((replay.records.len(), i, wm)),
                 }
             }

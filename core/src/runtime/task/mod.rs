@@ -27,6 +27,7 @@
 //!   aligns barriers, lets them overtake (unaligned) or passes input on
 //!   past them (at-least-once).
 
+pub(crate) mod dedup;
 mod gate;
 mod input;
 mod source;
@@ -65,6 +66,28 @@ pub(crate) trait Task: Send {
     /// Opens the chain (sinks start their threads) before the workers
     /// start, after any restore.
     fn open(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError>;
+    /// Dedup mode: takes the input side (rings and upstream backup) out
+    /// of this failed task, for its replacement; `None` for a task that
+    /// cannot recover alone.
+    fn take_inputs(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
+        None
+    }
+    /// Dedup mode: installs a failed predecessor's input side in this
+    /// replacement, restored from `checkpoint`, and queues what the
+    /// predecessor took since that checkpoint to be fed again first.
+    fn resume_inputs(
+        &mut self,
+        _inputs: Box<dyn std::any::Any + Send>,
+        _checkpoint: u64,
+        _ctx: &mut TaskContext,
+    ) -> Result<(), BoxError> {
+        Err("this task cannot recover alone".into())
+    }
+    /// The `(input, position)` of the record being fed again when the task
+    /// failed during a dedup recovery.
+    fn failing_record(&self) -> Option<(u32, u64)> {
+        None
+    }
 }
 
 /// Lifecycle of a task; shared by both drivers.
