@@ -41,6 +41,13 @@ struct Ran {
 /// The keyed running count of `job` (2 sources, 2 keyed subtasks), whose
 /// keyed function fails as `fault` says, in dedup mode.
 fn keyed_job(job: Job, fault: Fault, dir: &std::path::Path) -> Ran {
+    keyed_job_with(job, fault, Duration::ZERO, usize::MAX, dir)
+}
+
+/// [`keyed_job`] whose failed subtask stays down for `down` before it is
+/// rebuilt (the restart strategy's delay), each task keeping at most
+/// `backup` bytes (`usize::MAX`: the default).
+fn keyed_job_with(job: Job, fault: Fault, down: Duration, backup: usize, dir: &std::path::Path) -> Ran {
     let target = Arc::new(Mutex::new(Target::default()));
     let sinks_built: Arc<Vec<AtomicU32>> = Arc::new((0..job.keyed).map(|_| AtomicU32::new(0)).collect());
     let sources_built: Arc<Vec<AtomicU32>> = Arc::new((0..job.sources).map(|_| AtomicU32::new(0)).collect());
@@ -88,11 +95,12 @@ fn keyed_job(job: Job, fault: Fault, dir: &std::path::Path) -> Ran {
         checkpointing: Some(CheckpointConfig {
             interval: Duration::from_millis(5),
             timeout: Duration::from_secs(20),
+            dedup_backup_limit: backup.min(weir_core::checkpoint::DEFAULT_DEDUP_BACKUP_LIMIT),
             ..CheckpointConfig::new(CheckpointMode::Dedup, dir)
         }),
         restart: RestartStrategy::FixedDelay {
             attempts: 3,
-            delay: Duration::ZERO,
+            delay: down,
         },
         ..RuntimeConfig::default()
     };
@@ -140,6 +148,48 @@ fn one_failed_subtask_recovers_alone_and_the_output_stays_exact() {
         "only the failed subtask is built again"
     );
     assert_eq!(ran.sources_built, vec![1; JOB.sources], "no source restarts");
+}
+
+/// A failed subtask that stays down for 300 ms (the restart delay): its
+/// rings fill and its producers wait (backpressure), the records stay in
+/// the rings, and the output is exact once it is back.
+#[test]
+fn a_subtask_that_stays_down_backpressures_and_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = keyed_job_with(
+        JOB,
+        Fault::Once(21_000),
+        Duration::from_millis(300),
+        usize::MAX,
+        dir.path(),
+    );
+    let result = ran.result.expect("the job recovers and finishes");
+    assert_exactly_once(JOB, &ran.rows);
+    assert_eq!(result.metrics.checkpoints.restarts.len(), 1);
+    assert!(
+        result.elapsed >= Duration::from_millis(300),
+        "the job waited for the subtask: {:?}",
+        result.elapsed
+    );
+}
+
+/// A backup that outgrew its limit (4 KiB, a few hundred records) cannot
+/// recover its subtask alone: the whole job restarts instead, and the
+/// output stays exact.
+#[test]
+fn past_the_backup_s_limit_a_failure_restarts_the_whole_job_exactly_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = keyed_job_with(JOB, Fault::Once(33_000), Duration::ZERO, 4096, dir.path());
+    let result = ran.result.expect("the job restarts and finishes");
+    assert_exactly_once(JOB, &ran.rows);
+    let restarts = &result.metrics.checkpoints.restarts;
+    let whole = restarts.iter().filter(|r| r.subtask.is_none()).count();
+    assert_eq!(whole, 1, "{restarts:?}");
+    assert!(
+        restarts.iter().any(|r| r.error.contains("dedup_backup_limit")),
+        "the restart says why: {restarts:?}"
+    );
+    assert_eq!(ran.sources_built, vec![2; JOB.sources], "the whole job was built again");
 }
 
 /// A record that fails every time: the subtask recovers until the restart

@@ -137,9 +137,10 @@ pub struct CheckpointConfig {
     pub inline_state_max: usize,
     /// Dedup mode only: the most bytes of records each task keeps in its
     /// upstream backup (what it took since its last completed checkpoint,
-    /// encoded). A task whose backup is full takes no more input until a
-    /// checkpoint completes, and its producers backpressure. Default 64 MiB
-    /// ([`DEFAULT_DEDUP_BACKUP_LIMIT`]).
+    /// encoded), which lets it recover alone. Past them the backup lets go
+    /// of everything until the task's next snapshot; a failure of the task
+    /// meanwhile restarts the whole job (still exactly-once). Default
+    /// 64 MiB ([`DEFAULT_DEDUP_BACKUP_LIMIT`]).
     pub dedup_backup_limit: usize,
 }
 

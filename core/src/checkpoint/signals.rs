@@ -171,12 +171,12 @@ pub(crate) enum Event {
     SourceExhausted { task: usize },
     /// Dedup mode: a task failed and waits, dropped, for a replacement
     /// that recovers it alone (handled by the job thread, not the
-    /// coordinator). `record`: the `(input, position)` it failed on, if
-    /// known.
+    /// coordinator). `record`: the records it failed on, if known, as
+    /// `(input, first position, last position)`.
     TaskFailed {
         task: usize,
         message: String,
-        record: Option<(u32, u64)>,
+        record: Option<(u32, u64, u64)>,
     },
 }
 

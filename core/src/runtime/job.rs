@@ -116,6 +116,8 @@ struct Replacement {
     checkpoint: u64,
     generation: u64,
     max_parallelism: usize,
+    /// Feed the backup one record at a time ([`Task::resume_inputs`]).
+    one_by_one: bool,
 }
 
 /// A task that failed and waits for its replacement: never polled.
@@ -1046,7 +1048,7 @@ impl JobRun {
         &mut self,
         task: usize,
         message: String,
-        record: Option<(u32, u64)>,
+        record: Option<(u32, u64, u64)>,
         c: &mut Coordinator,
         attempt: &Attempt,
         running: &Running,
@@ -1060,9 +1062,15 @@ impl JobRun {
         };
         let group = &self.plan.groups[g];
         let (operator, parallelism) = (group.ops.join(" -> "), group.parallelism);
-        let on_record = record.map_or(String::new(), |(input, position)| {
-            format!(" on the record at position {position} of input channel {input}")
-        });
+        let on_record = match record {
+            None => String::new(),
+            Some((input, first, last)) if first == last => {
+                format!(" on the record at position {first} of input channel {input}")
+            }
+            Some((input, first, last)) => {
+                format!(" on one of the records at positions {first}..={last} of input channel {input}")
+            }
+        };
         let Some(delay) = self.config.restart.delay(failures) else {
             // Restarting the whole job would only meet the record again.
             attempt.final_failure.store(true, Ordering::Release);
@@ -1121,6 +1129,8 @@ impl JobRun {
                 checkpoint,
                 generation,
                 max_parallelism: self.plan.max_parallelism,
+                // After a failure in a replay, the next one names the record.
+                one_by_one: failures >= 2,
             });
         attempt.mail[w].flag.store(true, Ordering::Release);
         running.parkers[w].wake();
@@ -1429,7 +1439,7 @@ fn install_replacements(tasks: &mut [Placed], attempt: &Attempt, w: usize) {
                 parallelism,
                 message: format!("{what} after it failed: {e}"),
             };
-            task.resume_inputs(inputs, r.checkpoint, ctx)
+            task.resume_inputs(inputs, r.checkpoint, r.one_by_one, ctx)
                 .map_err(|e| failed("could not resume its inputs", e))?;
             task.open(ctx).map_err(|e| failed("could not open", e))?;
             Ok(())

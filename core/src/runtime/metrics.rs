@@ -62,6 +62,7 @@ pub(crate) struct TaskCounters {
     pub(crate) backup_bytes: AtomicU64,
     pub(crate) backup_records: AtomicU64,
     pub(crate) backup_peak_bytes: AtomicU64,
+    pub(crate) backup_overflows: AtomicU64,
 }
 
 /// The value of [`TaskCounters::backlog`] when the source does not know it.
@@ -88,6 +89,7 @@ impl TaskCounters {
             backup_bytes: AtomicU64::new(0),
             backup_records: AtomicU64::new(0),
             backup_peak_bytes: AtomicU64::new(0),
+            backup_overflows: AtomicU64::new(0),
         }
     }
 
@@ -111,6 +113,7 @@ impl TaskCounters {
             backup_bytes: self.backup_bytes.load(Ordering::Relaxed),
             backup_records: self.backup_records.load(Ordering::Relaxed),
             backup_peak_bytes: self.backup_peak_bytes.load(Ordering::Relaxed),
+            backup_overflows: self.backup_overflows.load(Ordering::Relaxed),
         }
     }
 }
@@ -171,6 +174,11 @@ pub struct TaskMetrics {
     pub backup_records: u64,
     /// Dedup mode: the most bytes the upstream backup held at a snapshot.
     pub backup_peak_bytes: u64,
+    /// Dedup mode: times the upstream backup outgrew
+    /// `CheckpointConfig::dedup_backup_limit` and let go of what it held
+    /// (until the task's next snapshot, a failure of the task restarts the
+    /// whole job instead of the task alone).
+    pub backup_overflows: u64,
 }
 
 impl TaskMetrics {

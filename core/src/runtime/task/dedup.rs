@@ -23,8 +23,9 @@
 //! operators does not destroy: when the chain fails, the job builds a new
 //! chain, restores it from the last completed checkpoint, and feeds it the
 //! backup in the original order; no producer stops or replays. The backup is
-//! bounded ([`crate::CheckpointConfig::dedup_backup_limit`]): past the bound the
-//! task stops taking input, and its rings fill up to backpressure.
+//! bounded ([`crate::CheckpointConfig::dedup_backup_limit`]): past the bound it
+//! lets go of everything until the task's next snapshot, and a failure
+//! meanwhile restarts the whole job (see [`Backup::records`]).
 //!
 //! [`CheckpointMode::Dedup`]: crate::CheckpointMode::Dedup
 
@@ -130,10 +131,16 @@ pub(crate) struct Backup {
     marks: VecDeque<Mark>,
     dropped_items: u64,
     dropped_bytes: u64,
-    /// Bytes held at most before the task stops taking input.
+    /// Bytes held at most; past them the backup lets go of everything
+    /// (see [`Backup::records`]).
     limit: usize,
     /// Records held.
     records: u64,
+    /// The backup outgrew its limit and holds nothing until the task's
+    /// next snapshot, which becomes its new base.
+    overflowed: bool,
+    /// Times the backup outgrew its limit.
+    overflows: u64,
 }
 
 impl Backup {
@@ -154,17 +161,27 @@ impl Backup {
             dropped_bytes: 0,
             limit: limit.max(1),
             records: 0,
+            overflowed: false,
+            overflows: 0,
         }
     }
 
     /// Appends records of `input` taken at positions `first..`.
+    ///
+    /// Past its limit the backup lets go of everything and keeps nothing
+    /// until the task's next snapshot: the task cannot recover alone until
+    /// that snapshot's checkpoint completes (a failure meanwhile restarts
+    /// the whole job, which stays exactly-once by positions). The bound
+    /// never stops the task from reading: a task that stopped would leave
+    /// the next barrier behind the records in its rings, or in its
+    /// producers' staging, and no checkpoint could complete to free it.
     pub(crate) fn records<T: serde::Serialize>(
         &mut self,
         input: usize,
         first: u64,
         records: &[T],
     ) -> Result<(), BoxError> {
-        if records.is_empty() {
+        if records.is_empty() || self.overflowed {
             return Ok(());
         }
         let before = self.bytes.len();
@@ -180,11 +197,42 @@ impl Backup {
             bytes,
         });
         self.records += records.len() as u64;
+        if self.bytes.len() > self.limit {
+            self.overflow();
+        }
         Ok(())
+    }
+
+    /// Lets go of everything held (see [`Backup::records`]).
+    #[cold]
+    fn overflow(&mut self) {
+        self.dropped_items += self.items.len() as u64;
+        self.dropped_bytes += self.bytes.len() as u64;
+        self.items.clear();
+        self.bytes = Vec::new();
+        self.marks.clear();
+        self.records = 0;
+        self.overflowed = true;
+        self.overflows += 1;
+    }
+
+    /// Times the backup outgrew its limit so far.
+    pub(crate) fn overflows(&self) -> u64 {
+        self.overflows
+    }
+
+    /// True from the moment the backup outgrew its limit until the task's
+    /// next snapshot.
+    #[cfg(test)]
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflowed
     }
 
     /// Appends a watermark read from `input`.
     pub(crate) fn watermark(&mut self, input: usize, wm: i64) {
+        if self.overflowed {
+            return;
+        }
         self.items.push_back(Item::Watermark {
             input: input as u32,
             wm,
@@ -194,6 +242,8 @@ impl Backup {
     /// Marks the task's snapshot for `checkpoint`.
     pub(crate) fn mark(&mut self, checkpoint: u64) {
         debug_assert!(self.marks.back().is_none_or(|m| m.checkpoint < checkpoint));
+        // After an overflow this snapshot is the new base (nothing is held).
+        self.overflowed = false;
         self.marks.push_back(Mark {
             checkpoint,
             items: self.dropped_items + self.items.len() as u64,
@@ -220,13 +270,6 @@ impl Backup {
         self.dropped_bytes = m.bytes;
     }
 
-    /// True when the backup holds its limit: the task takes no more input
-    /// until a checkpoint completes.
-    #[inline]
-    pub(crate) fn is_full(&self) -> bool {
-        self.bytes.len() >= self.limit
-    }
-
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.len()
@@ -247,11 +290,15 @@ impl Backup {
         match self.marks.front() {
             Some(m) if m.checkpoint == checkpoint => {}
             other => {
+                let starts = other.map_or("at the task's next snapshot".to_string(), |m| {
+                    format!("at checkpoint {}", m.checkpoint)
+                });
                 return Err(format!(
-                    "the dedup backup starts at checkpoint {}, not at checkpoint {checkpoint}, the one restored",
-                    other.map_or(0, |m| m.checkpoint)
+                    "the dedup backup starts {starts}, not at checkpoint {checkpoint}, the one restored: it \
+                     outgrew CheckpointConfig::dedup_backup_limit since, so the task cannot recover alone and \
+                     the whole job restarts instead"
                 )
-                .into())
+                .into());
             }
         }
         self.marks.truncate(1);
@@ -328,14 +375,27 @@ mod tests {
     }
 
     #[test]
-    fn a_full_backup_reports_it() {
+    fn past_its_limit_the_backup_lets_go_until_the_next_snapshot() {
         let mut b = Backup::new(0, 16);
         b.records(0, 0, &[u64::MAX; 2]).unwrap();
-        assert!(b.is_full());
+        assert!(
+            b.overflowed() && b.bytes() == 0,
+            "20 bytes over a 16-byte limit: all let go"
+        );
+        b.records(0, 2, &[1u64]).unwrap();
+        b.watermark(0, 5);
+        assert_eq!(b.bytes(), 0, "nothing kept until the next snapshot");
+        let e = b.since::<u64>(0).err().unwrap().to_string();
+        assert!(e.contains("next snapshot") && e.contains("whole job restarts"), "{e}");
         b.mark(1);
-        b.completed(1);
-        assert!(!b.is_full());
-        assert_eq!(b.bytes(), 0);
+        assert!(!b.overflowed());
+        b.records(0, 3, &[7u64]).unwrap();
+        assert_eq!(
+            b.since::<u64>(1).unwrap().records,
+            vec![(0, 3, 7)],
+            "kept again from the new base"
+        );
+        assert!(b.since::<u64>(0).is_err());
     }
 
     proptest! {

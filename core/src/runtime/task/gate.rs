@@ -585,6 +585,7 @@ impl<T: Data> InputTask<T> {
             c.backup_bytes.store(b.bytes() as u64, Ordering::Relaxed);
             c.backup_records.store(b.held_records(), Ordering::Relaxed);
             c.backup_peak_bytes.fetch_max(b.bytes() as u64, Ordering::Relaxed);
+            c.backup_overflows.store(b.overflows(), Ordering::Relaxed);
         }
         for inbox in &mut self.inputs {
             inbox.blocked = false;

@@ -237,7 +237,7 @@ pub(crate) struct InputTask<T> {
     pub(super) skips: Vec<u64>,
     /// The id (input, position) of the backed-up record being fed again
     /// after a recovery, one at a time: named if it fails again.
-    replaying: Option<(u32, u64)>,
+    replaying: Option<(u32, u64, u64)>,
 }
 
 /// The input side of a failed dedup task, moved into its replacement: the
@@ -286,10 +286,9 @@ impl<T: Data> InputTask<T> {
         queued: &mut u64,
         ctx: &mut TaskContext,
     ) -> Result<usize, BoxError> {
-        if self.backup.as_ref().is_some_and(|b| b.is_full()) || self.skips.get(i).is_some_and(|&k| k > 0) {
-            // Dedup: a full backup takes nothing until a checkpoint
-            // completes; an input still dropping replayed records is read
-            // by `drop_replayed`.
+        if self.skips.get(i).is_some_and(|&k| k > 0) {
+            // Dedup: an input still dropping replayed records is read by
+            // `drop_replayed`.
             return Ok(0);
         }
         let recording_id = self.gate.recording();
@@ -567,14 +566,25 @@ impl<T: Data> InputTask<T> {
         let next_mark = replay.marks.front().map_or(usize::MAX, |m| m.0 - replay.fed);
         let n = replay.records.len().min(self.batch_size).min(next_mark);
         if !replay.ids.is_empty() {
-            // A dedup recovery: one record at a time, so that a record
-            // that fails again is named.
-            for _ in 0..n {
-                let record = replay.records.pop_front().expect("n records are left");
-                self.replaying = Some(replay.ids[replay.fed]);
-                self.batch.push(record);
-                replay.fed += 1;
-                ctx.count_in::<T>(1);
+            // A dedup recovery: runs of one input at a time (one record at
+            // a time when `one_by_one`), each named while it is fed, so
+            // that a failure names the records it happened on.
+            let mut left = n;
+            while left > 0 {
+                let (input, first) = replay.ids[replay.fed];
+                let run = if replay.one_by_one {
+                    1
+                } else {
+                    replay.ids[replay.fed..replay.fed + left]
+                        .iter()
+                        .take_while(|(i, _)| *i == input)
+                        .count()
+                };
+                self.replaying = Some((input, first, replay.ids[replay.fed + run - 1].1));
+                self.batch.extend(replay.records.drain(..run));
+                replay.fed += run;
+                left -= run;
+                ctx.count_in::<T>(run);
                 self.chain.collect(&mut self.batch, ctx)?;
                 self.batch.clear();
                 Self::replay_watermarks(replay, &mut self.watermarks, &mut *self.chain, ctx)?;
@@ -692,6 +702,7 @@ impl<T: Data> Task for InputTask<T> {
         &mut self,
         inputs: Box<dyn std::any::Any + Send>,
         checkpoint: u64,
+        one_by_one: bool,
         ctx: &mut TaskContext,
     ) -> Result<(), BoxError> {
         let t = inputs
@@ -724,6 +735,7 @@ impl<T: Data> Task for InputTask<T> {
         let mut replay = Replay {
             records: std::collections::VecDeque::with_capacity(again.records.len()),
             ids: Vec::with_capacity(again.records.len()),
+            one_by_one,
             marks: again.watermarks.into_iter().collect(),
             fed: 0,
         };
@@ -736,7 +748,7 @@ impl<T: Data> Task for InputTask<T> {
         Ok(())
     }
 
-    fn failing_record(&self) -> Option<(u32, u64)> {
+    fn failing_record(&self) -> Option<(u32, u64, u64)> {
         self.replaying
     }
 
@@ -801,6 +813,9 @@ struct Replay<T> {
     records: std::collections::VecDeque<T>,
     /// Dedup recovery: each record's `(input, position)`; empty otherwise.
     ids: Vec<(u32, u64)>,
+    /// Dedup recovery after an earlier failure in a replay: fed one record
+    /// at a time, so that the one that fails is named exactly.
+    one_by_one: bool,
     /// Watermarks to hand on: (records of `records` fed before it, input
     /// channel, watermark), in order.
     marks: std::collections::VecDeque<(usize, usize, i64)>,
@@ -816,6 +831,7 @@ impl<T: Data> Replay<T> {
         let mut replay = Replay {
             records: std::collections::VecDeque::new(),
             ids: Vec::new(),
+            one_by_one: false,
             marks: std::collections::VecDeque::new(),
             fed: 0,
         };

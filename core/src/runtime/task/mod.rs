@@ -74,18 +74,20 @@ pub(crate) trait Task: Send {
     }
     /// Dedup mode: installs a failed predecessor's input side in this
     /// replacement, restored from `checkpoint`, and queues what the
-    /// predecessor took since that checkpoint to be fed again first.
+    /// predecessor took since that checkpoint to be fed again first, in
+    /// runs (one record at a time with `one_by_one`).
     fn resume_inputs(
         &mut self,
         _inputs: Box<dyn std::any::Any + Send>,
         _checkpoint: u64,
+        _one_by_one: bool,
         _ctx: &mut TaskContext,
     ) -> Result<(), BoxError> {
         Err("this task cannot recover alone".into())
     }
-    /// The `(input, position)` of the record being fed again when the task
-    /// failed during a dedup recovery.
-    fn failing_record(&self) -> Option<(u32, u64)> {
+    /// The records being fed again when the task failed during a dedup
+    /// recovery: `(input, first position, last position)`.
+    fn failing_record(&self) -> Option<(u32, u64, u64)> {
         None
     }
 }
