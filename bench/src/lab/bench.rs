@@ -333,6 +333,18 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
         if let Some(w) = warmup_line(&result) {
             println!("    {w}");
         }
+        if let Some(tasks) = &result.dedup {
+            let parts: Vec<String> = tasks
+                .iter()
+                .map(|t| {
+                    format!(
+                        "{}: {} B of positions, backup {} B at the last snapshot (at most {} B, {} overflows)",
+                        t.task, t.state_bytes, t.backup_bytes, t.backup_peak_bytes, t.backup_overflows
+                    )
+                })
+                .collect();
+            println!("    dedup state: {}", parts.join("; "));
+        }
         if let Some(f) = &result.failure {
             println!("    {}", f.line());
             if result.sink_records > result.events {
@@ -575,6 +587,21 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
             )
         }),
         failure,
+        dedup: (mode == Mode::Dedup).then(|| {
+            result
+                .metrics
+                .tasks
+                .iter()
+                .filter(|t| t.input_capacity > 0)
+                .map(|t| crate::lab::report::DedupTask {
+                    task: format!("{}[{}]", t.name, t.subtask),
+                    state_bytes: t.dedup_state_bytes,
+                    backup_bytes: t.backup_bytes,
+                    backup_peak_bytes: t.backup_peak_bytes,
+                    backup_overflows: t.backup_overflows,
+                })
+                .collect()
+        }),
         machine: Machine::here(),
     };
     Ok(RunOutput {

@@ -292,6 +292,11 @@ pub struct BenchResult {
     /// `--fail-at-record`: what the one injected failure cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<crate::lab::failure::FailureReport>,
+    /// Dedup mode: per task with inputs, its deduplication state in its last
+    /// snapshot (bytes) and its upstream backup (bytes at the last snapshot,
+    /// the most at a snapshot, and how often it outgrew its limit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dedup: Option<Vec<DedupTask>>,
     /// Where and when.
     pub machine: Machine,
 }
@@ -533,4 +538,19 @@ mod tests {
         p.ring_on_path = false;
         assert!(ring_place(&p).contains("not on this job's path"));
     }
+}
+
+/// One task's deduplication figures (dedup mode).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DedupTask {
+    /// The task's chain and subtask.
+    pub task: String,
+    /// Bytes of its channel positions in its last snapshot.
+    pub state_bytes: u64,
+    /// Bytes in its upstream backup at its last snapshot, and the most.
+    pub backup_bytes: u64,
+    /// The most bytes its backup held at a snapshot.
+    pub backup_peak_bytes: u64,
+    /// Times its backup outgrew its limit.
+    pub backup_overflows: u64,
 }
