@@ -332,10 +332,19 @@ pub fn run(args: &RunArgs) -> Result<(), CliError> {
 }
 
 /// One running job: a whole `weir run`, or one shard of it.
+/// When a job was started: on weir's clock (for durations) and in Unix
+/// milliseconds (to compare with checkpoint records, which use the wall
+/// clock: weir's clock drifts from it by a few parts per hundred).
+#[derive(Debug, Clone, Copy)]
+struct StartedAt {
+    clock_ns: u64,
+    unix_ms: f64,
+}
+
 struct Started {
     job: weir_core::JobHandle,
     kafka_stats: Vec<(String, Arc<KafkaSourceStats>)>,
-    started: u64,
+    started: StartedAt,
     /// With `--bad-records skip` and file inputs: the rejected-records
     /// file and its lines when the job started.
     rejected: Option<(PathBuf, u64)>,
@@ -513,7 +522,12 @@ fn start_job(
         metrics_addr: args.metrics_addr.filter(|_| serve_metrics),
         ..RuntimeConfig::default()
     };
-    let started = clock::now_ns();
+    let started = StartedAt {
+        clock_ns: clock::now_ns(),
+        unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64() * 1e3),
+    };
     let job = pipeline.run(config)?;
     crate::cli::metrics_arg::announce(&job);
     Ok(Started {
@@ -551,7 +565,7 @@ fn report(
     label: &str,
     result: &weir_core::JobResult,
     kafka_stats: &[(String, Arc<KafkaSourceStats>)],
-    started: u64,
+    started: StartedAt,
     rejected: Option<&(PathBuf, u64)>,
 ) -> Result<(), CliError> {
     let m = &result.metrics;
@@ -565,12 +579,31 @@ fn report(
     println!(
         "weir run{label}: {} records read in this run ({:.2} s), {} checkpoints completed, {} failed, restored from {}, {} restarts",
         read,
-        (clock::now_ns() - started) as f64 / 1e9,
+        (clock::now_ns() - started.clock_ns) as f64 / 1e9,
         ck.completed,
         ck.failed,
         ck.restored_from.map_or("nothing (fresh start)".to_string(), |id| format!("checkpoint {id}")),
         ck.restarts.len()
     );
+    // The first output this run committed: its first completed checkpoint
+    // (the sinks commit when it completes), from this run's start (what a
+    // restart after a crash costs before new output shows).
+    let start_unix_ms = started.unix_ms;
+    if let Some(first) = ck.history.iter().min_by_key(|r| r.id) {
+        let committed_ms = first.trigger_unix_ms as f64 + first.duration_us as f64 / 1e3 - start_unix_ms;
+        // The coordinator counts from its own start, after the restore.
+        let restore_ms = committed_ms - first.trigger_ms - first.duration_us as f64 / 1e3;
+        println!(
+            "weir run{label}: first checkpoint of this run (checkpoint {}) completed, its output committed, {:.1} ms \
+             after the start ({:.1} ms to restore and start the job, the first trigger {:.1} ms later, {:.1} ms \
+             to complete it)",
+            first.id,
+            committed_ms,
+            restore_ms,
+            first.trigger_ms,
+            first.duration_us as f64 / 1e3
+        );
+    }
     if let Some((path, before)) = rejected {
         // Saturating: a file cut short meanwhile (by hand) counts nothing.
         let skipped = count_lines(path)
