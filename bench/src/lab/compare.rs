@@ -39,7 +39,7 @@ use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::lab::disk_probe::DiskProbe;
 use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::lab::platform::PlatformResult;
-use crate::lab::plot::{write_svg, Curve, Figure, Sweep};
+use crate::lab::plot::{write_failure_svg, write_svg, Curve, FailureTimeline, Figure, Sweep};
 use crate::lab::report::{si, BenchResult, Machine, Percentiles, ProbeInfo, Syncs};
 
 /// The workload variant.
@@ -727,6 +727,29 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         path: plot.display().to_string(),
         source: std::io::Error::other(e.to_string()),
     })?;
+    let timelines: Vec<FailureTimeline> = m
+        .failures
+        .iter()
+        .filter(|(mode, _)| matches!(mode, Mode::Aligned | Mode::Dedup))
+        .filter_map(|(mode, out)| {
+            out.result.failure.as_ref().map(|f| FailureTimeline {
+                name: match mode {
+                    Mode::Dedup => "dedup, the failed subtask recovers alone".to_string(),
+                    _ => format!("{}, the whole job restarts", mode.name()),
+                },
+                points: f.timeline.clone(),
+            })
+        })
+        .collect();
+    if !timelines.is_empty() {
+        let path = args.results.join("failure.svg");
+        let title = format!("one failure, {} ms interval", m.base());
+        write_failure_svg(&path, &title, &timelines).map_err(|e| CliError::Io {
+            path: path.display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+        println!("wrote {}", path.display());
+    }
     println!("\nwrote {} and {}", json.display(), plot.display());
     println!("weir compare ran in {:.1} s", started.elapsed().as_secs_f64());
     Ok(())

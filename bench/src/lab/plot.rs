@@ -225,9 +225,104 @@ pub fn write_svg(path: &Path, fig: &Figure) -> Result<(), Box<dyn std::error::Er
     Ok(())
 }
 
+/// One mode's timeline through a failure: records per sink subtask per
+/// millisecond, `(ms from the failure, [per subtask])`.
+pub struct FailureTimeline {
+    /// The mode, and how it recovers.
+    pub name: String,
+    /// The timeline.
+    pub points: Vec<(i64, Vec<u64>)>,
+}
+
+/// Writes `failure.svg`: one panel per mode, each sink subtask's records
+/// per second through the failure (1 ms buckets, smoothed over 5 ms).
+pub fn write_failure_svg(
+    path: &Path,
+    title: &str,
+    modes: &[FailureTimeline],
+) -> Result<(), Box<dyn std::error::Error>> {
+    let n = modes.len().max(1);
+    let root = SVGBackend::new(path, (560 * n as u32, 420)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let panels = root.split_evenly((1, n));
+    // Records per second over the 5 ms ending at each point.
+    let smooth = |points: &[(i64, Vec<u64>)], s: usize| -> Vec<(f64, f64)> {
+        (0..points.len())
+            .map(|i| {
+                let from = i.saturating_sub(4);
+                let sum: u64 = points[from..=i]
+                    .iter()
+                    .map(|(_, v)| v.get(s).copied().unwrap_or(0))
+                    .sum();
+                (points[i].0 as f64, sum as f64 * 1e3 / (i - from + 1) as f64)
+            })
+            .collect()
+    };
+    let top = modes
+        .iter()
+        .flat_map(|m| {
+            let subtasks = m.points.first().map_or(0, |p| p.1.len());
+            (0..subtasks).flat_map(move |s| smooth(&m.points, s).into_iter().map(|p| p.1))
+        })
+        .fold(1.0f64, f64::max);
+    for (area, m) in panels.iter().zip(modes) {
+        let x0 = m.points.first().map_or(-50, |p| p.0) as f64;
+        let x1 = m.points.last().map_or(150, |p| p.0) as f64;
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("{title}: {}", m.name), ("sans-serif", 15))
+            .margin(10)
+            .x_label_area_size(40)
+            .y_label_area_size(70)
+            .build_cartesian_2d(x0..x1, 0.0..top * 1.1)?;
+        chart
+            .configure_mesh()
+            .x_desc("ms from the failure")
+            .y_desc("records/s into each sink subtask")
+            .y_label_formatter(&|v| format!("{:.0} k", v / 1e3))
+            .draw()?;
+        let subtasks = m.points.first().map_or(0, |p| p.1.len());
+        for s in 0..subtasks {
+            let c = color(Some(s));
+            chart
+                .draw_series(LineSeries::new(smooth(&m.points, s), c.stroke_width(2)))?
+                .label(format!("sink subtask {s}"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], c.stroke_width(2)));
+        }
+        chart.draw_series(LineSeries::new(
+            vec![(0.0, 0.0), (0.0, top * 1.1)],
+            BLACK.stroke_width(1),
+        ))?;
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::LowerRight)
+            .border_style(BLACK)
+            .background_style(WHITE.mix(0.85))
+            .label_font(("sans-serif", 12))
+            .draw()?;
+    }
+    root.present()?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failure_timeline_plots() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("failure.svg");
+        let points: Vec<(i64, Vec<u64>)> = (-50..150)
+            .map(|ms| (ms, vec![100, if ms < 0 { 100 } else { 50 }]))
+            .collect();
+        let modes = vec![FailureTimeline {
+            name: "dedup".into(),
+            points,
+        }];
+        write_failure_svg(&path, "keyed", &modes).unwrap();
+        let svg = std::fs::read_to_string(&path).unwrap();
+        assert!(svg.contains("sink subtask 1") && svg.contains("dedup"));
+    }
 
     #[test]
     fn labels() {
