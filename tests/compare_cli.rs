@@ -6,17 +6,19 @@
 
 use std::process::Command;
 
-const ROWS: [&str; 6] = [
+const ROWS: [&str; 8] = [
     "none·direct",
     "at-least-once·direct",
     "aligned·wal",
     "aligned·2pc-file",
     "unaligned·wal",
     "unaligned·2pc-file",
+    "dedup·wal",
+    "dedup·2pc-file",
 ];
 
 fn exactly_once(row: &str) -> bool {
-    row.starts_with("aligned") || row.starts_with("unaligned")
+    row.starts_with("aligned") || row.starts_with("unaligned") || row.starts_with("dedup")
 }
 
 fn weir(args: &[&str], results: &std::path::Path) -> std::process::Output {
@@ -76,9 +78,14 @@ fn compare_writes_tables_json_and_plot() {
         matches!((last_open, first_closed), (Some(o), Some(c)) if o < c),
         "open-loop runs must all come first:\n{stderr}"
     );
-    // Open loop: 4 rows at the base interval, 2 x 3 at the second;
-    // closed loop: 10 runs in each of 2 rounds, round 1 of every run first.
-    assert_eq!(progress.len(), 4 + 6 + 2 * 10, "one progress line per run:\n{stderr}");
+    // Open loop: 8 rows at the base interval, 6 at the second; one failure
+    // per mode (5); closed loop: 13 runs in each of 2 rounds, round 1 of
+    // every run first.
+    assert_eq!(
+        progress.len(),
+        8 + 6 + 5 + 2 * 13,
+        "one progress line per run:\n{stderr}"
+    );
     // The counter counts to the number of runs announced, and no further.
     for (n, line) in progress.iter().enumerate() {
         let want = format!("[{:>2}/{}]", n + 1, progress.len());
@@ -93,7 +100,7 @@ fn compare_writes_tables_json_and_plot() {
         .filter(|l| l.contains("closed loop"))
         .map(|l| if l.contains("round 1 of 2") { "1" } else { "2" })
         .collect();
-    assert_eq!(rounds, [["1"; 10], ["2"; 10]].concat(), "interleaved rounds:\n{stderr}");
+    assert_eq!(rounds, [["1"; 13], ["2"; 13]].concat(), "interleaved rounds:\n{stderr}");
     let removed = stderr.find("removing the open-loop runs' output").expect(&stderr);
     assert!(
         stderr[..removed].contains("open loop") && !stderr[..removed].contains("closed loop"),
@@ -157,7 +164,19 @@ fn compare_writes_tables_json_and_plot() {
         assert!(stdout.contains(s), "sentence {s:?} missing:\n{stdout}");
     }
 
-    // JSON: 4 closed-loop-count, 6 closed-loop, 2 + 4 x 2 open-loop, 1 disk-probe.
+    // What one failure costs, per mode, and its plot.
+    for s in [
+        "what one failure costs",
+        "dedup's failed subtask processed again after",
+        "the two ways to exactly-once with the wal sink",
+    ] {
+        assert!(stdout.contains(s), "{s:?} missing:\n{stdout}");
+    }
+    let failure_svg = std::fs::read_to_string(results.join("failure.svg")).unwrap();
+    assert!(failure_svg.contains("recovers alone"), "failure.svg: the dedup panel");
+
+    // JSON: 5 closed-loop-count, 8 closed-loop, 2 + 6 x 2 open-loop, 5
+    // failure, 1 disk-probe.
     let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
     let lines: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
     let of = |run: &str| lines.iter().filter(|r| r["run"] == run).count();
@@ -166,13 +185,29 @@ fn compare_writes_tables_json_and_plot() {
             of("closed-loop-count"),
             of("closed-loop"),
             of("open-loop"),
+            of("failure"),
             of("disk-probe")
         ),
-        (4, 6, 10, 1),
+        (5, 8, 14, 5, 1),
         "{json}"
     );
     assert_eq!(lines.last().unwrap()["run"], "disk-probe", "the disk probe comes last");
-    for r in lines.iter().filter(|r| r["run"] != "disk-probe") {
+    for r in lines.iter().filter(|r| r["run"] == "failure") {
+        let f = &r["failure"];
+        assert!(
+            f["processing_again_ms"].is_number(),
+            "the failure happened and was recovered: {r}"
+        );
+        assert_eq!(f["reprocessed"].as_array().map(Vec::len), Some(2), "{r}");
+        if r["mode"] == "dedup" {
+            let untouched = f["reprocessed"].as_array().unwrap().iter().filter(|v| *v == 0).count();
+            assert!(untouched >= 1, "dedup: the other subtask reprocessed nothing: {r}");
+        }
+    }
+    for r in lines
+        .iter()
+        .filter(|r| r["run"] != "disk-probe" && r["run"] != "failure")
+    {
         for field in [
             "run",
             "scenario",

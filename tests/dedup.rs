@@ -93,7 +93,9 @@ fn keyed_job_with(job: Job, fault: Fault, down: Duration, backup: usize, dir: &s
         workers: 2,
         ring_capacity: job.ring,
         checkpointing: Some(CheckpointConfig {
-            interval: Duration::from_millis(5),
+            // A small backup: checkpoints far apart, so that it has surely
+            // outgrown its limit when the failure comes.
+            interval: Duration::from_millis(if backup < 1 << 20 { 200 } else { 5 }),
             timeout: Duration::from_secs(20),
             dedup_backup_limit: backup.min(weir_core::checkpoint::DEFAULT_DEDUP_BACKUP_LIMIT),
             ..CheckpointConfig::new(CheckpointMode::Dedup, dir)
@@ -173,7 +175,8 @@ fn a_subtask_that_stays_down_backpressures_and_loses_nothing() {
     );
 }
 
-/// A backup that outgrew its limit (4 KiB, a few hundred records) cannot
+/// A backup that outgrew its limit (4 KiB, a few hundred records, with
+/// checkpoints 200 ms apart: the failure comes before the first) cannot
 /// recover its subtask alone: the whole job restarts instead, and the
 /// output stays exact.
 #[test]
