@@ -6,7 +6,6 @@
 use std::path::Path;
 
 use hdrhistogram::Histogram;
-use plotters::coord::combinators::LogCoord;
 use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 
@@ -111,9 +110,9 @@ fn y_range(values: impl Iterator<Item = f64>) -> std::ops::Range<f64> {
     lo / 2.0..hi * 2.0
 }
 
-type Chart<'a> = ChartContext<'a, SVGBackend<'a>, Cartesian2d<LogCoord<f64>, LogCoord<f64>>>;
-
-fn legend(chart: &mut Chart<'_>) -> Result<(), Box<dyn std::error::Error>> {
+fn legend<'a, X: Ranged, Y: Ranged>(
+    chart: &mut ChartContext<'a, SVGBackend<'a>, Cartesian2d<X, Y>>,
+) -> Result<(), Box<dyn std::error::Error>> {
     chart
         .configure_series_labels()
         .position(SeriesLabelPosition::LowerRight)
@@ -292,13 +291,7 @@ pub fn write_failure_svg(
             vec![(0.0, 0.0), (0.0, top * 1.1)],
             BLACK.stroke_width(1),
         ))?;
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .border_style(BLACK)
-            .background_style(WHITE.mix(0.85))
-            .label_font(("sans-serif", 12))
-            .draw()?;
+        legend(&mut chart)?;
     }
     root.present()?;
     Ok(())
