@@ -292,13 +292,6 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             )
         });
         config.metrics_addr = args.metrics_addr;
-        if spec.failure.is_some() {
-            // One injected failure, one restart, at once.
-            config.restart = weir_core::RestartStrategy::FixedDelay {
-                attempts: 1,
-                delay: Duration::ZERO,
-            };
-        }
         let result = run_one(
             &spec,
             config,
@@ -497,8 +490,16 @@ pub fn temp_sink_dir() -> std::path::PathBuf {
 }
 
 /// Runs one benchmark job and checks its output count; with `probe`, the
-/// platform probe runs on the workers' cores for exactly the run.
-pub fn run_one_full(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
+/// platform probe runs on the workers' cores for exactly the run. A run
+/// with a failure probe restarts once, at once, whatever `config` says.
+pub fn run_one_full(spec: &Spec, mut config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
+    if spec.failure.is_some() {
+        // One injected failure, one restart, at once.
+        config.restart = weir_core::RestartStrategy::FixedDelay {
+            attempts: 1,
+            delay: std::time::Duration::ZERO,
+        };
+    }
     let mut spec = spec.clone();
     let cleanup = spec.sink != SinkKind::Count && spec.sink_dir.as_os_str().is_empty();
     if cleanup {

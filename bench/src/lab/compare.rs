@@ -29,6 +29,7 @@
 use std::cell::Cell;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
 
 use serde::Serialize;
@@ -37,6 +38,7 @@ use crate::cli::{CliError, Mode};
 use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, RunOutput, Switch};
 use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::lab::disk_probe::DiskProbe;
+use crate::lab::failure::{ms_text, rate_text, FailureProbe};
 use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::lab::platform::PlatformResult;
 use crate::lab::plot::{write_failure_svg, write_svg, Curve, FailureTimeline, Figure, Sweep};
@@ -361,9 +363,17 @@ impl Plan {
         self.closed_events.saturating_mul(COUNT_EVENTS_FACTOR)
     }
 
+    /// Records of an open-loop run at `interval_ms`: `open_events`, or 3
+    /// intervals' worth if that is more.
+    fn open_events_at(&self, interval_ms: u64) -> u64 {
+        self.open_events
+            .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
+    }
+
     /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open
     /// loop; its output goes to `outputs`, or without, to a temporary
-    /// folder deleted when the run ends.
+    /// folder deleted when the run ends. With `failure`, the keyed function
+    /// fails as the probe says (and the platform probe stays off).
     fn run(
         &self,
         outputs: Option<&Outputs>,
@@ -371,12 +381,13 @@ impl Plan {
         sink: SinkKind,
         rate: Option<f64>,
         interval_ms: u64,
+        failure: Option<Arc<FailureProbe>>,
     ) -> Result<RunOutput, CliError> {
+        let probe = self.probe.on_for(rate.is_some()) && failure.is_none();
         let spec = Spec {
             kind: self.pipeline,
             events: if rate.is_some() {
-                self.open_events
-                    .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
+                self.open_events_at(interval_ms)
             } else if sink == SinkKind::Count {
                 self.count_events()
             } else {
@@ -394,7 +405,7 @@ impl Plan {
                 _ => PathBuf::new(),
             },
             warmup_ms: crate::lab::pipelines::DEFAULT_WARMUP_MS,
-            failure: None,
+            failure,
         };
         let dir = temp_checkpoint_dir();
         let defaults = weir_core::RuntimeConfig::default();
@@ -407,19 +418,15 @@ impl Plan {
             interval_ms,
             &dir,
         );
-        let r = run_one_full(&spec, config, mode, self.probe.on_for(rate.is_some()));
+        let r = run_one_full(&spec, config, mode, probe);
         let _ = std::fs::remove_dir_all(&dir);
         r
     }
-}
 
-impl Plan {
     /// The record the failure runs fail on: the middle of the open-loop
     /// schedule.
     fn failure_record(&self, interval_ms: u64) -> u64 {
-        self.open_events
-            .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64)
-            / 2
+        self.open_events_at(interval_ms) / 2
     }
 
     /// One failure in `mode` (keyed job, open loop, counting sink, which
@@ -428,45 +435,10 @@ impl Plan {
     /// latest checkpoint in the snapshot modes, the failed subtask alone in
     /// dedup mode (one restart allowed, no delay).
     fn run_failure(&self, mode: Mode, interval_ms: u64) -> Result<RunOutput, CliError> {
-        let events = self
-            .open_events
-            .max((self.rate * 3.0 * interval_ms as f64 / 1e3) as u64);
-        let ms = (events as f64 / self.rate * 1e3) as usize * 2 + 10_000;
-        let spec = Spec {
-            kind: self.pipeline,
-            events,
-            rate: Some(self.rate),
-            keys: self.keys,
-            parallelism: self.parallelism,
-            seed: 1,
-            slow_ns: self.slow_ns,
-            state: self.state,
-            sink: SinkKind::Count,
-            sink_dir: PathBuf::new(),
-            warmup_ms: crate::lab::pipelines::DEFAULT_WARMUP_MS,
-            failure: Some(crate::lab::failure::FailureProbe::new(
-                self.failure_record(interval_ms),
-                self.parallelism,
-                ms,
-            )),
-        };
-        let dir = temp_checkpoint_dir();
-        let defaults = weir_core::RuntimeConfig::default();
-        let mut config = runtime_config(
-            self.open_workers,
-            defaults.ring_capacity,
-            defaults.batch_size,
-            mode,
-            interval_ms,
-            &dir,
-        );
-        config.restart = weir_core::RestartStrategy::FixedDelay {
-            attempts: 1,
-            delay: std::time::Duration::ZERO,
-        };
-        let r = run_one_full(&spec, config, mode, false);
-        let _ = std::fs::remove_dir_all(&dir);
-        r
+        // The timeline covers the schedule twice over, and ten seconds.
+        let ms = (self.open_events_at(interval_ms) as f64 / self.rate * 1e3) as usize * 2 + 10_000;
+        let probe = FailureProbe::new(self.failure_record(interval_ms), self.parallelism, ms);
+        self.run(None, mode, SinkKind::Count, Some(self.rate), interval_ms, Some(probe))
     }
 }
 
@@ -640,7 +612,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         for interval_ms in row_intervals {
             progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
             let before = weir_core::disk::sync_stats();
-            let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms)?;
+            let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms, None)?;
             let syncs = row.exactly_once().then(|| {
                 let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
                 Syncs::of(&weir_core::disk::sync_stats().since(&before), completed)
@@ -679,10 +651,10 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         };
         for (i, mode) in MODES.into_iter().enumerate() {
             progress(format!("{:<22} closed loop{tag}", format!("{}·count", mode.name())));
-            count[i].push(plan.run(None, mode, SinkKind::Count, None, intervals[0])?);
+            count[i].push(plan.run(None, mode, SinkKind::Count, None, intervals[0], None)?);
             for (r, row) in rows.iter().enumerate().filter(|(_, row)| row.mode == mode) {
                 progress(format!("{:<22} closed loop{tag}", row.label()));
-                closed[r].push(plan.run(None, mode, row.sink, None, intervals[0])?);
+                closed[r].push(plan.run(None, mode, row.sink, None, intervals[0], None)?);
             }
         }
     }
@@ -1214,7 +1186,6 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
         "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
         "mode", "restarted", "again", "caught up", "longest gap (ms)", "reprocessed", "rate after/before"
     );
-    let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
     for (mode, out) in &m.failures {
         let Some(f) = &out.result.failure else {
             println!(
@@ -1223,22 +1194,16 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
             );
             continue;
         };
-        let gaps: Vec<String> = f.longest_gap_ms.iter().map(|g| format!("{g:.1}")).collect();
-        let redo: Vec<String> = f.reprocessed.iter().map(u64::to_string).collect();
-        let rates: Vec<String> = f
-            .rate_after_before
-            .iter()
-            .map(|r| r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)))
-            .collect();
+        let [gaps, redo, rates] = f.per_subtask(" / ");
         println!(
             "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
             mode.name(),
-            ms(f.restarted_ms),
-            ms(f.processing_again_ms),
-            ms(f.caught_up_ms),
-            gaps.join(" / "),
-            redo.join(" / "),
-            rates.join(" / ")
+            ms_text(f.restarted_ms),
+            ms_text(f.processing_again_ms),
+            ms_text(f.caught_up_ms),
+            gaps,
+            redo,
+            rates
         );
     }
     let of = |mode: Mode| {
@@ -1254,20 +1219,21 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
             .iter()
             .zip(&d.rate_after_before)
             .filter(|(redo, _)| **redo == 0)
-            .filter_map(|(_, r)| r.map(|r| format!("{:.0}%", r * 100.0)))
+            .filter(|(_, r)| r.is_some())
+            .map(|(_, r)| rate_text(*r))
             .collect();
         println!(
             "- dedup's failed subtask processed again after {}, the other subtasks kept {} of their rate and \
              reprocessed nothing; aligned's whole-job recovery processed again after {} and reprocessed [{}] \
              records per sink subtask",
-            ms(d.processing_again_ms),
+            ms_text(d.processing_again_ms),
             if others.is_empty() {
                 "-".to_string()
             } else {
                 others.join(", ")
             },
-            ms(a.processing_again_ms),
-            a.reprocessed.iter().map(u64::to_string).collect::<Vec<_>>().join(", ")
+            ms_text(a.processing_again_ms),
+            a.per_subtask(", ")[1]
         );
     }
 }

@@ -263,31 +263,45 @@ pub struct FailureReport {
     pub timeline: Vec<(i64, Vec<u64>)>,
 }
 
+/// A duration in ms for the failure figures, `-` when unknown.
+pub fn ms_text(v: Option<f64>) -> String {
+    v.map_or("-".to_string(), |v| format!("{v:.1} ms"))
+}
+
+/// A rate ratio as a percentage, `-` when unknown.
+pub fn rate_text(r: Option<f64>) -> String {
+    r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0))
+}
+
 impl FailureReport {
+    /// The per-sink-subtask figures, each list joined by `sep`: longest
+    /// gaps (ms), records reprocessed, rates after/before.
+    pub fn per_subtask(&self, sep: &str) -> [String; 3] {
+        let join = |v: Vec<String>| v.join(sep);
+        [
+            join(self.longest_gap_ms.iter().map(|g| format!("{g:.1}")).collect()),
+            join(self.reprocessed.iter().map(u64::to_string).collect()),
+            join(self.rate_after_before.iter().copied().map(rate_text).collect()),
+        ]
+    }
+
     /// One line for the text report.
     pub fn line(&self) -> String {
-        let ms = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.1} ms"));
-        let gaps: Vec<String> = self.longest_gap_ms.iter().map(|g| format!("{g:.1}")).collect();
-        let redo: Vec<String> = self.reprocessed.iter().map(u64::to_string).collect();
-        let rates: Vec<String> = self
-            .rate_after_before
-            .iter()
-            .map(|r| r.map_or("-".to_string(), |r| format!("{:.0}%", r * 100.0)))
-            .collect();
+        let [gaps, redo, rates] = self.per_subtask(", ");
         format!(
             "failure at record {}: restarted after {}, processing again after {}, caught up (< {} ms \
              late) after {}; longest output gap per sink subtask [{}] ms; records reprocessed per sink \
              subtask [{}]; rate in the {} ms after the failure against the {} ms before, per sink subtask [{}]",
             self.at_record,
-            ms(self.restarted_ms),
-            ms(self.processing_again_ms),
+            ms_text(self.restarted_ms),
+            ms_text(self.processing_again_ms),
             CAUGHT_UP_NS / 1_000_000,
-            ms(self.caught_up_ms),
-            gaps.join(", "),
-            redo.join(", "),
+            ms_text(self.caught_up_ms),
+            gaps,
+            redo,
             RATE_WINDOW_MS,
             RATE_WINDOW_MS,
-            rates.join(", ")
+            rates
         )
     }
 }

@@ -253,6 +253,10 @@ impl Backup {
 
     /// Checkpoint `checkpoint` completed: drops what its snapshot holds.
     pub(crate) fn completed(&mut self, checkpoint: u64) {
+        if self.marks.front().is_none_or(|m| m.checkpoint >= checkpoint) {
+            // Nothing held before it: the common case, checked every turn.
+            return;
+        }
         let Some(k) = self.marks.iter().rposition(|m| m.checkpoint <= checkpoint) else {
             return;
         };

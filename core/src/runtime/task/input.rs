@@ -384,15 +384,13 @@ impl<T: Data> InputTask<T> {
                     chunk.consumed += 1;
                     match message {
                         Message::Batch(records) => {
-                            if self.backup.is_some() {
-                                let kept = keep(&mut self.backup, i, inbox.records, &self.batch).and_then(|()| {
-                                    keep(&mut self.backup, i, inbox.records + records.len() as u64, &records)
-                                });
-                                if let Err(e) = kept {
-                                    drop(ManuallyDrop::into_inner(records));
-                                    failed = Some(e);
-                                    break 'parts;
-                                }
+                            let kept = keep(&mut self.backup, i, inbox.records, &self.batch).and_then(|()| {
+                                keep(&mut self.backup, i, inbox.records + records.len() as u64, &records)
+                            });
+                            if let Err(e) = kept {
+                                drop(ManuallyDrop::into_inner(records));
+                                failed = Some(e);
+                                break 'parts;
                             }
                             inbox.records += records.len() as u64;
                             let returns = inbox.returns.as_mut();
