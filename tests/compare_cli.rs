@@ -158,7 +158,14 @@ fn compare_writes_tables_json_and_plot() {
         "(2 rounds: ",
         "fsyncs per checkpoint",
         "append + fdatasync",
-        "woke an on-time thread late by",
+        // The platform, measured apart from the runs (a thread spinning
+        // alone on the workers' cores before each), and what each mode
+        // costs in processing latency against none and at-least-once.
+        "waited for a thread spinning alone on a worker core",
+        "processing latency at 10 ms, p99 / p99.9: none",
+        "against none, ",
+        "against at-least-once)",
+        "idle turns of 1 µs or more took",
         "weir compare ran in",
     ] {
         assert!(stdout.contains(s), "sentence {s:?} missing:\n{stdout}");
@@ -224,12 +231,18 @@ fn compare_writes_tables_json_and_plot() {
             assert!(r.get(field).is_some(), "field {field} missing in {r}");
         }
         percentiles(r, "latency_us", &["p50", "p99", "p999", "max"]);
-        // The probe runs beside the open-loop (latency) runs only, by default.
+        // The platform is measured for the open-loop (latency) runs only.
         if r["run"] == "open-loop" {
             percentiles(r, "platform_us", &["p50", "p99", "p999", "max"]);
             percentiles(r, "excess_us", &["p99", "p999"]);
             for f in ["policy", "tick_us", "samples", "cores"] {
                 assert!(r["platform_probe"].get(f).is_some(), "platform_probe.{f} in {r}");
+            }
+            // By default nothing preempts the workers: the platform is a
+            // spin run of its own, and the workers' idle turns are beside it.
+            assert_eq!(r["platform_probe"]["policy"], "spin", "{r}");
+            for f in ["gaps", "lost_ms", "observed_s", "longest_us"] {
+                assert!(r["worker_gaps"][f].as_f64().is_some(), "worker_gaps.{f} in {r}");
             }
             // Where the probed cores' time went (Linux: from /proc/stat).
             if cfg!(target_os = "linux") {
@@ -435,4 +448,61 @@ fn bench_fail_at_record_reports_what_the_failure_cost() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&out.stderr).contains("--fail-at-record needs --sink count"));
+}
+
+/// `weir bench --platform-probe`: by default the platform is a spin run of
+/// its own before the job (nothing preempts the workers), with the
+/// workers' idle turns beside it; `fifo` keeps the old probe during the
+/// run and says that it preempts the workers; `off` measures nothing.
+#[test]
+fn bench_measures_the_platform_apart_from_the_workers_unless_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |method: Option<&str>| {
+        let json = dir.path().join(format!("{}.json", method.unwrap_or("default")));
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_weir"));
+        cmd.args(["bench", "--pipeline", "keyed", "--parallelism", "1", "--workers", "1"])
+            .args(["--rate", "50000", "--events", "50000", "--json"])
+            .arg(&json)
+            .env("TMPDIR", dir.path());
+        if let Some(m) = method {
+            cmd.args(["--platform-probe", m]);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{method:?}: {stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value =
+            serde_json::from_str(std::fs::read_to_string(&json).unwrap().lines().next().unwrap()).unwrap();
+        (stdout, v)
+    };
+    let (text, v) = run(None);
+    assert!(text.lines().any(|l| l.starts_with("platform   spin")), "{text}");
+    assert!(
+        text.contains("a thread spinning alone on 1 worker core right before the run"),
+        "{text}"
+    );
+    assert!(text.contains("workers' idle turns of 1 µs or more:"), "{text}");
+    assert_eq!(v["platform_probe"]["policy"], "spin", "{v}");
+    assert!(v["platform_us"]["p99"].as_f64().is_some(), "{v}");
+    assert!(v["excess_us"]["p99"].as_f64().is_some(), "{v}");
+    // About a second of one core observed, the workers' about the run.
+    assert!(v["worker_gaps"]["observed_s"].as_f64().unwrap() > 0.5, "{v}");
+
+    let (text, v) = run(Some("fifo"));
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("platform   fifo") || l.starts_with("platform   other")),
+        "{text}"
+    );
+    assert!(text.contains("during the run"), "{text}");
+    assert_ne!(v["platform_probe"]["policy"], "spin", "{v}");
+
+    let (text, v) = run(Some("off"));
+    assert!(!text.lines().any(|l| l.starts_with("platform ")), "{text}");
+    assert!(v.get("platform_us").is_none(), "{v}");
+    // The workers' own idle turns cost nothing to measure: always there.
+    assert!(v["worker_gaps"]["gaps"].as_u64().is_some(), "{v}");
 }

@@ -67,6 +67,7 @@ pub use runtime::config::{
     MIN_RING_CAPACITY,
 };
 pub use runtime::context::{SinkContext, SourceContext};
+pub use runtime::delays::{WorkerDelays, GAP_FLOOR_NS};
 pub use runtime::job::{JobHandle, JobResult, Outcome};
 pub use runtime::metrics::{JobMetrics, TaskMetrics, LATENCY_MAX_NS};
 pub use runtime::observe::EndpointStats;

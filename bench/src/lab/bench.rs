@@ -15,6 +15,7 @@ use crate::lab::report::{
     copy_line, endpoint_line, excess_line, header, parts_line, platform_row, row, warmup_line, BenchResult,
     CheckpointSummary, Excess, Machine, Percentiles, ProbeInfo, Syncs,
 };
+use crate::lab::worker_gaps::{self, spin_run, Gaps};
 
 /// Arguments of `weir bench`.
 #[derive(Debug, clap::Args)]
@@ -87,15 +88,16 @@ pub struct BenchArgs {
     /// Append one JSON object per run to this file.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
-    /// Measure, on the workers' cores during the run, how late this machine
-    /// wakes a thread that wants to run on time (a SCHED_FIFO thread per
-    /// core waking every 200 µs). `auto`: in open-loop runs (`--rate`),
-    /// whose latency it explains; not in closed-loop ones, where it would
-    /// cost throughput (it preempts busy workers and the checkpoint
-    /// coordinator 5,000 times a second per core: checkpoint p50 +0.5-0.8
-    /// ms here) and latency is queueing anyway. `off` to measure its cost.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub platform_probe: Switch,
+    /// How open-loop runs measure the machine's own delay, printed beside
+    /// weir's latency: `spin`, a thread spinning alone on each worker core
+    /// for 1 s right before the run (the wait of a record arriving at a
+    /// random instant until it runs again: what an engine that costs
+    /// nothing would show); `fifo`, a SCHED_FIFO thread per worker core
+    /// waking every 200 µs during the run, which preempts the workers
+    /// (weir's own p99 at 200,000 records/s then rises by about 12 µs
+    /// here), kept to compare the two; `off`.
+    #[arg(long, value_enum, default_value = "spin")]
+    pub platform_probe: Platform,
     /// Where records come from: the in-process generator, or a Kafka topic
     /// (`--source kafka --sink kafka`: the keyed count from topic to topic,
     /// see docs/guide/kafka.md).
@@ -157,24 +159,28 @@ pub enum SourceKind {
     Kafka,
 }
 
-/// On, off, or decided by the run.
+/// How a run measures the machine's own delay beside weir's latency (open
+/// loop only: a closed-loop run's latency is queueing).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum Switch {
-    /// In open-loop runs only.
-    Auto,
-    /// Enabled.
-    On,
-    /// Disabled.
+pub enum Platform {
+    /// A thread spinning alone on each worker core for 1 s right before
+    /// the run (`worker_gaps`): preempts nothing of weir's.
+    Spin,
+    /// A `SCHED_FIFO` thread per worker core waking every 200 µs during
+    /// the run (`platform`): preempts the workers, so weir's figures
+    /// include its cost.
+    Fifo,
+    /// Not measured.
     Off,
 }
 
-impl Switch {
-    /// Whether it is on for a run that is open loop or not.
-    pub fn on_for(self, open_loop: bool) -> bool {
-        match self {
-            Switch::Auto => open_loop,
-            Switch::On => true,
-            Switch::Off => false,
+impl Platform {
+    /// The method for a run that is open loop or not.
+    pub fn for_run(self, open_loop: bool) -> Platform {
+        if open_loop {
+            self
+        } else {
+            Platform::Off
         }
     }
 }
@@ -296,7 +302,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             &spec,
             config,
             args.mode,
-            args.platform_probe.on_for(args.rate.is_some()),
+            args.platform_probe.for_run(args.rate.is_some()),
         )
         .map(|mut r| {
             r.copy = copy;
@@ -480,7 +486,7 @@ pub fn temp_checkpoint_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("weir-bench-{}-{}", std::process::id(), clock::now_ns()))
 }
 
-fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<BenchResult, CliError> {
+fn run_one(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: Platform) -> Result<BenchResult, CliError> {
     run_one_full(spec, config, mode, probe).map(|o| o.result)
 }
 
@@ -492,7 +498,12 @@ pub fn temp_sink_dir() -> std::path::PathBuf {
 /// Runs one benchmark job and checks its output count; with `probe`, the
 /// platform probe runs on the workers' cores for exactly the run. A run
 /// with a failure probe restarts once, at once, whatever `config` says.
-pub fn run_one_full(spec: &Spec, mut config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
+pub fn run_one_full(
+    spec: &Spec,
+    mut config: RuntimeConfig,
+    mode: Mode,
+    probe: Platform,
+) -> Result<RunOutput, CliError> {
     if spec.failure.is_some() {
         // One injected failure, one restart, at once.
         config.restart = weir_core::RestartStrategy::FixedDelay {
@@ -512,7 +523,7 @@ pub fn run_one_full(spec: &Spec, mut config: RuntimeConfig, mode: Mode, probe: b
     out
 }
 
-fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) -> Result<RunOutput, CliError> {
+fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: Platform) -> Result<RunOutput, CliError> {
     let totals = Totals::default();
     let workers = config.workers;
     // Tasks of the job: one chain per subtask, two for the keyed job (the
@@ -521,19 +532,26 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
         Kind::Keyed => 2 * spec.parallelism,
         _ => spec.parallelism,
     };
-    // Worker w runs on core w: the probe covers the cores the workers use.
-    let probe = probe.then(|| PlatformProbe::start(workers.min(weir_core::available_cores())));
+    // Worker w runs on core w: the platform figure covers the cores the
+    // workers use; the spin run takes its own time, before the job.
+    let cores = workers.min(weir_core::available_cores());
+    let spun = (probe == Platform::Spin).then(|| spin_run(cores, worker_gaps::DEFAULT_SPIN));
+    let probe = (probe == Platform::Fifo).then(|| PlatformProbe::start(cores));
     // Every generator subtask shares one schedule origin, slightly in the
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
     let syncs_before = weir_core::disk::sync_stats();
     let ran = build(spec, start_ns, &totals).run(config).and_then(|job| {
+        // The platform figure leaves the warm-up out, as the latency does.
+        if let Some(rate) = spec.rate {
+            job.measure_worker_delays_from(start_ns + (spec.warmup_records() as f64 / rate * 1e9) as u64);
+        }
         crate::cli::metrics_arg::announce(&job);
         watch(&job, spec.events);
         job.join()
     });
     // Stopped whatever happened, so that its threads never outlive the run.
-    let platform = probe.map(PlatformProbe::stop);
+    let platform = probe.map(PlatformProbe::stop).or(spun);
     let result = ran?;
     if result.outcome != Outcome::Finished {
         return Err(CliError::Wrong("the job was cancelled".into()));
@@ -552,6 +570,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
     }
     let seconds = result.elapsed.as_secs_f64();
     let latency_us = Percentiles::from_ns(&result.metrics.latency_ns);
+    let open = spec.rate.is_some();
     let platform_us = platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns));
     let row = BenchResult {
         pipeline: spec.kind.name(),
@@ -579,6 +598,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: bool) ->
             .map(|_| CheckpointSummary::from_stats(&result.metrics.checkpoints)),
         platform_us,
         platform_probe: platform.as_ref().map(ProbeInfo::of),
+        worker_gaps: open.then(|| Gaps::of(&result.metrics.worker_delays)),
         excess_us: platform_us.map(|p| Excess::of(&latency_us, &p)),
         metrics_endpoint_cpu_s: result.metrics_endpoint_cpu.map(|d| d.as_secs_f64()),
         fsyncs: (result.metrics.checkpoints.completed > 0).then(|| {

@@ -35,12 +35,12 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::cli::{CliError, Mode};
-use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, RunOutput, Switch};
+use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, Platform, RunOutput};
 use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::lab::disk_probe::DiskProbe;
 use crate::lab::failure::{ms_text, rate_text, FailureProbe};
 use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
-use crate::lab::platform::PlatformResult;
+use crate::lab::platform::{PlatformResult, Policy};
 use crate::lab::plot::{write_failure_svg, write_svg, Curve, FailureTimeline, Figure, Sweep};
 use crate::lab::report::{si, BenchResult, Machine, Percentiles, ProbeInfo, Syncs};
 
@@ -134,11 +134,13 @@ pub struct CompareArgs {
     /// The closed-loop (throughput) runs use one worker per core.
     #[arg(long)]
     pub open_workers: Option<usize>,
-    /// Measure the machine's own delays beside the runs (the platform
-    /// probe); `auto`: beside every open-loop (latency) run, not in the
-    /// closed-loop (throughput) ones, whose throughput it would cost.
-    #[arg(long, value_enum, default_value = "auto")]
-    pub platform_probe: Switch,
+    /// How each open-loop (latency) run measures the machine's own delay:
+    /// `spin`, a thread spinning alone on each worker core for 1 s right
+    /// before the run (preempts nothing of weir's); `fifo`, the
+    /// SCHED_FIFO probe during the run (preempts the workers: their
+    /// figures include its cost); `off`.
+    #[arg(long, value_enum, default_value = "spin")]
+    pub platform_probe: Platform,
     /// Write every run as a JSON line here [default: <results>/compare.json].
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -309,7 +311,7 @@ struct Plan {
     rate: f64,
     keys: u64,
     state: StateBackend,
-    probe: Switch,
+    probe: Platform,
 }
 
 /// The folder the open-loop runs of one `weir compare` write their sink
@@ -383,7 +385,11 @@ impl Plan {
         interval_ms: u64,
         failure: Option<Arc<FailureProbe>>,
     ) -> Result<RunOutput, CliError> {
-        let probe = self.probe.on_for(rate.is_some()) && failure.is_none();
+        let probe = if failure.is_some() {
+            Platform::Off
+        } else {
+            self.probe.for_run(rate.is_some())
+        };
         let spec = Spec {
             kind: self.pipeline,
             events: if rate.is_some() {
@@ -767,7 +773,8 @@ fn interval_cell(row: Row, interval_ms: u64) -> String {
 fn print_latency_table(m: &Measured, plan: &Plan, open_seconds: f64) {
     println!(
         "\nlatency, open loop at {} events/s, {open_seconds} s per run or 3 intervals (processing: emission to sink; visible: \
-         emission until a reader of the target can see the record; platform: the probe in the same run)",
+         emission until a reader of the target can see the record; platform: the machine's own delay, by the \
+         platform method)",
         si(plan.rate)
     );
     println!(
@@ -822,13 +829,13 @@ fn print_latency_table(m: &Measured, plan: &Plan, open_seconds: f64) {
                 "-"
             );
             println!(
-                "(platform: how late a thread woke on the workers' cores, merged over the {} open-loop runs; \
-                 probe: {}; excess: the row's processing latency minus its own run's platform figure)",
+                "(platform: merged over the {} open-loop runs; {}; excess: the row's processing latency minus its \
+                 own run's platform figure)",
                 m.open.len(),
                 ProbeInfo::of(p).describe()
             );
         }
-        None => println!("(platform probe off: no platform figures)"),
+        None => println!("(platform off: no platform figures)"),
     }
 }
 
@@ -866,6 +873,40 @@ fn co_runner_line(all: Option<CoRunners>, runs: &[(String, Option<CoRunners>)]) 
         all.total_ms,
         WINDOW_NS / 1_000_000,
         WAIT_FLOOR_NS / 1000
+    ))
+}
+
+/// `- during the open-loop runs the workers' idle turns of 1 µs or more
+/// took 0.8% of their time (the most: aligned·wal at 10 ms, 1.4%, the
+/// longest 0.86 ms)`: time the machine, or weir's own threads on other
+/// cores, took from the workers while they waited for input; `None`
+/// without open-loop runs.
+fn idle_turns_line(m: &Measured) -> Option<String> {
+    let mut runs = Vec::new();
+    for (r, &row) in m.rows.iter().enumerate() {
+        for interval_ms in m.intervals_of(r) {
+            let g = m.open_at(r, interval_ms).out.result.worker_gaps?;
+            let at = match interval_cell(row, interval_ms).as_str() {
+                "-" => String::new(),
+                cell => format!(" at {cell}"),
+            };
+            runs.push((format!("{}{at}", row.label()), g));
+        }
+    }
+    let share = |lost_ms: f64, s: f64| 100.0 * lost_ms / 1e3 / s.max(1e-9);
+    let (lost, observed) = runs
+        .iter()
+        .fold((0.0, 0.0), |(l, o), (_, g)| (l + g.lost_ms, o + g.observed_s));
+    let (name, worst) = runs
+        .iter()
+        .max_by(|a, b| share(a.1.lost_ms, a.1.observed_s).total_cmp(&share(b.1.lost_ms, b.1.observed_s)))?;
+    Some(format!(
+        "- during the open-loop runs the workers' idle turns of {} µs or more took {:.2}% of their time (the \
+         most: {name}, {:.2}%, the longest {}): the machine's, or weir's own threads' on other cores",
+        worst.floor_us,
+        share(lost, observed),
+        share(worst.lost_ms, worst.observed_s),
+        dur(worst.longest_us)
     ))
 }
 
@@ -1037,6 +1078,9 @@ fn print_sentences(m: &Measured, plan: &Plan) {
         "- at a {base} ms interval, exactly-once made output visible after {}{alo_text}",
         exactly_once.join(", ")
     );
+    if let Some(line) = processing_cost_line(m) {
+        println!("{line}");
+    }
     // Throughput: the engine's cost (counting sink) and the cost with the sinks.
     let none_count = &m.count_rounds[0];
     let none_row = m.rows.iter().position(|r| r.mode == Mode::None).expect("a none row");
@@ -1128,8 +1172,13 @@ fn print_sentences(m: &Measured, plan: &Plan) {
             .iter()
             .fold((f64::MAX, f64::MIN), |(lo, hi), &e| (lo.min(e), hi.max(e)));
         println!(
-            "- this machine woke an on-time thread late by p50 {} / p99 {} / p99.9 {} over the open-loop runs; \
-             weir's processing p99 minus its run's platform p99: {} to {}",
+            "- {} p50 {} / p99 {} / p99.9 {} over the open-loop runs; weir's processing p99 minus its run's \
+             platform p99: {} to {}",
+            if p.policy == Policy::Spin {
+                "a record arriving at a random instant waited for a thread spinning alone on a worker core"
+            } else {
+                "this machine woke an on-time thread late by"
+            },
             dur(f.p50),
             dur(f.p99),
             dur(f.p999),
@@ -1139,6 +1188,9 @@ fn print_sentences(m: &Measured, plan: &Plan) {
         if let Some(line) = co_runner_line(p.co_runners, &co_runners_by_run(m)) {
             println!("{line}");
         }
+    }
+    if let Some(line) = idle_turns_line(m) {
+        println!("{line}");
     }
     if plan.scenario == Scenario::Backpressure {
         let parts: Vec<String> = m
@@ -1161,6 +1213,44 @@ fn print_sentences(m: &Measured, plan: &Plan) {
             parts.join(", ")
         );
     }
+}
+
+/// What each checkpoint mode costs in processing latency at the base
+/// interval: p99 and p99.9 of each row against none's and against
+/// at-least-once's (the same open-loop schedule, the platform measured
+/// apart so that nothing preempted the workers).
+fn processing_cost_line(m: &Measured) -> Option<String> {
+    let base = m.base();
+    let at = |r: usize| m.open_at(r, base).out.result.latency_us;
+    let none = m.rows.iter().position(|r| r.mode == Mode::None)?;
+    let alo = m.rows.iter().position(|r| r.mode == Mode::AtLeastOnce)?;
+    let (n, a) = (at(none), at(alo));
+    let against = |l: Percentiles, b: Percentiles| format!("{} / {}", signed(l.p99 - b.p99), signed(l.p999 - b.p999));
+    let rows: Vec<String> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(_, row)| matches!(row.mode, Mode::Aligned | Mode::Unaligned))
+        .map(|(r, row)| {
+            let l = at(r);
+            format!(
+                "{} p99 {} / p99.9 {} ({} against none, {} against at-least-once)",
+                row.label(),
+                dur(l.p99),
+                dur(l.p999),
+                against(l, n),
+                against(l, a)
+            )
+        })
+        .collect();
+    Some(format!(
+        "- processing latency at {base} ms, p99 / p99.9: none {} / {}, at-least-once {} / {}; {}",
+        dur(n.p99),
+        dur(n.p999),
+        dur(a.p99),
+        dur(a.p999),
+        rows.join("; ")
+    ))
 }
 
 /// What one failure cost in each mode.

@@ -4,8 +4,9 @@
 //!   tables, JSON and SVG);
 //! - [`pipelines`], [`nexmark_jobs`], [`event`], [`kafka_bench`]: the
 //!   benchmark jobs;
-//! - probes of the machine during and around a run: [`platform`] (wake-up
-//!   delays), [`co_runners`], [`cpu_time`], [`copy_probe`],
+//! - the machine during and around a run: [`worker_gaps`] (the platform
+//!   figure, from the workers' own gaps), [`platform`] (the opt-in
+//!   wake-up probe), [`co_runners`], [`cpu_time`], [`copy_probe`],
 //!   [`parts_probe`], [`handoff_probe`], [`disk_probe`];
 //! - [`scaling_model`], [`metrics_ab`]: models and A/B designs read off
 //!   the runs;
@@ -32,3 +33,4 @@ pub mod platform;
 pub mod plot;
 pub mod report;
 pub mod scaling_model;
+pub mod worker_gaps;

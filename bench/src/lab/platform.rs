@@ -60,6 +60,9 @@ pub enum Policy {
     /// `SCHED_OTHER` (FIFO was refused): the figure also holds waiting
     /// behind other threads of the core, weir's workers included.
     Other,
+    /// Not this probe: a thread spinning alone on each worker core before
+    /// the run ([`crate::lab::worker_gaps::spin_run`]).
+    Spin,
 }
 
 impl Policy {
@@ -68,6 +71,7 @@ impl Policy {
         match self {
             Policy::Fifo => "fifo",
             Policy::Other => "other",
+            Policy::Spin => "spin",
         }
     }
 }
@@ -127,8 +131,8 @@ impl PlatformResult {
         // Same bounds on both sides: the addition cannot fail.
         let _ = self.latency_ns.add(&other.latency_ns);
         self.per_core.extend(other.per_core.iter().cloned());
-        if other.policy == Policy::Other {
-            self.policy = Policy::Other;
+        if other.policy != self.policy && other.policy != Policy::Fifo {
+            self.policy = other.policy;
         }
         self.samples += other.samples;
         self.cores = self.cores.max(other.cores);

@@ -1,6 +1,6 @@
 //! The SVG figure of `weir compare`, three panels: visibility latency by
 //! percentile per row (log-log, as HdrHistogram plots them), processing
-//! latency by percentile per row with the platform probe's curve beside
+//! latency by percentile per row with the platform's curve beside
 //! them, and visibility p50 and p99 against the checkpoint interval.
 
 use std::path::Path;
@@ -216,7 +216,7 @@ pub fn write_svg(path: &Path, fig: &Figure) -> Result<(), Box<dyn std::error::Er
     percentile_panel(
         &panels[1],
         &format!("processing latency by percentile, {} ms interval", fig.base_interval_ms),
-        "emission to sink; platform: wake-up lateness",
+        "emission to sink; platform: the machine's own delay",
         &fig.processing,
     )?;
     sweep_panel(&panels[2], &fig.sweep)?;

@@ -79,14 +79,23 @@ impl ProbeInfo {
     /// interrupts 0.4% of those cores' time; no 10 ms window lost over
     /// 100 µs to other threads`.
     pub fn describe(&self) -> String {
-        let mut s = format!(
-            "{}, {} µs ticks, {} samples on {} core{}",
-            self.policy.name(),
-            self.tick_us,
-            self.samples,
-            self.cores,
-            if self.cores == 1 { "" } else { "s" }
-        );
+        let plural = if self.cores == 1 { "" } else { "s" };
+        let mut s = if self.policy == crate::lab::platform::Policy::Spin {
+            format!(
+                "spin: a thread spinning alone on {} worker core{plural} right before the run ({:.1} s in all), {} \
+                 gaps of 1 µs or more",
+                self.cores, self.seconds, self.samples
+            )
+        } else {
+            format!(
+                "{}, {} µs ticks, {} samples on {} core{plural} during the run, preempting the workers (weir's \
+                 figures include its cost)",
+                self.policy.name(),
+                self.tick_us,
+                self.samples,
+                self.cores,
+            )
+        };
         if let (Some(steal), Some(irq)) = (self.steal_pct, self.irq_pct) {
             s += &format!(
                 "; steal {steal:.1}%, interrupts {irq:.1}% of {} time",
@@ -272,13 +281,21 @@ pub struct BenchResult {
     /// Checkpoint figures (absent when checkpointing is off).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub checkpoints: Option<CheckpointSummary>,
-    /// How late this machine woke an on-time thread on the workers' cores
-    /// during the run (the platform probe; absent when it was off).
+    /// Open loop: the machine's own delay, by the run's platform method:
+    /// `spin` (default), the wait of a record arriving at a random instant
+    /// until a thread spinning alone on a worker core runs again, measured
+    /// right before the run; `fifo`, how late a `SCHED_FIFO` thread on the
+    /// workers' cores woke during the run (preempting them). Absent when
+    /// off.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform_us: Option<Percentiles>,
     /// How the platform figure was measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub platform_probe: Option<ProbeInfo>,
+    /// Open loop: the workers' idle turns of a microsecond or more during
+    /// the run ([`crate::lab::worker_gaps::Gaps`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker_gaps: Option<crate::lab::worker_gaps::Gaps>,
     /// `latency_us` minus `platform_us` (p99 and p99.9).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub excess_us: Option<Excess>,
@@ -365,8 +382,8 @@ pub fn header() -> String {
     )
 }
 
-/// The platform row under a run's [`row`]: the probe's lateness in the
-/// latency columns; `None` when the probe was off.
+/// The platform row under a run's [`row`]: the platform figure in the
+/// latency columns; `None` when it was not measured.
 pub fn platform_row(r: &BenchResult) -> Option<String> {
     let (l, probe) = (r.platform_us?, r.platform_probe.as_ref()?);
     Some(format!(
@@ -388,16 +405,20 @@ pub fn platform_row(r: &BenchResult) -> Option<String> {
     ))
 }
 
-/// `weir − platform: p99 +X µs, p99.9 +Y µs (probe: ...)`; `None` when
-/// the probe was off.
+/// `weir − platform: p99 +X µs, p99.9 +Y µs (platform: ...)`, then the
+/// workers' idle turns; `None` when the platform was not measured.
 pub fn excess_line(r: &BenchResult) -> Option<String> {
     let (e, probe) = (r.excess_us?, r.platform_probe.as_ref()?);
-    Some(format!(
-        "weir − platform: p99 {:+.1} µs, p99.9 {:+.1} µs (probe: {})",
+    let mut s = format!(
+        "weir − platform: p99 {:+.1} µs, p99.9 {:+.1} µs (platform: {})",
         e.p99,
         e.p999,
         probe.describe()
-    ))
+    );
+    if let Some(g) = &r.worker_gaps {
+        s += &format!("\n    {}", g.describe());
+    }
+    Some(s)
 }
 
 /// `warm-up: the first N records (X ms of the schedule) ...`; `None`

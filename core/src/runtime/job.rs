@@ -35,6 +35,7 @@ use crate::error::{Error, Result};
 use crate::runtime::collector::RestoreCtx;
 use crate::runtime::config::RuntimeConfig;
 use crate::runtime::context::TaskContext;
+use crate::runtime::delays::{DelayHub, DelayRecorder};
 use crate::runtime::metrics::{JobMetrics, LatencyPair, MetricsRegistry, TaskCounters};
 use crate::runtime::plan::{BuildCtx, Plan};
 use crate::runtime::task::{Task, TaskPoll};
@@ -73,12 +74,15 @@ struct JobShared {
     registry: Mutex<Arc<MetricsRegistry>>,
     stats: Arc<Mutex<CheckpointStats>>,
     job_thread: Mutex<Option<Thread>>,
+    /// The workers' gaps, every attempt's (`delays`).
+    delays: Arc<DelayHub>,
 }
 
 impl JobShared {
     fn metrics(&self) -> JobMetrics {
         let mut m = self.registry.lock().unwrap_or_else(|p| p.into_inner()).snapshot();
         m.checkpoints = self.stats.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        m.worker_delays = self.delays.read();
         m
     }
 }
@@ -95,6 +99,8 @@ struct Attempt {
     /// The failure must not restart the job: a subtask that recovers
     /// alone spent its restart attempts.
     final_failure: AtomicBool,
+    /// Where the workers publish their gaps when they exit.
+    delays: Arc<DelayHub>,
 }
 
 /// Replacements for a worker's failed tasks, from the job thread.
@@ -226,6 +232,13 @@ impl JobHandle {
     /// checkpoints.
     pub fn metrics(&self) -> JobMetrics {
         self.shared.metrics()
+    }
+
+    /// Leaves the workers' gaps before clock reading `at_ns`
+    /// ([`crate::clock::now_ns`]) out of [`JobMetrics::worker_delays`]:
+    /// a benchmark's warm-up, which its latency figures leave out too.
+    pub fn measure_worker_delays_from(&self, at_ns: u64) {
+        self.shared.delays.measure_from(at_ns);
     }
 
     /// Records the sources have emitted so far, summed over their
@@ -590,6 +603,7 @@ pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> 
         registry: Mutex::new(prepared.registry.clone()),
         stats,
         job_thread: Mutex::new(None),
+        delays: Arc::default(),
     });
     // Before the job thread starts: an address in use fails the job
     // before it has read or written anything.
@@ -914,6 +928,7 @@ impl JobRun {
             job_thread: thread::current(),
             mail: (0..prepared.parkers.len()).map(|_| Mailbox::default()).collect(),
             final_failure: AtomicBool::new(false),
+            delays: self.shared.delays.clone(),
         });
         let running = Running {
             parkers: prepared.parkers.clone(),
@@ -1276,9 +1291,10 @@ fn panic_message(payload: &(dyn Any + Send)) -> String {
 
 /// A worker's back-off after a round of turns: none after progress; after
 /// a round without, the idle strategy's steps (`Idler::idle`), then one
-/// more round as the last look (`parking`), then a park.
+/// more round as the last look (`parking`), then a park. True if it
+/// parked (the interval is the worker's choice, not a delay).
 #[inline]
-fn back_off(progressed: bool, parking: &mut bool, idler: &mut Idler, parker: &Parker) {
+fn back_off(progressed: bool, parking: &mut bool, idler: &mut Idler, parker: &Parker) -> bool {
     if progressed {
         idler.reset();
         if *parking {
@@ -1289,10 +1305,12 @@ fn back_off(progressed: bool, parking: &mut bool, idler: &mut Idler, parker: &Pa
         thread::park_timeout(idler.park_timeout());
         parker.awake();
         *parking = false;
+        return true;
     } else if idler.idle() {
         parker.prepare_park();
         *parking = true;
     }
+    false
 }
 
 fn worker_main(
@@ -1316,12 +1334,17 @@ fn worker_main(
     for t in &mut tasks {
         t.mark_ns = start;
     }
+    let mut delays = DelayRecorder::new(&attempt.delays, start);
+    // The last clock reading of the previous turn, and whether the worker
+    // parked since (then the interval is not a gap).
+    let (mut last, mut parked) = (start, false);
     while !tasks.is_empty() && !attempt.stop.load(Ordering::Relaxed) {
         let mut progressed = false;
         let mut i = 0;
         // One clock reading per turn (a batch): each turn's end is the next
         // one's start; the reading here covers the worker's back-off.
         let mut now = clock::now_ns();
+        delays.turn(last, now, parked);
         if attempt.mail[w].flag.load(Ordering::Acquire) {
             install_replacements(&mut tasks, attempt, w);
             progressed = true;
@@ -1335,9 +1358,16 @@ fn worker_main(
             }
             placed.account_wait(now);
             placed.ctx.output_blocked = false;
+            let before = now;
             let result = catch_unwind(AssertUnwindSafe(|| placed.task.poll(&mut placed.ctx)));
             now = clock::now_ns();
-            placed.account_turn(now, matches!(result, Ok(Ok(TaskPoll::Progress | TaskPoll::Done))));
+            let worked = matches!(result, Ok(Ok(TaskPoll::Progress | TaskPoll::Done)));
+            placed.account_turn(now, worked);
+            if !worked {
+                // A turn that found nothing to do takes well under a
+                // microsecond: a longer one is the machine's.
+                delays.turn(before, now, false);
+            }
             placed.ctx.end_turn();
             let failure = match result {
                 Ok(Ok(TaskPoll::Progress)) => {
@@ -1370,8 +1400,10 @@ fn worker_main(
             }
             i += 1;
         }
-        back_off(progressed, &mut parking, &mut idler, parker);
+        last = now;
+        parked = back_off(progressed, &mut parking, &mut idler, parker);
     }
+    delays.finish(clock::now_ns());
     // Keep what sinks recorded, even when the job is stopping.
     for t in &mut tasks {
         t.ctx.publish_latency();

@@ -208,6 +208,10 @@ pub struct JobMetrics {
     pub visible_latency_ns: Histogram<u64>,
     /// Checkpoints completed and failed, their history, and restarts.
     pub checkpoints: crate::checkpoint::CheckpointStats,
+    /// How long the machine kept the workers from running their loops,
+    /// published by each worker as it exits (empty while they run); see
+    /// [`crate::WorkerDelays`].
+    pub worker_delays: crate::WorkerDelays,
 }
 
 /// State shared between the tasks and the [`crate::JobHandle`].
@@ -250,6 +254,7 @@ impl MetricsRegistry {
             latency_ns,
             visible_latency_ns,
             checkpoints: Default::default(),
+            worker_delays: Default::default(),
         }
     }
 }

@@ -8,7 +8,8 @@
 //!   a chain) and [`context`] (what a task knows about itself);
 //! - [`output`] and [`message`]: what a chain hands to rings, and in what
 //!   format; [`source`] and [`sink`]: the contracts of the two ends;
-//! - [`config`], [`metrics`], [`observe`]: settings, counters, the endpoint.
+//! - [`config`], [`metrics`], [`observe`]: settings, counters, the endpoint;
+//!   [`delays`]: how long the machine kept the workers from their loops.
 //!
 //! Uses the checkpoint, state, thread and storage layers below it; the
 //! operators and the API above it use it.
@@ -16,6 +17,7 @@
 pub(crate) mod collector;
 pub(crate) mod config;
 pub(crate) mod context;
+pub(crate) mod delays;
 pub(crate) mod input_watermarks;
 pub(crate) mod job;
 pub(crate) mod message;
