@@ -506,3 +506,68 @@ fn bench_measures_the_platform_apart_from_the_workers_unless_asked() {
     // The workers' own idle turns cost nothing to measure: always there.
     assert!(v["worker_gaps"]["gaps"].as_u64().is_some(), "{v}");
 }
+
+/// `weir compare --scenario disk-busy`: a co-runner writes and syncs into
+/// the temporary folder beside every open-loop run, and the run says what
+/// it achieved; its file is gone afterwards. A rate that is not a positive
+/// number is a usage error.
+#[test]
+fn compare_disk_busy_runs_a_co_runner_beside_the_open_loop_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (results, tmp) = (dir.path().join("results"), dir.path().join("tmp"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let out = weir_in(
+        &[
+            "compare",
+            "--scenario",
+            "disk-busy",
+            "--disk-busy-mb-s",
+            "20",
+            "--events",
+            "100000",
+            "--open-seconds",
+            "0.2",
+            "--intervals",
+            "10",
+            "--rounds",
+            "1",
+        ],
+        &results,
+        &tmp,
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("disk-busy scenario"), "{stdout}");
+    assert!(stdout.contains("the disk-busy co-runner wrote"), "{stdout}");
+    assert!(stdout.contains("(asked 20)"), "{stdout}");
+    let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
+    let open: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["run"] == "open-loop")
+        .collect();
+    assert!(!open.is_empty());
+    for v in &open {
+        assert_eq!(v["scenario"], "disk-busy", "{v}");
+        assert_eq!(v["disk_load"]["target_mb_s"], 20.0, "{v}");
+        assert!(v["disk_load"]["achieved_mb_s"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    // No co-runner file left behind.
+    let left: Vec<_> = std::fs::read_dir(&tmp)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("weir-disk-load"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+
+    let out = weir(
+        &["compare", "--scenario", "disk-busy", "--disk-busy-mb-s", "0"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--disk-busy-mb-s must be a positive number"));
+}

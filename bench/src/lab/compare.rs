@@ -37,6 +37,7 @@ use serde::Serialize;
 use crate::cli::{CliError, Mode};
 use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, Platform, RunOutput};
 use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
+use crate::lab::disk_load::{DiskLoad, DiskLoadStats};
 use crate::lab::disk_probe::DiskProbe;
 use crate::lab::failure::{ms_text, rate_text, FailureProbe};
 use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
@@ -54,6 +55,10 @@ pub enum Scenario {
     /// Checkpoint figures then come from the closed-loop runs, where the
     /// queues are full.
     Backpressure,
+    /// Another program writes and syncs to the same filesystem during
+    /// every open-loop run, at `--disk-busy-mb-s` (`disk_load`): what a
+    /// busy disk does to exactly-once visibility.
+    DiskBusy,
 }
 
 impl Scenario {
@@ -61,6 +66,7 @@ impl Scenario {
         match self {
             Scenario::Normal => "normal",
             Scenario::Backpressure => "backpressure",
+            Scenario::DiskBusy => "disk-busy",
         }
     }
 }
@@ -112,6 +118,11 @@ pub struct CompareArgs {
     /// Workload variant.
     #[arg(long, value_enum, default_value = "normal")]
     pub scenario: Scenario,
+    /// `--scenario disk-busy`: the co-runner's write rate, MB/s (256 KiB
+    /// writes, an fdatasync every 4 MiB, into the folder the checkpoints
+    /// and sinks use).
+    #[arg(long, default_value_t = 200.0)]
+    pub disk_busy_mb_s: f64,
     /// Distinct keys.
     #[arg(long, default_value_t = 10_000)]
     pub keys: u64,
@@ -213,6 +224,8 @@ struct OpenRun {
     interval_ms: u64,
     out: RunOutput,
     syncs: Option<Syncs>,
+    /// `--scenario disk-busy`: what the co-runner did during the run.
+    disk_load: Option<DiskLoadStats>,
 }
 
 /// Everything measured.
@@ -281,6 +294,9 @@ struct JsonRow<'a> {
     /// the median round's run).
     #[serde(skip_serializing_if = "Option::is_none")]
     rounds_events_per_sec: Option<&'a [f64]>,
+    /// `--scenario disk-busy`, open loop: the co-runner's rate and syncs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disk_load: Option<DiskLoadStats>,
     #[serde(flatten)]
     result: &'a BenchResult,
 }
@@ -312,6 +328,8 @@ struct Plan {
     keys: u64,
     state: StateBackend,
     probe: Platform,
+    /// `--scenario disk-busy`: the co-runner's MB/s.
+    disk_busy: Option<f64>,
 }
 
 /// The folder the open-loop runs of one `weir compare` write their sink
@@ -470,6 +488,12 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     if args.keys == 0 {
         return Err(CliError::Usage("--keys must be at least 1".into()));
     }
+    if args.scenario == Scenario::DiskBusy && !(args.disk_busy_mb_s.is_finite() && args.disk_busy_mb_s > 0.0) {
+        return Err(CliError::Usage(format!(
+            "--disk-busy-mb-s must be a positive number of MB/s, got {}",
+            args.disk_busy_mb_s
+        )));
+    }
     if args.events == Some(0) {
         return Err(CliError::Usage("--events must be at least 1".into()));
     }
@@ -484,7 +508,7 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     }
     let intervals = if args.intervals.is_empty() {
         match args.scenario {
-            Scenario::Normal => vec![10, 100, 1000],
+            Scenario::Normal | Scenario::DiskBusy => vec![10, 100, 1000],
             Scenario::Backpressure => vec![100],
         }
     } else {
@@ -530,6 +554,7 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
         keys: args.keys,
         state: args.state,
         probe: args.platform_probe,
+        disk_busy: (args.scenario == Scenario::DiskBusy).then_some(args.disk_busy_mb_s),
     };
     Ok((plan, intervals))
 }
@@ -617,8 +642,28 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         };
         for interval_ms in row_intervals {
             progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
+            let load = match plan.disk_busy {
+                Some(mb_s) => Some(
+                    DiskLoad::start(&std::env::temp_dir(), mb_s).map_err(|source| CliError::Io {
+                        path: format!("{} (the disk-busy co-runner's file)", std::env::temp_dir().display()),
+                        source,
+                    })?,
+                ),
+                None => None,
+            };
             let before = weir_core::disk::sync_stats();
-            let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms, None)?;
+            let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms, None);
+            let disk_load = match load.map(DiskLoad::stop) {
+                Some(Ok(s)) => Some(s),
+                Some(Err(source)) => {
+                    return Err(CliError::Io {
+                        path: format!("{} (the disk-busy co-runner's file)", std::env::temp_dir().display()),
+                        source,
+                    })
+                }
+                None => None,
+            };
+            let out = out?;
             let syncs = row.exactly_once().then(|| {
                 let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);
                 Syncs::of(&weir_core::disk::sync_stats().since(&before), completed)
@@ -628,6 +673,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                 interval_ms,
                 out,
                 syncs,
+                disk_load,
             });
         }
     }
@@ -910,6 +956,30 @@ fn idle_turns_line(m: &Measured) -> Option<String> {
     ))
 }
 
+/// `- the disk-busy co-runner wrote 180-200 MB/s (asked 200) beside
+/// every open-loop run, with an fdatasync every 4 MiB (p99 12-40 ms)`;
+/// `None` outside `--scenario disk-busy`.
+fn disk_load_line(m: &Measured) -> Option<String> {
+    let loads: Vec<DiskLoadStats> = m.open.iter().filter_map(|o| o.disk_load).collect();
+    let first = loads.first()?;
+    let range = |f: fn(&DiskLoadStats) -> f64| {
+        let (lo, hi) = loads
+            .iter()
+            .map(f)
+            .fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
+        (lo, hi)
+    };
+    let (a_lo, a_hi) = range(|s| s.achieved_mb_s);
+    let (p_lo, p_hi) = range(|s| s.sync_p99_ms);
+    Some(format!(
+        "- the disk-busy co-runner wrote {a_lo:.0}-{a_hi:.0} MB/s (asked {:.0}) into {} beside every open-loop run, \
+         with an fdatasync every {} MiB (p99 {p_lo:.1}-{p_hi:.1} ms)",
+        first.target_mb_s,
+        std::env::temp_dir().display(),
+        crate::lab::disk_load::SYNC_EVERY >> 20
+    ))
+}
+
 /// Each open-loop run's co-runner figure, named as in the table.
 fn co_runners_by_run(m: &Measured) -> Vec<(String, Option<CoRunners>)> {
     let mut runs = Vec::new();
@@ -929,7 +999,7 @@ fn co_runners_by_run(m: &Measured) -> Vec<(String, Option<CoRunners>)> {
 
 fn print_throughput_table(m: &Measured, plan: &Plan) {
     let source = match plan.scenario {
-        Scenario::Normal => "open loop",
+        Scenario::Normal | Scenario::DiskBusy => "open loop",
         Scenario::Backpressure => "closed loop, the row's sink, under backpressure",
     };
     println!(
@@ -963,7 +1033,7 @@ fn print_throughput_table(m: &Measured, plan: &Plan) {
         for interval_ms in m.intervals_of(r) {
             let base = interval_ms == m.base();
             let ck_run = match plan.scenario {
-                Scenario::Normal => &m.open_at(r, interval_ms).out.result,
+                Scenario::Normal | Scenario::DiskBusy => &m.open_at(r, interval_ms).out.result,
                 Scenario::Backpressure => &m.closed[r].result,
             };
             let ck = ck_run.checkpoints.as_ref();
@@ -1192,6 +1262,9 @@ fn print_sentences(m: &Measured, plan: &Plan) {
     if let Some(line) = idle_turns_line(m) {
         println!("{line}");
     }
+    if let Some(line) = disk_load_line(m) {
+        println!("{line}");
+    }
     if plan.scenario == Scenario::Backpressure {
         let parts: Vec<String> = m
             .rows
@@ -1346,6 +1419,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             interval_ms: interval(*mode, m.base()),
             syncs: None,
             rounds_events_per_sec: Some(&m.count_rounds[i]),
+            disk_load: None,
             result: &m.count[i].result,
         });
     }
@@ -1357,6 +1431,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             interval_ms: interval(row.mode, m.base()),
             syncs: None,
             rounds_events_per_sec: Some(&m.closed_rounds[r]),
+            disk_load: None,
             result: &m.closed[r].result,
         });
     }
@@ -1369,6 +1444,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             interval_ms: interval(row.mode, o.interval_ms),
             syncs: o.syncs,
             rounds_events_per_sec: None,
+            disk_load: o.disk_load,
             result: &o.out.result,
         });
     }
@@ -1380,6 +1456,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             interval_ms: interval(*mode, m.base()),
             syncs: None,
             rounds_events_per_sec: None,
+            disk_load: None,
             result: &out.result,
         });
     }

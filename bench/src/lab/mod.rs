@@ -7,7 +7,8 @@
 //! - the machine during and around a run: [`worker_gaps`] (the platform
 //!   figure, from the workers' own gaps), [`platform`] (the opt-in
 //!   wake-up probe), [`co_runners`], [`cpu_time`], [`copy_probe`],
-//!   [`parts_probe`], [`handoff_probe`], [`disk_probe`];
+//!   [`parts_probe`], [`handoff_probe`], [`disk_probe`]; [`disk_load`]
+//!   (the disk-busy scenario's co-runner);
 //! - [`scaling_model`], [`metrics_ab`]: models and A/B designs read off
 //!   the runs;
 //! - [`report`], [`plot`]: results as rows, JSON and figures.
@@ -20,6 +21,7 @@ pub mod co_runners;
 pub mod compare;
 pub mod copy_probe;
 pub mod cpu_time;
+pub mod disk_load;
 pub mod disk_probe;
 pub mod event;
 pub mod failure;
