@@ -189,10 +189,15 @@ fn past_the_backup_s_limit_a_failure_restarts_the_whole_job_exactly_once() {
     let whole = restarts.iter().filter(|r| r.subtask.is_none()).count();
     assert_eq!(whole, 1, "{restarts:?}");
     assert!(
-        restarts.iter().any(|r| r.error.contains("dedup_backup_limit")),
+        restarts
+            .iter()
+            .any(|r| r.error.contains("dedup_backup_limit") && r.error.contains("cannot be replayed from checkpoint")),
         "the restart says why: {restarts:?}"
     );
     assert_eq!(ran.sources_built, vec![2; JOB.sources], "the whole job was built again");
+    // The job thread saw the backup could not serve before it built and
+    // restored a replacement for nothing: each sink was built twice.
+    assert_eq!(ran.sinks_built, vec![2; JOB.keyed], "no replacement before the restart");
 }
 
 /// A record that fails every time: the subtask recovers until the restart

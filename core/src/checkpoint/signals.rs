@@ -177,6 +177,8 @@ pub(crate) enum Event {
         task: usize,
         message: String,
         record: Option<(u32, u64, u64)>,
+        /// The checkpoints its backup can be replayed from.
+        replayable_from: Vec<u64>,
     },
 }
 

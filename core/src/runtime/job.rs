@@ -1057,7 +1057,12 @@ impl JobRun {
     /// (dedup), or the coordinator's.
     fn on_event(&mut self, ev: Event, c: &mut Coordinator, attempt: &Attempt, running: &Running) -> Result<()> {
         match ev {
-            Event::TaskFailed { task, message, record } => self.recover(task, message, record, c, attempt, running),
+            Event::TaskFailed {
+                task,
+                message,
+                record,
+                replayable_from,
+            } => self.recover(task, message, record, &replayable_from, c, attempt, running),
             ev => c.handle(ev).map_err(coordinator_error),
         }
     }
@@ -1069,11 +1074,13 @@ impl JobRun {
     /// runs on. An error (the attempt fails) when the restart strategy's
     /// attempts for this subtask are spent or the replacement cannot be
     /// built.
+    #[allow(clippy::too_many_arguments)]
     fn recover(
         &mut self,
         task: usize,
         message: String,
         record: Option<(u32, u64, u64)>,
+        replayable_from: &[u64],
         c: &mut Coordinator,
         attempt: &Attempt,
         running: &Running,
@@ -1113,6 +1120,21 @@ impl JobRun {
             return Ok(());
         }
         let (generation, checkpoint) = c.task_failed(task);
+        if !replayable_from.contains(&checkpoint) {
+            // Its backup let go of what it took since that checkpoint
+            // (it outgrew `dedup_backup_limit`): the whole job restarts,
+            // without restoring a replacement first for nothing.
+            return Err(Error::OperatorFailed {
+                operator,
+                subtask: i,
+                parallelism,
+                message: format!(
+                    "{message}{on_record}; its dedup backup cannot be replayed from checkpoint {checkpoint}, the \
+                     latest completed (it outgrew CheckpointConfig::dedup_backup_limit since), so the whole job \
+                     restarts instead"
+                ),
+            });
+        }
         let cfg = self
             .config
             .checkpointing
@@ -1445,6 +1467,8 @@ fn recover_alone(placed: &mut Placed, message: String) -> bool {
     let Some(ck) = placed.ctx.ckpt.clone() else {
         return false;
     };
+    // Before its inputs (and backup) are taken out.
+    let replayable_from = placed.task.replayable_from();
     let Some(inputs) = placed.task.take_inputs() else {
         return false;
     };
@@ -1458,6 +1482,7 @@ fn recover_alone(placed: &mut Placed, message: String) -> bool {
         task: placed.global,
         message,
         record,
+        replayable_from,
     });
     true
 }

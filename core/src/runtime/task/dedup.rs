@@ -274,6 +274,13 @@ impl Backup {
         self.dropped_bytes = m.bytes;
     }
 
+    /// The checkpoints a recovery can replay this backup from (see
+    /// [`Backup::since`]): those of the snapshots it holds a mark of.
+    /// Empty after an overflow, until the task's next snapshot.
+    pub(crate) fn replayable_from(&self) -> Vec<u64> {
+        self.marks.iter().map(|m| m.checkpoint).collect()
+    }
+
     /// Bytes held.
     pub(crate) fn bytes(&self) -> usize {
         self.bytes.len()
@@ -373,6 +380,7 @@ mod tests {
         let r = b.since::<u64>(1).unwrap();
         assert_eq!(r.records, vec![(1, 0, 10), (0, 3, 4)]);
         assert_eq!(r.watermarks, vec![(0, 1, 77)]);
+        assert_eq!(b.replayable_from(), vec![1], "mark 2 forgotten");
         // Still held: the recovered chain has not completed a checkpoint.
         assert_eq!(b.held_records(), 2);
         assert!(b.since::<u64>(0).is_err(), "the backup no longer reaches back to 0");
@@ -391,7 +399,10 @@ mod tests {
         assert_eq!(b.bytes(), 0, "nothing kept until the next snapshot");
         let e = b.since::<u64>(0).err().unwrap().to_string();
         assert!(e.contains("next snapshot") && e.contains("whole job restarts"), "{e}");
+        // What the job thread checks before it builds a replacement.
+        assert!(b.replayable_from().is_empty());
         b.mark(1);
+        assert_eq!(b.replayable_from(), vec![1]);
         assert!(!b.overflowed());
         b.records(0, 3, &[7u64]).unwrap();
         assert_eq!(

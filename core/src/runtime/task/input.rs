@@ -686,6 +686,10 @@ impl<T: Data> Task for InputTask<T> {
         self.chain.open(ctx)
     }
 
+    fn replayable_from(&self) -> Vec<u64> {
+        self.backup.as_ref().map_or_else(Vec::new, |b| b.replayable_from())
+    }
+
     fn take_inputs(&mut self) -> Option<Box<dyn std::any::Any + Send>> {
         self.backup.as_ref()?;
         Some(Box::new(Transplant {

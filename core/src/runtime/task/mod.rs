@@ -90,6 +90,11 @@ pub(crate) trait Task: Send {
     fn failing_record(&self) -> Option<(u32, u64, u64)> {
         None
     }
+    /// Dedup mode: the checkpoints the task's backup can be replayed from
+    /// (empty: none, or no backup).
+    fn replayable_from(&self) -> Vec<u64> {
+        Vec::new()
+    }
 }
 
 /// Lifecycle of a task; shared by both drivers.
