@@ -1,37 +1,38 @@
-//! How long the machine kept each worker from running its loop: the
-//! platform's share of a record's latency, measured by the workers
-//! themselves so that measuring it preempts nothing.
+//! Gaps in a thread's run: how long something else kept it from running
+//! its loop, and what that costs a record arriving at a random instant.
 //!
 //! A latency percentile means little on its own on a virtual machine: the
-//! hypervisor steals vCPUs, the kernel runs other threads on a worker's
-//! core, interrupts run. A probe thread that wakes on the workers' cores
-//! to measure this takes those cores from the workers, and what it
-//! measures is then partly its own cost (on these guests a `SCHED_FIFO`
-//! probe waking every 200 µs raised weir's processing p99 at 200,000
-//! records/s from about 10 µs to about 22 µs).
+//! hypervisor steals vCPUs, the kernel runs other threads on a core,
+//! interrupts run. A probe thread that wakes on the workers' cores to
+//! measure this takes those cores from the workers, and what it measures
+//! is then partly its own cost (on these guests a `SCHED_FIFO` probe
+//! waking every 200 µs raised weir's processing p99 at 200,000 records/s
+//! from about 10 µs to about 22 µs). [`WorkerDelays`] holds gaps measured
+//! without a probe, two ways:
 //!
-//! A worker already reads the clock once per turn of its loop. Between the
-//! last reading of one turn and the first of the next it only backs off
-//! (a spin hint or a `sched_yield`), which takes well under a microsecond
-//! when the core is its own. A longer interval is time the worker wanted
-//! to run and could not: the **gap** it records. Gaps under
-//! [`GAP_FLOOR_NS`] are not recorded (one comparison per turn, no
-//! histogram write); intervals in which the worker parked on purpose are
-//! not gaps.
+//! - **A worker's idle turns** ([`crate::JobMetrics::worker_delays`]). A
+//!   worker reads the clock once per turn of its loop and once after each
+//!   task's poll. A poll that found nothing to do, and the back-off between
+//!   two turns (a spin hint or a `sched_yield`), take well under a
+//!   microsecond when the core is the worker's own; a longer one is time
+//!   the worker could not run. Those of [`GAP_FLOOR_NS`] or more are
+//!   recorded (one comparison per turn otherwise); a park on purpose is
+//!   not a gap. Polls that did work are not looked at: a delay in the
+//!   middle of a batch counts as weir's own time. Not all of it is the
+//!   machine's: weir's threads on other cores interrupt a worker too (a
+//!   futex wake-up, a TLB shootdown), and where they share its core their
+//!   slices count as gaps.
+//! - **A thread spinning alone** (the benchmarks' platform figure, measured
+//!   right before a run on the cores the workers will use): every interval
+//!   between two of its clock readings of [`GAP_FLOOR_NS`] or more is the
+//!   machine's, since nothing of weir's runs.
 //!
 //! From the gaps and the time observed, [`WorkerDelays::wait_at_quantile`]
-//! gives the platform figure: the wait of a record that arrives at a
-//! uniformly random instant, until its worker runs its loop again. A
-//! record landing in a gap of `g` ns waits what is left of it, so
-//! `P(wait > x) = Σ max(0, g - x) / observed`: the latency an engine that
-//! costs nothing would show on this machine at that percentile.
-//!
-//! What it does not see: a delay while a task runs (steal in the middle of
-//! a batch shows in weir's own figure, not here; at 200,000 records/s a
-//! worker runs tasks for a few % of its time), and a worker that is not
-//! running its loop at all (before start, after stop). Where weir's own
-//! helper threads share a worker's core (no spare core), their slices are
-//! counted as gaps too.
+//! gives the wait of a record that arrives at a uniformly random instant,
+//! until the thread runs its loop again. A record landing in a gap of `g`
+//! ns waits what is left of it, so `P(wait > x) = Σ max(0, g - x) /
+//! observed`: for the spinning thread, the latency an engine that costs
+//! nothing would show on this machine at that percentile.
 //!
 //! Nothing here allocates or locks per turn: a worker records into its
 //! own histogram and merges it into the job's once, when it exits.

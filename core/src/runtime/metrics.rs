@@ -208,8 +208,10 @@ pub struct JobMetrics {
     pub visible_latency_ns: Histogram<u64>,
     /// Checkpoints completed and failed, their history, and restarts.
     pub checkpoints: crate::checkpoint::CheckpointStats,
-    /// How long the machine kept the workers from running their loops,
-    /// published by each worker as it exits (empty while they run); see
+    /// The workers' idle turns of [`crate::GAP_FLOOR_NS`] or more: time
+    /// something else (mostly the machine, partly weir's other threads)
+    /// kept them from their loops while they waited for input, published
+    /// by each worker as it exits (empty while they run); see
     /// [`crate::WorkerDelays`].
     pub worker_delays: crate::WorkerDelays,
 }
