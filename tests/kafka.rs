@@ -717,12 +717,23 @@ fn the_kafka_benchmark_runs_and_checks_its_output() {
     );
     assert!(text.contains("output 20000 (+0 dup)"), "{text}");
     assert_eq!(row["output_records"], 20000, "{row}");
+    let closed_workers = row["workers"].as_u64().expect("workers in the JSON");
     assert!(row["platform_us"].is_null(), "closed loop: no probe by default: {row}");
     let (text, row) = bench(
         &["--mode", "at-least-once", "--rate", "4000", "--events", "12000"],
         &dir.path().join("open.json"),
     );
     assert!(text.contains("from the scheduled send to the sink"), "{text}");
+    // Open loop leaves a core to the broker beside the job.
+    assert_eq!(
+        row["workers"].as_u64(),
+        Some(closed_workers.saturating_sub(1).max(1)),
+        "{row}"
+    );
+    assert!(
+        text.contains(&format!("workers={}", closed_workers.saturating_sub(1).max(1))),
+        "{text}"
+    );
     assert!(text.contains("platform p99"), "{text}");
     assert!(row["platform_us"]["p99"].as_f64().is_some(), "{row}");
     // The probe's description, with the hypervisor's share of the cores (Linux).

@@ -85,6 +85,9 @@ pub struct KafkaBenchResult {
     pub partitions: i32,
     /// Parallelism of source, keyed operator and sink.
     pub parallelism: usize,
+    /// Worker threads (open loop: one core fewer than the machine has by
+    /// default, left to the broker, librdkafka's threads and weir's own).
+    pub workers: usize,
     /// Distinct keys.
     pub keys: u64,
     /// Records per second offered (open loop), or `None` (closed loop).
@@ -111,11 +114,11 @@ pub struct KafkaBenchResult {
     /// closed loop: the source's poll) to the sink's write, microseconds.
     /// Visible minus this is the sink's publishing and the reader's fetch.
     pub latency_us: Percentiles,
-    /// The platform probe over the run (open loop; `--platform-probe`): how
-    /// late this machine woke a `SCHED_FIFO` thread on the workers' cores,
-    /// microseconds. It preempts every ordinary thread, the broker's
-    /// included, so it holds the machine's own delays (host, hypervisor,
-    /// interrupts), not the wait behind the broker's threads for a core.
+    /// The platform figure (open loop; `--platform-probe`), microseconds:
+    /// by default the wait of a record arriving at a random instant for a
+    /// thread spinning alone on the workers' cores right before the run
+    /// (the broker's threads, running beside it, count); with `fifo`, how
+    /// late a `SCHED_FIFO` thread on those cores woke during the run.
     pub platform_us: Option<Percentiles>,
     /// How the platform figure was measured, with the share of the
     /// workers' cores the hypervisor took (`steal_pct`), as in `weir bench`.
@@ -188,13 +191,14 @@ fn print_result(r: &KafkaBenchResult) {
     let v = &r.visible_latency_us;
     let c = &r.checkpoints;
     println!(
-        "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
+        "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} workers={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
          visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms ({} to the sink: p50 {:.1} ms p99 {:.1} ms){}  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
         r.mode,
         r.sink,
         r.checkpoint_interval_ms,
         r.partitions,
         r.parallelism,
+        r.workers,
         r.rate.map_or("closed loop".to_string(), |x| format!("open loop {x:.0}/s")),
         r.events_per_sec,
         r.events,
@@ -680,8 +684,15 @@ impl Run<'_> {
             });
         }
         let cores = weir_core::available_cores();
+        // Open loop: a core left over for the broker on the same machine,
+        // librdkafka's threads and weir's helpers. With every core running
+        // a worker, the broker waited for one: at-least-once visible p99
+        // 104-191 ms against 31-32 ms with one worker on two cores
+        // (docs/notebook/benchmarks-2026-12.md, "Kafka to Kafka with a
+        // core left for the broker").
+        let default_workers = if open { cores.saturating_sub(1).max(1) } else { cores };
         let config = runtime_config(
-            args.workers.unwrap_or(cores),
+            args.workers.unwrap_or(default_workers),
             args.ring_capacity,
             args.batch_size,
             args.mode,
@@ -708,6 +719,7 @@ impl Run<'_> {
         let method = args.platform_probe.for_run(open);
         let spun = (method == Platform::Spin).then(|| spin_run(config.workers.min(cores), DEFAULT_SPIN));
         let probe = (method == Platform::Fifo).then(|| PlatformProbe::start(config.workers.min(cores)));
+        let workers = config.workers;
         let job = pipeline.run(config);
         let producer = match (&job, args.rate) {
             (Ok(_), Some(rate)) => {
@@ -783,6 +795,7 @@ impl Run<'_> {
             checkpoint_interval_ms: args.checkpoint_interval_ms,
             partitions,
             parallelism: p,
+            workers,
             keys,
             rate: args.rate,
             events,
