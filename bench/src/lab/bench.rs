@@ -174,7 +174,40 @@ pub enum Platform {
     Off,
 }
 
+/// A run's platform measurement, started right before its job: a spin run
+/// is over by then (it takes its own time), the probe runs until
+/// [`PlatformRun::finish`].
+pub enum PlatformRun {
+    /// What the spin run measured.
+    Spun(PlatformResult),
+    /// The `SCHED_FIFO` probe, running.
+    Probing(PlatformProbe),
+    /// Not measured.
+    Off,
+}
+
+impl PlatformRun {
+    /// Stops the probe if it runs; what was measured.
+    pub fn finish(self) -> Option<PlatformResult> {
+        match self {
+            PlatformRun::Spun(r) => Some(r),
+            PlatformRun::Probing(p) => Some(p.stop()),
+            PlatformRun::Off => None,
+        }
+    }
+}
+
 impl Platform {
+    /// Measures the first `cores` cores (worker `w` runs on core `w`) by
+    /// this method: spins there now, or starts the probe.
+    pub fn start(self, cores: usize) -> PlatformRun {
+        match self {
+            Platform::Spin => PlatformRun::Spun(spin_run(cores, worker_gaps::DEFAULT_SPIN)),
+            Platform::Fifo => PlatformRun::Probing(PlatformProbe::start(cores)),
+            Platform::Off => PlatformRun::Off,
+        }
+    }
+
     /// The method for a run that is open loop or not.
     pub fn for_run(self, open_loop: bool) -> Platform {
         if open_loop {
@@ -495,8 +528,8 @@ pub fn temp_sink_dir() -> std::path::PathBuf {
     std::env::temp_dir().join(format!("weir-sink-{}-{}", std::process::id(), clock::now_ns()))
 }
 
-/// Runs one benchmark job and checks its output count; with `probe`, the
-/// platform probe runs on the workers' cores for exactly the run. A run
+/// Runs one benchmark job and checks its output count; the platform is
+/// measured on the workers' cores by `probe`'s method. A run
 /// with a failure probe restarts once, at once, whatever `config` says.
 pub fn run_one_full(
     spec: &Spec,
@@ -534,9 +567,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: Platform
     };
     // Worker w runs on core w: the platform figure covers the cores the
     // workers use; the spin run takes its own time, before the job.
-    let cores = workers.min(weir_core::available_cores());
-    let spun = (probe == Platform::Spin).then(|| spin_run(cores, worker_gaps::DEFAULT_SPIN));
-    let probe = (probe == Platform::Fifo).then(|| PlatformProbe::start(cores));
+    let probe = probe.start(workers.min(weir_core::available_cores()));
     // Every generator subtask shares one schedule origin, slightly in the
     // future so that thread start-up is not counted as latency.
     let start_ns = clock::now_ns() + 5_000_000;
@@ -551,7 +582,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: Platform
         job.join()
     });
     // Stopped whatever happened, so that its threads never outlive the run.
-    let platform = probe.map(PlatformProbe::stop).or(spun);
+    let platform = probe.finish();
     let result = ran?;
     if result.outcome != Outcome::Finished {
         return Err(CliError::Wrong("the job was cancelled".into()));

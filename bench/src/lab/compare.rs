@@ -642,27 +642,19 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         };
         for interval_ms in row_intervals {
             progress(format!("{:<22} open loop, {interval_ms} ms", row.label()));
-            let load = match plan.disk_busy {
-                Some(mb_s) => Some(
-                    DiskLoad::start(&std::env::temp_dir(), mb_s).map_err(|source| CliError::Io {
-                        path: format!("{} (the disk-busy co-runner's file)", std::env::temp_dir().display()),
-                        source,
-                    })?,
-                ),
-                None => None,
+            let load_err = |source| CliError::Io {
+                path: format!("{} (the disk-busy co-runner's file)", std::env::temp_dir().display()),
+                source,
             };
+            let load = plan
+                .disk_busy
+                .map(|mb_s| DiskLoad::start(&std::env::temp_dir(), mb_s))
+                .transpose()
+                .map_err(load_err)?;
             let before = weir_core::disk::sync_stats();
             let out = plan.run(Some(&outputs), row.mode, row.sink, Some(plan.rate), interval_ms, None);
-            let disk_load = match load.map(DiskLoad::stop) {
-                Some(Ok(s)) => Some(s),
-                Some(Err(source)) => {
-                    return Err(CliError::Io {
-                        path: format!("{} (the disk-busy co-runner's file)", std::env::temp_dir().display()),
-                        source,
-                    })
-                }
-                None => None,
-            };
+            // Stopped whatever the run did, so that its writes never outlive it.
+            let disk_load = load.map(DiskLoad::stop).transpose().map_err(load_err)?;
             let out = out?;
             let syncs = row.exactly_once().then(|| {
                 let completed = out.result.checkpoints.as_ref().map_or(0, |c| c.completed);

@@ -74,15 +74,14 @@ impl DiskLoad {
         })
     }
 
-    /// Stops the writer (within one write and sync) and returns what it did.
+    /// Stops the writer (within one write and sync) and returns what it
+    /// did; its file is removed as `self` drops.
     pub fn stop(mut self) -> std::io::Result<DiskLoadStats> {
         self.stop.store(true, Ordering::Release);
-        let r = match self.thread.take().map(JoinHandle::join) {
+        match self.thread.take().map(JoinHandle::join) {
             Some(Ok(r)) => r,
             _ => Err(std::io::Error::other("the disk load thread panicked")),
-        };
-        let _ = std::fs::remove_file(&self.path);
-        r
+        }
     }
 }
 

@@ -48,12 +48,9 @@ use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use weir_io::{ParseError, WalSinkConfig};
 
 use crate::cli::{CliError, Mode};
-use crate::lab::bench::Platform;
 use crate::lab::bench::{runtime_config, temp_checkpoint_dir, BenchArgs};
 use crate::lab::event::Event;
-use crate::lab::platform::PlatformProbe;
 use crate::lab::report::{CheckpointSummary, Machine, Percentiles};
-use crate::lab::worker_gaps::{spin_run, DEFAULT_SPIN};
 
 /// The broker script, beside this crate.
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh");
@@ -716,9 +713,7 @@ impl Run<'_> {
         zero.store(clock::now_ns(), Ordering::Release);
         let job_started = clock::now_ns();
         // Worker w runs on core w: the probe covers the workers' cores.
-        let method = args.platform_probe.for_run(open);
-        let spun = (method == Platform::Spin).then(|| spin_run(config.workers.min(cores), DEFAULT_SPIN));
-        let probe = (method == Platform::Fifo).then(|| PlatformProbe::start(config.workers.min(cores)));
+        let probe = args.platform_probe.for_run(open).start(config.workers.min(cores));
         let workers = config.workers;
         let job = pipeline.run(config);
         let producer = match (&job, args.rate) {
@@ -745,7 +740,7 @@ impl Run<'_> {
             job.join()
         });
         stop.store(true, Ordering::Release);
-        let platform = probe.map(PlatformProbe::stop).or(spun);
+        let platform = probe.finish();
         let produced = producer.map(|t| {
             t.join()
                 .unwrap_or_else(|_| Err(CliError::Wrong("producer panicked".into())))

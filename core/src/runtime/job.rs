@@ -969,17 +969,8 @@ impl JobRun {
             end => end,
         };
         if let Some(c) = &mut coordinator {
-            // A restart follows: snapshots still being written belong to
-            // checkpoints no attempt will use again (ids are never
-            // reused), and waiting for them delays the restore by the
-            // rest of a checkpoint (0.6-1.3 s with 1 GiB of state here).
             let restarting = matches!(end, AttemptEnd::Failed(_)) && self.config.restart.delay(restarts + 1).is_some();
-            let drain = if restarting {
-                RESTART_DRAIN_LIMIT
-            } else {
-                SNAPSHOT_DRAIN_LIMIT
-            };
-            self.end_checkpointing(c, events.as_ref(), matches!(end, AttemptEnd::Cancelled), drain);
+            self.end_checkpointing(c, events.as_ref(), matches!(end, AttemptEnd::Cancelled), restarting);
         }
         (end, finished_at)
     }
@@ -1191,18 +1182,23 @@ impl JobRun {
         c: &mut Coordinator,
         events: Option<&Receiver<Event>>,
         cancelled: bool,
-        drain: Duration,
+        restarting: bool,
     ) {
         // Task snapshots still being written would create their
         // checkpoint's folder again after `shutdown` deleted it: at the
         // job's end, under an id a next job could reuse, so they end
-        // first. Before a restart the next attempt's ids start past
-        // theirs (`checkpoint_signals`); a folder they leave has no
-        // manifest and the next restore point deletes it.
-        if !c.wait_snapshot_jobs(drain) && drain >= SNAPSHOT_DRAIN_LIMIT {
+        // first. Before a restart they are not waited for beyond
+        // RESTART_DRAIN_LIMIT: the next attempt's ids start past theirs
+        // (`checkpoint_signals`), a folder they leave has no manifest and
+        // the next restore point deletes it, and waiting delays the
+        // restore by the rest of a checkpoint (0.6-1.3 s with 1 GiB of
+        // state here).
+        if restarting {
+            c.wait_snapshot_jobs(RESTART_DRAIN_LIMIT);
+        } else if !c.wait_snapshot_jobs(SNAPSHOT_DRAIN_LIMIT) {
             tracing::warn!(
                 job = %self.plan.name,
-                limit = ?drain,
+                limit = ?SNAPSHOT_DRAIN_LIMIT,
                 "task snapshots still being written at the end of the attempt; going on without them"
             );
         }
@@ -1411,7 +1407,7 @@ fn worker_main(
             placed.account_turn(now, worked);
             if !worked {
                 // A turn that found nothing to do takes well under a
-                // microsecond: a longer one is the machine's.
+                // microsecond: a longer one is a gap (`delays`).
                 delays.turn(before, now, false);
             }
             placed.ctx.end_turn();
