@@ -137,8 +137,11 @@ fn compare_writes_tables_json_and_plot() {
             .lines()
             .filter(|l| l.split_whitespace().next() == Some(row))
             .collect();
-        // One line in each table per interval the row ran at.
-        let expected = if exactly_once(row) { 4 } else { 2 };
+        // One line in each table per interval the row ran at, and one in
+        // the failure table for each mode's natural sink (the WAL sink for
+        // exactly-once, the direct sink otherwise).
+        let failure = usize::from(!row.ends_with("2pc-file"));
+        let expected = if exactly_once(row) { 4 } else { 2 } + failure;
         assert_eq!(lines.len(), expected, "rows for {row}:\n{stdout}");
         if exactly_once(row) {
             assert!(lines.iter().any(|l| l.contains("100 ms")), "{row} at 100 ms:\n{stdout}");
@@ -171,6 +174,11 @@ fn compare_writes_tables_json_and_plot() {
         assert!(stdout.contains(s), "sentence {s:?} missing:\n{stdout}");
     }
 
+    // What each row wrote per record, and the dedup state's size.
+    assert!(
+        stdout.contains("- bytes written per record, closed loop") && stdout.contains("dedup state per keyed task"),
+        "{stdout}"
+    );
     // What one failure costs, per mode, and its plot.
     for s in [
         "what one failure costs",
@@ -199,6 +207,17 @@ fn compare_writes_tables_json_and_plot() {
         "{json}"
     );
     assert_eq!(lines.last().unwrap()["run"], "disk-probe", "the disk probe comes last");
+    for r in lines.iter().filter(|r| r["run"] == "closed-loop") {
+        let w = &r["disk_writes"];
+        assert!(
+            w["written_per_record"].is_number() && w["to_storage_per_record"].is_number(),
+            "{r}"
+        );
+        if r["sink"] == "wal" {
+            // At least the log's frame and the output line of each record.
+            assert!(w["written_per_record"].as_f64().unwrap() >= 20.0, "{r}");
+        }
+    }
     for r in lines.iter().filter(|r| r["run"] == "failure") {
         let f = &r["failure"];
         assert!(
@@ -206,6 +225,12 @@ fn compare_writes_tables_json_and_plot() {
             "the failure happened and was recovered: {r}"
         );
         assert_eq!(f["reprocessed"].as_array().map(Vec::len), Some(2), "{r}");
+        // Through each mode's natural sink, read back after the run.
+        assert_eq!(f["output"]["missing"], 0, "{r}");
+        if ["aligned", "unaligned", "dedup"].contains(&r["mode"].as_str().unwrap()) {
+            assert_eq!(f["output"]["duplicated"], 0, "{r}");
+        }
+        assert_eq!(f["visible"]["gap_ms"].as_array().map(Vec::len), Some(2), "{r}");
         if r["mode"] == "dedup" {
             let untouched = f["reprocessed"].as_array().unwrap().iter().filter(|v| *v == 0).count();
             assert!(untouched >= 1, "dedup: the other subtask reprocessed nothing: {r}");
@@ -382,6 +407,30 @@ fn bad_intervals_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
 }
 
+/// `weir bench --fail-at-record 120000` on the keyed job (2 subtasks,
+/// 100,000 records/s, 200,000 records, 10 ms) in `mode`, with `extra`
+/// arguments; returns the run and its JSON object.
+fn fail_run(dir: &std::path::Path, mode: &str, extra: &[&str]) -> (std::process::Output, Option<serde_json::Value>) {
+    let json = dir.join(format!("{mode}{}.json", extra.join("-")));
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "--pipeline", "keyed", "--parallelism", "2", "--rate", "100000"])
+        .args(["--events", "200000", "--checkpoint-interval-ms", "10", "--mode", mode])
+        .args(["--fail-at-record", "120000", "--platform-probe", "off", "--json"])
+        .arg(&json)
+        .args(extra)
+        .env("WEIR_LOG", "error")
+        .env("RUST_BACKTRACE", "0")
+        .env("TMPDIR", dir)
+        .output()
+        .unwrap();
+    let v = std::fs::read_to_string(&json).ok().and_then(|t| {
+        t.lines()
+            .next()
+            .map(|l| serde_json::from_str(l).expect("one JSON object per run"))
+    });
+    (out, v)
+}
+
 /// `weir bench --fail-at-record`: the keyed function panics once, the job
 /// restarts from its latest checkpoint, the output stays exact (exactly-once
 /// modes) or gains only duplicates (at-least-once), and the run reports
@@ -390,17 +439,7 @@ fn bad_intervals_are_usage_errors() {
 fn bench_fail_at_record_reports_what_the_failure_cost() {
     let dir = tempfile::tempdir().unwrap();
     for mode in ["aligned", "unaligned", "at-least-once", "none"] {
-        let json = dir.path().join(format!("{mode}.json"));
-        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-            .args(["bench", "--pipeline", "keyed", "--parallelism", "2", "--rate", "100000"])
-            .args(["--events", "200000", "--checkpoint-interval-ms", "10", "--mode", mode])
-            .args(["--fail-at-record", "120000", "--platform-probe", "off", "--json"])
-            .arg(&json)
-            .env("WEIR_LOG", "error")
-            .env("RUST_BACKTRACE", "0")
-            .env("TMPDIR", dir.path())
-            .output()
-            .unwrap();
+        let (out, v) = fail_run(dir.path(), mode, &[]);
         let stdout = String::from_utf8_lossy(&out.stdout);
         assert!(
             out.status.success(),
@@ -412,9 +451,7 @@ fn bench_fail_at_record_reports_what_the_failure_cost() {
             stdout.contains("failure at record 120000: restarted after"),
             "{mode}: {stdout}"
         );
-        let v: serde_json::Value =
-            serde_json::from_str(std::fs::read_to_string(&json).unwrap().lines().next().unwrap())
-                .expect("one JSON object per run");
+        let v = v.expect("a JSON object");
         let f = &v["failure"];
         assert_eq!(f["at_record"], 120000, "{mode}: {v}");
         for field in ["restarted_ms", "processing_again_ms"] {
@@ -440,14 +477,58 @@ fn bench_fail_at_record_reports_what_the_failure_cost() {
             _ => assert_eq!(delivered, 200_000, "{mode}: exactly the events"),
         }
     }
-    // The failure runs are the keyed job's, through the count sink.
+    // With a sink that writes files, visible output through the failure,
+    // and the files read back: every record, once in the exactly-once modes.
+    for (mode, sink) in [("aligned", "wal"), ("aligned", "2pc-file"), ("at-least-once", "direct")] {
+        let (out, v) = fail_run(dir.path(), mode, &["--sink", sink]);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{mode} {sink}: {}\n{stdout}", out.status);
+        assert!(
+            stdout.contains("no newly visible output per sink subtask for"),
+            "{stdout}"
+        );
+        let v = v.expect("a JSON object");
+        let f = &v["failure"];
+        assert_eq!(f["output"]["missing"], 0, "{mode} {sink}: {f}");
+        if mode == "aligned" {
+            assert_eq!(f["output"]["duplicated"], 0, "{mode} {sink}: {f}");
+            assert_eq!(f["output"]["lines"], 200_000, "{mode} {sink}: {f}");
+            assert!(
+                stdout.contains("the sink's files hold 200000 lines: 0 records missing, 0 written twice"),
+                "{stdout}"
+            );
+        }
+        let gaps = f["visible"]["gap_ms"].as_array().unwrap();
+        assert_eq!(gaps.len(), 2, "{mode} {sink}: a visible gap per sink subtask: {f}");
+        assert!(gaps.iter().all(|g| g.as_f64().is_some_and(|g| g > 0.0)), "{f}");
+        assert!(!f["visible"]["timeline"].as_array().unwrap().is_empty(), "{f}");
+    }
+    // The failure runs are the keyed job's.
     let out = Command::new(env!("CARGO_BIN_EXE_weir"))
-        .args(["bench", "--pipeline", "keyed", "--events", "1000", "--sink", "wal"])
+        .args(["bench", "--pipeline", "stateless", "--events", "1000"])
         .args(["--fail-at-record", "10"])
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "a usage error");
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--fail-at-record needs --sink count"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--fail-at-record needs --pipeline keyed"));
+    // Not through Kafka (its own benchmark, which would ignore it).
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "bench",
+            "--pipeline",
+            "keyed",
+            "--events",
+            "1000",
+            "--source",
+            "kafka",
+            "--sink",
+            "kafka",
+        ])
+        .args(["--fail-at-record", "10"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("with any sink but Kafka's"));
 }
 
 /// `weir bench --platform-probe`: by default the platform is a spin run of

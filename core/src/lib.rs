@@ -66,7 +66,7 @@ pub use runtime::config::{
     available_cores, default_state_dir, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS,
     MIN_RING_CAPACITY,
 };
-pub use runtime::context::{SinkContext, SourceContext};
+pub use runtime::context::{SinkContext, SourceContext, VisibleTap};
 pub use runtime::delays::{WorkerDelays, GAP_FLOOR_NS};
 pub use runtime::job::{JobHandle, JobResult, Outcome};
 pub use runtime::metrics::{JobMetrics, TaskMetrics, LATENCY_MAX_NS};

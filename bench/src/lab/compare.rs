@@ -198,6 +198,26 @@ impl Row {
     }
 }
 
+/// The sink of a mode's failure run: the WAL sink in the exactly-once
+/// modes, the direct sink in the others (both write `key,value,seq`
+/// lines, read back after the run).
+fn failure_sink(mode: Mode) -> SinkKind {
+    failure_row(mode).sink
+}
+
+/// A mode's failure run as a row.
+fn failure_row(mode: Mode) -> Row {
+    let exactly_once = Row {
+        mode,
+        sink: SinkKind::Wal,
+    }
+    .exactly_once();
+    Row {
+        mode,
+        sink: if exactly_once { SinkKind::Wal } else { SinkKind::Direct },
+    }
+}
+
 /// The rows, in table order.
 fn rows(plain: SinkKind) -> Vec<Row> {
     let mut rows = vec![
@@ -453,16 +473,27 @@ impl Plan {
         self.open_events_at(interval_ms) / 2
     }
 
-    /// One failure in `mode` (keyed job, open loop, counting sink, which
-    /// keeps its count in checkpoints): the keyed function panics once, on
-    /// the middle record, and the job recovers: the whole job from its
-    /// latest checkpoint in the snapshot modes, the failed subtask alone in
-    /// dedup mode (one restart allowed, no delay).
+    /// One failure in `mode` (keyed job, open loop, the mode's natural
+    /// sink: [`failure_sink`]; the counting sink before it keeps its count
+    /// in checkpoints): the keyed function panics once, on the middle
+    /// record, and the job recovers: the whole job from its latest
+    /// checkpoint in the snapshot modes, the failed subtask alone in dedup
+    /// mode (one restart allowed, no delay). The sinks' files are then
+    /// read back: every record present, and once in the exactly-once modes
+    /// (`run_one_full`).
     fn run_failure(&self, mode: Mode, interval_ms: u64) -> Result<RunOutput, CliError> {
         // The timeline covers the schedule twice over, and ten seconds.
         let ms = (self.open_events_at(interval_ms) as f64 / self.rate * 1e3) as usize * 2 + 10_000;
         let probe = FailureProbe::new(self.failure_record(interval_ms), self.parallelism, ms);
-        self.run(None, mode, SinkKind::Count, Some(self.rate), interval_ms, Some(probe))
+        let outputs = Outputs::new();
+        self.run(
+            Some(&outputs),
+            mode,
+            failure_sink(mode),
+            Some(self.rate),
+            interval_ms,
+            Some(probe),
+        )
     }
 }
 
@@ -679,7 +710,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         for mode in MODES {
             progress(format!(
                 "{:<22} one failure, open loop, {} ms",
-                format!("{}·count", mode.name()),
+                failure_row(mode).label(),
                 intervals[0]
             ));
             failures.push((mode, plan.run_failure(mode, intervals[0])?));
@@ -754,6 +785,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
                     _ => format!("{}, the whole job restarts", mode.name()),
                 },
                 points: f.timeline.clone(),
+                visible: f.visible.as_ref().map_or(Vec::new(), |v| v.timeline.clone()),
             })
         })
         .collect();
@@ -1109,6 +1141,50 @@ fn cost_text(c: f64) -> String {
     }
 }
 
+/// What each row wrote per record in its closed-loop run (the median
+/// round's), and the dedup state's size: the documents' storage cost of each
+/// way. `None` where the process's I/O counters cannot be read.
+fn disk_writes_line(m: &Measured) -> Option<String> {
+    let rows: Vec<String> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(r, row)| {
+            let d = m.closed[r].result.disk_writes?;
+            Some(format!(
+                "{} {:.0} / {:.0}",
+                row.label(),
+                d.written_per_record,
+                d.to_storage_per_record
+            ))
+        })
+        .collect();
+    if rows.is_empty() {
+        return None;
+    }
+    let dedup: Vec<u64> = m
+        .rows
+        .iter()
+        .enumerate()
+        .filter(|(_, row)| row.mode == Mode::Dedup)
+        .filter_map(|(r, _)| m.closed[r].result.dedup.as_ref())
+        .flat_map(|tasks| tasks.iter().map(|t| t.state_bytes))
+        .collect();
+    let dedup_text = match (dedup.iter().min(), dedup.iter().max()) {
+        (Some(lo), Some(hi)) => format!(
+            "; dedup state per keyed task {} bytes (a position per input channel, whatever the records; its \
+             upstream backup is kept in memory, not written)",
+            if lo == hi { lo.to_string() } else { format!("{lo}-{hi}") }
+        ),
+        _ => String::new(),
+    };
+    Some(format!(
+        "- bytes written per record, closed loop (write calls / pages made dirty for storage, the mapped state's \
+         included): {}{dedup_text}",
+        rows.join(", ")
+    ))
+}
+
 fn print_sentences(m: &Measured, plan: &Plan) {
     println!("\nwhat this run measured:");
     let base = m.base();
@@ -1186,6 +1262,9 @@ fn print_sentences(m: &Measured, plan: &Plan) {
             p99(d),
             p99(a)
         );
+    }
+    if let Some(line) = disk_writes_line(m) {
+        println!("{line}");
     }
     // Checkpoints and their syncs, per exactly-once row and interval.
     for (r, row) in m.rows.iter().enumerate().filter(|(_, r)| r.exactly_once()) {
@@ -1325,7 +1404,8 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
     }
     println!(
         "\nwhat one failure costs: the keyed function panics once, on record {}, open loop at {} events/s, \
-         {} ms interval, counting sink (snapshot modes: the whole job restarts from its latest checkpoint; \
+         {} ms interval, the WAL sink in the exactly-once modes and the direct sink in the others, their \
+         files read back after the run (snapshot modes: the whole job restarts from its latest checkpoint; \
          dedup: the failed subtask recovers alone)",
         plan.failure_record(m.base()),
         si(plan.rate),
@@ -1338,8 +1418,17 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
         );
     }
     println!(
-        "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
-        "mode", "restarted", "again", "caught up", "longest gap (ms)", "reprocessed", "rate after/before"
+        "{:<20} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
+        "row",
+        "restarted",
+        "again",
+        "caught up",
+        "longest gap (ms)",
+        "reprocessed",
+        "rate after/before",
+        "visible gap (ms)",
+        "visible back",
+        "output"
     );
     for (mode, out) in &m.failures {
         let Some(f) = &out.result.failure else {
@@ -1350,17 +1439,34 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
             continue;
         };
         let [gaps, redo, rates] = f.per_subtask(" / ");
+        let (visible_gaps, back) = f.visible.as_ref().map_or(("-".to_string(), "-".to_string()), |v| {
+            (v.gaps(" / "), ms_text(v.back_ms))
+        });
+        let output = f.output.map_or("-".to_string(), |o| {
+            format!("{} lost, {} twice", o.missing, o.duplicated)
+        });
         println!(
-            "{:<16} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18}",
-            mode.name(),
+            "{:<20} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
+            failure_row(*mode).label(),
             ms_text(f.restarted_ms),
             ms_text(f.processing_again_ms),
             ms_text(f.caught_up_ms),
             gaps,
             redo,
-            rates
+            rates,
+            visible_gaps,
+            back,
+            output
         );
     }
+    println!(
+        "  visible gap: per sink subtask, from its last newly visible record before the failure to its first \
+         after; visible back: from the failure until visible latency stayed within its largest of the {} ms \
+         before (give or take 10%, at least 1 ms) for {} ms (- : not within {} ms); output: the sink's files read back",
+        crate::lab::failure::VISIBLE_LEVEL_MS,
+        crate::lab::failure::VISIBLE_STEADY_MS,
+        crate::lab::failure::VISIBLE_HORIZON_MS
+    );
     let of = |mode: Mode| {
         m.failures
             .iter()
@@ -1444,7 +1550,7 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
         lines.push(JsonRow {
             run: "failure",
             scenario,
-            row: format!("{}·count", mode.name()),
+            row: failure_row(*mode).label(),
             interval_ms: interval(*mode, m.base()),
             syncs: None,
             rounds_events_per_sec: None,

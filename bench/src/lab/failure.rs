@@ -16,7 +16,12 @@
 //! - the output gap of each sink subtask: its longest time without a batch;
 //! - the records each sink subtask received twice: what it had received
 //!   since the last completed checkpoint when its attempt failed (the
-//!   restarted job replays them from the checkpoint).
+//!   restarted job replays them from the checkpoint);
+//! - with a real sink, visible output (through the sink's
+//!   [`weir_core::SinkContext::tap_visible`]): each sink subtask's time
+//!   without newly visible output across the failure, and when visible
+//!   latency was back within its largest of the [`VISIBLE_LEVEL_MS`]
+//!   before the failure.
 //!
 //! The sinks keep their count in checkpoints (the count sink's state), so
 //! the run's output check stays exact through the restart in the
@@ -48,6 +53,27 @@ pub const MAX_TIMELINE_MS: usize = 600_000;
 /// rate is compared (after / before).
 pub const RATE_WINDOW_MS: u64 = 20;
 
+/// The window before the failure whose largest visible latency is the
+/// level that visible output must be back within.
+pub const VISIBLE_LEVEL_MS: u64 = 200;
+
+/// The margin over that level within which visible latency counts as
+/// back: a tenth of the level, at least 1 ms (an exactly-once sink's
+/// visible latency is the checkpoint's, the same few ms at every commit
+/// give or take its fsyncs' jitter: without a margin, "back" would be
+/// decided by tenths of a millisecond).
+pub fn visible_margin_ns(level_ns: u64) -> u64 {
+    (level_ns / 10).max(1_000_000)
+}
+
+/// How long visible latency must stay within that level for visible
+/// output to count as back.
+pub const VISIBLE_STEADY_MS: u64 = 100;
+
+/// How long after the failure visible output may take to be back before
+/// the run reports that it was not.
+pub const VISIBLE_HORIZON_MS: u64 = 1_000;
+
 /// What a failure run shares between the keyed function, the sinks and the
 /// report. Written at most a few times per batch and once per failure.
 #[derive(Debug)]
@@ -69,6 +95,19 @@ pub struct FailureProbe {
     start_ns: u64,
     /// Per sink subtask, records received per millisecond since `start_ns`.
     timeline: Vec<Box<[AtomicU64]>>,
+    /// Records made visible per millisecond since `start_ns`, all subtasks.
+    visible: Box<[AtomicU64]>,
+    /// The largest visible latency (ns) of the records made visible in
+    /// each millisecond.
+    visible_max_ns: Box<[AtomicU64]>,
+    /// Each sink subtask's last visibility (clock ns, 0: none yet).
+    last_visible_ns: [CachePadded<AtomicU64>; MAX_SUBTASKS],
+    /// Each sink subtask's time without visible output across the failure
+    /// (ns, 0: not measured yet).
+    visible_gap_ns: [AtomicU64; MAX_SUBTASKS],
+    /// Each sink subtask's first visibility after the failure (clock ns,
+    /// 0: none yet).
+    visible_again_ns: [AtomicU64; MAX_SUBTASKS],
 }
 
 impl FailureProbe {
@@ -81,6 +120,11 @@ impl FailureProbe {
             timeline: (0..subtasks.min(MAX_SUBTASKS))
                 .map(|_| (0..ms).map(|_| AtomicU64::new(0)).collect())
                 .collect(),
+            visible: (0..ms).map(|_| AtomicU64::new(0)).collect(),
+            visible_max_ns: (0..ms).map(|_| AtomicU64::new(0)).collect(),
+            last_visible_ns: std::array::from_fn(|_| CachePadded::new(AtomicU64::new(0))),
+            visible_gap_ns: std::array::from_fn(|_| AtomicU64::new(0)),
+            visible_again_ns: std::array::from_fn(|_| AtomicU64::new(0)),
             at_record,
             fired: AtomicBool::new(false),
             failed_ns: AtomicU64::new(0),
@@ -168,6 +212,68 @@ impl FailureProbe {
         }
     }
 
+    /// `records` stamped `emitted_ns` became visible at sink subtask
+    /// `subtask` at `now_ns` (the sink's [`weir_core::SinkContext::tap_visible`]).
+    #[inline]
+    pub fn on_visible(&self, subtask: usize, now_ns: u64, emitted_ns: u64, records: u64) {
+        if emitted_ns == 0 {
+            // The warm-up: not measured.
+            return;
+        }
+        let bucket = (now_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        if let (Some(n), Some(max)) = (self.visible.get(bucket), self.visible_max_ns.get(bucket)) {
+            n.fetch_add(records, Ordering::Relaxed);
+            max.fetch_max(now_ns.saturating_sub(emitted_ns), Ordering::Relaxed);
+        }
+        if subtask < MAX_SUBTASKS {
+            let prev = self.last_visible_ns[subtask].swap(now_ns, Ordering::Relaxed);
+            let failed = self.failed_ns.load(Ordering::Relaxed);
+            // The first visibility after the failure closes the gap that
+            // spans it.
+            if failed != 0 && prev != 0 && prev <= failed && now_ns > failed {
+                self.visible_gap_ns[subtask].store(now_ns - prev, Ordering::Relaxed);
+                self.visible_again_ns[subtask].store(now_ns, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The visible-output figures around the failure at `failed_ns`: the
+    /// level (the largest visible latency in the [`VISIBLE_LEVEL_MS`]
+    /// before it, ns) and the time from the failure until visible latency
+    /// was back within it and its [`visible_margin_ns`] (ns): the start of the first
+    /// [`VISIBLE_STEADY_MS`] window, after the first visibility after the
+    /// failure, in which no record became visible later than the level.
+    /// (A later spike, after such a window, is the machine's, not the
+    /// recovery's.) The time is `None` if no such window starts within
+    /// [`VISIBLE_HORIZON_MS`]; both are `None` without visible output
+    /// before and after.
+    fn visible_back(&self, failed_ns: u64, subtasks: usize) -> Option<(u64, Option<u64>)> {
+        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        let max = |b: usize| self.visible_max_ns.get(b).map_or(0, |m| m.load(Ordering::Relaxed));
+        let level = (at.saturating_sub(VISIBLE_LEVEL_MS as usize)..at)
+            .map(max)
+            .max()
+            .filter(|&l| l > 0)?;
+        let first_after = (0..subtasks.min(MAX_SUBTASKS))
+            .map(|i| self.visible_again_ns[i].load(Ordering::Relaxed))
+            .filter(|&t| t != 0)
+            .min()?;
+        let from = ((first_after - self.start_ns) / BUCKET_NS) as usize;
+        let steady = VISIBLE_STEADY_MS as usize;
+        let within = level + visible_margin_ns(level);
+        let back = (from..at + VISIBLE_HORIZON_MS as usize)
+            .take_while(|&b| b + steady <= self.visible_max_ns.len())
+            .find(|&b| (b..b + steady).all(|w| max(w) <= within))
+            .map(|b| (self.start_ns + b as u64 * BUCKET_NS).max(first_after) - failed_ns);
+        Some((level, back))
+    }
+
+    /// Marks the failure as happening now (tests of what reads the probe).
+    #[cfg(test)]
+    pub(crate) fn fail_now_for_test(&self) {
+        self.failed_ns.store(clock::now_ns(), Ordering::Release);
+    }
+
     /// A sink subtask's attempt ended without finishing, having received
     /// `records` since its last completed checkpoint.
     pub fn on_abandoned(&self, subtask: usize, records: u64) {
@@ -196,6 +302,40 @@ impl FailureProbe {
             reprocessed: (0..n).map(|i| self.redone[i].load(Ordering::Relaxed)).collect(),
             rate_after_before: (0..n).map(|i| self.rate_ratio(i, failed)).collect(),
             timeline: self.timeline_around(failed),
+            visible: self.visible_report(failed, n),
+            output: None,
+        })
+    }
+
+    /// The visible-output figures, if any record became visible.
+    fn visible_report(&self, failed_ns: u64, subtasks: usize) -> Option<VisibleReport> {
+        if self.visible.iter().all(|n| n.load(Ordering::Relaxed) == 0) {
+            return None;
+        }
+        let ms = |ns: u64| ns as f64 / 1e6;
+        let back = self.visible_back(failed_ns, subtasks);
+        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as i64;
+        let len = self.visible.len() as i64;
+        Some(VisibleReport {
+            gap_ms: (0..subtasks)
+                .map(|i| {
+                    let g = self.visible_gap_ns[i].load(Ordering::Relaxed);
+                    (g != 0).then(|| ms(g))
+                })
+                .collect(),
+            level_ms: back.map(|(level, _)| ms(level)),
+            back_ms: back.and_then(|(_, t)| t.map(ms)),
+            timeline: (at - 50..at + 150)
+                .filter(|&b| b >= 0 && b < len)
+                .map(|b| {
+                    let i = b as usize;
+                    (
+                        b - at,
+                        self.visible[i].load(Ordering::Relaxed),
+                        ms(self.visible_max_ns[i].load(Ordering::Relaxed)),
+                    )
+                })
+                .collect(),
         })
     }
 
@@ -261,6 +401,97 @@ pub struct FailureReport {
     /// Records per sink subtask per millisecond around the failure:
     /// `(ms from the failure, [records per subtask])`.
     pub timeline: Vec<(i64, Vec<u64>)>,
+    /// Visible output through the failure; `None` with the counting sink
+    /// (nothing becomes visible).
+    pub visible: Option<VisibleReport>,
+    /// What the sinks' files hold, when checked (`weir compare`'s failure
+    /// runs).
+    pub output: Option<OutputCheck>,
+}
+
+/// Visible output through a failure (a sink that makes records visible:
+/// the file, WAL, two-phase and Kafka sinks).
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct VisibleReport {
+    /// Per sink subtask: from its last visibility before the failure to its
+    /// first after it (ms); `None` if it had none on one side.
+    pub gap_ms: Vec<Option<f64>>,
+    /// The largest visible latency in the [`VISIBLE_LEVEL_MS`] before the
+    /// failure (ms).
+    pub level_ms: Option<f64>,
+    /// From the failure until visible latency was back within that level
+    /// for [`VISIBLE_STEADY_MS`] (ms; `None`: not within
+    /// [`VISIBLE_HORIZON_MS`]).
+    pub back_ms: Option<f64>,
+    /// Around the failure, per millisecond: `(ms from the failure, records
+    /// made visible, the largest visible latency among them in ms)`.
+    pub timeline: Vec<(i64, u64, f64)>,
+}
+
+impl VisibleReport {
+    /// The gaps per sink subtask, joined by `sep`.
+    pub fn gaps(&self, sep: &str) -> String {
+        self.gap_ms
+            .iter()
+            .map(|g| g.map_or("-".to_string(), |g| format!("{g:.1}")))
+            .collect::<Vec<_>>()
+            .join(sep)
+    }
+}
+
+/// What a failure run's sinks left in their files: every line's record
+/// sequence number (the third field of `key,value,seq`), against the
+/// records the run made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct OutputCheck {
+    /// Lines in the files.
+    pub lines: u64,
+    /// Records made but in no line.
+    pub missing: u64,
+    /// Lines whose record an earlier line already holds.
+    pub duplicated: u64,
+}
+
+impl OutputCheck {
+    /// Reads every committed file in `dir` (the sinks' target folder:
+    /// `part-*` files of `key,value,seq` lines) against records `0..events`. An
+    /// unreadable file, a line without a sequence number or one of no
+    /// record made is an error naming the file and the line.
+    pub fn of_files(dir: &std::path::Path, events: u64) -> Result<OutputCheck, String> {
+        let mut seen = vec![0u64; events.div_ceil(64) as usize];
+        let (mut lines, mut duplicated) = (0u64, 0u64);
+        // Hidden files are a sink's work in progress, not its output.
+        let files = weir_io::committed_files(dir).map_err(|e| e.to_string())?;
+        for path in files {
+            let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            for (n, line) in text.lines().enumerate() {
+                let seq = line
+                    .rsplit(',')
+                    .next()
+                    .and_then(|f| f.parse::<u64>().ok())
+                    .filter(|&s| s < events)
+                    .ok_or_else(|| {
+                        format!(
+                            "{} line {}: {line:?} holds no record of the run's {events}",
+                            path.display(),
+                            n + 1
+                        )
+                    })?;
+                let (word, bit) = ((seq / 64) as usize, 1u64 << (seq % 64));
+                if seen[word] & bit != 0 {
+                    duplicated += 1;
+                }
+                seen[word] |= bit;
+                lines += 1;
+            }
+        }
+        let present: u64 = seen.iter().map(|w| u64::from(w.count_ones())).sum();
+        Ok(OutputCheck {
+            lines,
+            missing: events - present,
+            duplicated,
+        })
+    }
 }
 
 /// A duration in ms for the failure figures, `-` when unknown.
@@ -288,7 +519,19 @@ impl FailureReport {
     /// One line for the text report.
     pub fn line(&self) -> String {
         let [gaps, redo, rates] = self.per_subtask(", ");
-        format!(
+        let visible = self.visible.as_ref().map_or(String::new(), |v| {
+            format!(
+                "; no newly visible output per sink subtask for [{}] ms across the failure; visible latency \
+                 back within {} (its largest in the {} ms before, give or take 10%, at least 1 ms) for {} ms \
+                 from {} after the failure",
+                v.gaps(", "),
+                ms_text(v.level_ms),
+                VISIBLE_LEVEL_MS,
+                VISIBLE_STEADY_MS,
+                ms_text(v.back_ms)
+            )
+        });
+        let line = format!(
             "failure at record {}: restarted after {}, processing again after {}, caught up (< {} ms \
              late) after {}; longest output gap per sink subtask [{}] ms; records reprocessed per sink \
              subtask [{}]; rate in the {} ms after the failure against the {} ms before, per sink subtask [{}]",
@@ -302,7 +545,14 @@ impl FailureReport {
             RATE_WINDOW_MS,
             RATE_WINDOW_MS,
             rates
-        )
+        );
+        let output = self.output.map_or(String::new(), |o| {
+            format!(
+                "; the sink's files hold {} lines: {} records missing, {} written twice",
+                o.lines, o.missing, o.duplicated
+            )
+        });
+        line + &visible + &output
     }
 }
 
@@ -367,6 +617,88 @@ mod tests {
         assert_eq!(r.rate_after_before, vec![Some(1.0), Some(0.5)]);
         assert_eq!(r.timeline.first().unwrap(), &(-50, vec![10, 10]));
         assert_eq!(r.timeline.iter().find(|(ms, _)| *ms == 0).unwrap().1, vec![10, 5]);
+    }
+
+    #[test]
+    fn visible_output_s_gap_and_return_to_its_level_are_measured() {
+        let p = FailureProbe::new(u64::MAX, 2, 1_000);
+        let t0 = p.start_ns;
+        let ms = |m: u64| t0 + m * BUCKET_NS;
+        // Before the failure at 300 ms: subtask 0 visible every ms at 2 ms
+        // late, subtask 1 at 5 ms late until 290 ms. Stamp 0 (warm-up)
+        // records count for nothing.
+        for m in 0..300 {
+            p.on_visible(0, ms(m), ms(m) - 2 * BUCKET_NS, 1);
+            if m < 290 {
+                p.on_visible(1, ms(m), ms(m) - 5 * BUCKET_NS, 1);
+            }
+        }
+        p.on_visible(0, ms(299), 0, 1_000);
+        p.failed_ns.store(ms(300), Ordering::Relaxed);
+        // After: subtask 0 again at 340 ms, 40 ms late, then late 8 ms
+        // until 400 ms, then 3 ms late; subtask 1 again at 350 ms.
+        for m in 340..700 {
+            let late = if m < 400 { 8 } else { 3 };
+            p.on_visible(0, ms(m), ms(m) - late * BUCKET_NS, 1);
+        }
+        // 5.9 ms late at 450 ms: over the level, within its margin (1 ms).
+        p.on_visible(0, ms(450), ms(450) - 5_900_000, 1);
+        p.on_visible(1, ms(350), ms(350) - 4 * BUCKET_NS, 1);
+        // A spike after 100 steady ms is the machine's, not the recovery's.
+        p.on_visible(1, ms(600), ms(600) - 9 * BUCKET_NS, 1);
+        let v = p.report(2).unwrap().visible.unwrap();
+        assert_eq!(v.gap_ms, vec![Some(41.0), Some(61.0)]);
+        assert_eq!(v.level_ms, Some(5.0));
+        // From 400 ms on, 100 ms within 5 ms and its 1 ms margin.
+        assert_eq!(v.back_ms, Some(100.0));
+        assert_eq!(v.gaps("/"), "41.0/61.0");
+        let at = |d: i64| v.timeline.iter().find(|(m, _, _)| *m == d).unwrap();
+        assert_eq!(at(-1), &(-1, 1, 2.0), "the warm-up's records are not counted");
+        assert_eq!(at(0), &(0, 0, 0.0));
+        assert_eq!(at(40), &(40, 1, 8.0));
+        assert!(p
+            .report(2)
+            .unwrap()
+            .line()
+            .contains("visible latency back within 5.0 ms"));
+    }
+
+    #[test]
+    fn visible_output_needs_output_on_both_sides_of_the_failure() {
+        let p = FailureProbe::new(u64::MAX, 1, 100);
+        let t0 = p.start_ns;
+        p.on_visible(0, t0 + 10 * BUCKET_NS, t0 + 9 * BUCKET_NS, 1);
+        p.failed_ns.store(t0 + 20 * BUCKET_NS, Ordering::Relaxed);
+        let v = p.report(1).unwrap().visible.unwrap();
+        assert_eq!(v.gap_ms, vec![None]);
+        assert_eq!((v.level_ms, v.back_ms), (None, None));
+        assert!(p.report(1).unwrap().line().ends_with("from - after the failure"));
+    }
+
+    #[test]
+    fn the_output_check_counts_missing_and_twice_written_records() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("part-0"), "1,10,0\n2,20,1\n3,30,3\n").unwrap();
+        std::fs::write(dir.path().join("part-1"), "1,10,3\n5,50,4\n").unwrap();
+        // A sink's work in progress is not output.
+        std::fs::write(dir.path().join(".pending-2"), "9,9,2\n").unwrap();
+        let c = OutputCheck::of_files(dir.path(), 6).unwrap();
+        assert_eq!(
+            c,
+            OutputCheck {
+                lines: 5,
+                missing: 2,
+                duplicated: 1
+            }
+        );
+        // A line of no record the run made is named with its file and line.
+        std::fs::write(dir.path().join("part-2"), "1,1,2\n7,70,6\n").unwrap();
+        let e = OutputCheck::of_files(dir.path(), 6).unwrap_err();
+        assert!(e.contains("part-2 line 2") && e.contains("7,70,6"), "{e}");
+        std::fs::write(dir.path().join("part-2"), "garbage\n").unwrap();
+        assert!(OutputCheck::of_files(dir.path(), 6)
+            .unwrap_err()
+            .contains("part-2 line 1"));
     }
 
     #[test]

@@ -23,6 +23,7 @@ pub mod copy_probe;
 pub mod cpu_time;
 pub mod disk_load;
 pub mod disk_probe;
+pub mod disk_writes;
 pub mod event;
 pub mod failure;
 pub mod handoff_probe;

@@ -217,6 +217,9 @@ pub struct CountSink {
     /// The count at the last completed checkpoint.
     committed: u64,
     finished: bool,
+    /// The failure probe is told of visible output (set once per instance:
+    /// a restarted attempt's task starts without the tap).
+    tapped: bool,
 }
 
 impl CountSink {
@@ -232,7 +235,29 @@ impl CountSink {
             pre_committed: (0, 0),
             committed: 0,
             finished: false,
+            tapped: false,
         }
+    }
+
+    /// In a failure run, has the probe told of what the inner sink makes
+    /// visible.
+    fn tap(&mut self, ctx: &mut SinkContext<'_>) {
+        if self.tapped {
+            return;
+        }
+        self.tapped = true;
+        if let (Some((probe, _)), Some(_)) = (&self.failure, &self.inner) {
+            let probe = probe.clone();
+            ctx.tap_visible(Some(Arc::new(move |subtask, now, emitted, n| {
+                probe.on_visible(subtask, now, emitted, n)
+            })));
+        }
+    }
+
+    /// A failure run keeps the count in the checkpoint, before the inner
+    /// sink's state (if any), so that the restarted job counts on from it.
+    fn keeps_count(&self) -> bool {
+        self.failure.is_some()
     }
 
     /// Reports batch arrivals and abandoned work to a failure run's probe,
@@ -323,6 +348,9 @@ impl Sink<Event> for CountSink {
         let Some(first) = batch.first() else {
             return Ok(());
         };
+        if self.failure.is_some() {
+            self.tap(ctx);
+        }
         let mut stamp = first.emitted_ns;
         let first_stamp = stamp;
         let mut run = 0u64;
@@ -351,6 +379,9 @@ impl Sink<Event> for CountSink {
     }
 
     fn open(&mut self, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+        if self.failure.is_some() {
+            self.tap(ctx);
+        }
         self.inner.as_mut().map_or(Ok(()), |s| s.open(ctx))
     }
 
@@ -369,22 +400,32 @@ impl Sink<Event> for CountSink {
     }
 
     fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, BoxError> {
-        self.pre_committed = (checkpoint, self.count);
-        match &mut self.inner {
-            Some(s) => s.pre_commit(checkpoint),
-            None if self.failure.is_some() => Ok(self.state()),
-            None => Ok(Vec::new()),
-        }
+        self.pre_commit_detached(checkpoint)?.wait()
     }
 
     fn pre_commit_detached(&mut self, checkpoint: u64) -> Result<PreCommit, BoxError> {
         self.pre_committed = (checkpoint, self.count);
+        let keeps = self.keeps_count();
+        let mut state = if keeps { self.state() } else { Vec::new() };
         match &mut self.inner {
-            Some(s) => s.pre_commit_detached(checkpoint),
-            // Alone, in a failure run, the count sink keeps its count in
-            // the checkpoint, so that the restarted job counts on from it.
-            None if self.failure.is_some() => Ok(PreCommit::done(self.state())),
-            None => Ok(PreCommit::done(Vec::new())),
+            None => Ok(PreCommit::done(state)),
+            Some(s) => {
+                let inner = s.pre_commit_detached(checkpoint)?;
+                if !keeps {
+                    return Ok(inner);
+                }
+                // The count, then the inner sink's state, once its work is
+                // done (off the worker, where it has any).
+                if inner.is_detached() {
+                    Ok(PreCommit::deferred(Box::new(move || {
+                        state.extend_from_slice(&inner.wait()?);
+                        Ok(state)
+                    })))
+                } else {
+                    state.extend_from_slice(&inner.wait()?);
+                    Ok(PreCommit::done(state))
+                }
+            }
         }
     }
 
@@ -400,28 +441,28 @@ impl Sink<Event> for CountSink {
     }
 
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
-        match &mut self.inner {
-            Some(s) => s.restore(checkpoint, state),
-            None => {
-                let (count, checksum) = match state.len() {
-                    0 => (0, 0),
-                    16 => (
-                        u64::from_le_bytes(state[..8].try_into().expect("8 bytes")),
-                        u64::from_le_bytes(state[8..].try_into().expect("8 bytes")),
-                    ),
-                    n => {
-                        return Err(format!(
-                            "checkpoint {checkpoint}: the count sink's state is {n} bytes, expected 16"
-                        )
-                        .into())
-                    }
-                };
-                self.count = count;
-                self.checksum = checksum;
-                self.committed = count;
-                Ok(())
-            }
+        if !self.keeps_count() {
+            return self.inner.as_mut().map_or(Ok(()), |s| s.restore(checkpoint, state));
         }
+        let (count, checksum, rest) = match state.len() {
+            0 => (0, 0, state),
+            n if n >= 16 && (n == 16 || self.inner.is_some()) => (
+                u64::from_le_bytes(state[..8].try_into().expect("8 bytes")),
+                u64::from_le_bytes(state[8..16].try_into().expect("8 bytes")),
+                &state[16..],
+            ),
+            n => {
+                return Err(format!(
+                    "checkpoint {checkpoint}: the count sink's state is {n} bytes, expected 16 (and the inner \
+                     sink's after them)"
+                )
+                .into())
+            }
+        };
+        self.count = count;
+        self.checksum = checksum;
+        self.committed = count;
+        self.inner.as_mut().map_or(Ok(()), |s| s.restore(checkpoint, rest))
     }
 }
 
@@ -595,5 +636,88 @@ mod tests {
         assert_eq!(h.latency_ns().len(), 2, "only the two known stamps");
         drop(sink);
         assert_eq!(count.load(Ordering::Relaxed), 5, "every record counted");
+    }
+
+    /// Shows a wrapping sink's checkpoint state and visibility.
+    struct Inner {
+        state: Vec<u8>,
+        detached: bool,
+        restored: Arc<std::sync::Mutex<Vec<u8>>>,
+    }
+
+    impl Sink<Event> for Inner {
+        fn write(&mut self, batch: &mut Vec<Event>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+            for e in batch.drain(..) {
+                ctx.record_visible_latency(e.emitted_ns);
+            }
+            Ok(())
+        }
+        fn pre_commit_detached(&mut self, _: u64) -> Result<PreCommit, BoxError> {
+            let state = self.state.clone();
+            Ok(if self.detached {
+                PreCommit::deferred(Box::new(move || Ok(state)))
+            } else {
+                PreCommit::done(state)
+            })
+        }
+        fn restore(&mut self, _: u64, state: &[u8]) -> Result<(), BoxError> {
+            *self.restored.lock().unwrap() = state.to_vec();
+            Ok(())
+        }
+    }
+
+    /// In a failure run the count sink keeps its count and checksum in the
+    /// checkpoint before the inner sink's state, inline or detached, and
+    /// gives the inner sink back its own part on restore; it taps what the
+    /// inner sink makes visible into the failure probe.
+    #[test]
+    fn a_failure_run_s_count_sink_keeps_its_count_beside_the_inner_sink_s_state() {
+        for detached in [false, true] {
+            let probe = crate::lab::failure::FailureProbe::new(u64::MAX, 1, 10);
+            let restored = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let inner = Inner {
+                state: b"inner".to_vec(),
+                detached,
+                restored: restored.clone(),
+            };
+            let totals = || Arc::new(AtomicU64::new(0));
+            let mut sink = CountSink::new(totals(), totals())
+                .with_inner(Box::new(inner))
+                .with_failure(probe.clone(), 0);
+            let mut h = weir_core::harness::Harness::new(0, 1);
+            let now = weir_core::clock::now_ns();
+            let mut batch: Vec<Event> = (0..3)
+                .map(|seq| Event {
+                    key: seq,
+                    value: seq,
+                    emitted_ns: now,
+                    seq,
+                })
+                .collect();
+            h.write_sink(&mut sink, &mut batch).unwrap();
+            let (count, checksum) = (sink.count, sink.checksum);
+            assert_eq!(count, 3);
+            let state = sink.pre_commit_detached(7).unwrap().wait().unwrap();
+            assert_eq!(state.len(), 16 + 5, "count, checksum, then the inner state");
+            assert_eq!(&state[16..], b"inner");
+
+            let mut again = CountSink::new(totals(), totals())
+                .with_inner(Box::new(Inner {
+                    state: Vec::new(),
+                    detached,
+                    restored: restored.clone(),
+                }))
+                .with_failure(probe.clone(), 0);
+            again.restore(7, &state).unwrap();
+            assert_eq!((again.count, again.checksum, again.committed), (count, checksum, count));
+            assert_eq!(&*restored.lock().unwrap(), b"inner");
+            let e = again.restore(8, &state[..10]).unwrap_err().to_string();
+            assert!(e.contains("checkpoint 8") && e.contains("10 bytes"), "{e}");
+            // The tap reached the probe: a failure now finds visible output
+            // before it.
+            probe.fail_now_for_test();
+            let v = probe.report(1).unwrap().visible.expect("visible output was tapped");
+            assert_eq!(v.timeline.iter().map(|(_, n, _)| n).sum::<u64>(), 3);
+        }
     }
 }

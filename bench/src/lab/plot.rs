@@ -231,19 +231,28 @@ pub struct FailureTimeline {
     pub name: String,
     /// The timeline.
     pub points: Vec<(i64, Vec<u64>)>,
+    /// Visible output around the failure, per ms: `(ms from the failure,
+    /// records made visible, their largest visible latency in ms)`; empty
+    /// without a sink that makes records visible.
+    pub visible: Vec<(i64, u64, f64)>,
 }
 
-/// Writes `failure.svg`: one panel per mode, each sink subtask's records
-/// per second through the failure (1 ms buckets, smoothed over 5 ms).
+/// Writes `failure.svg`: one column per mode; on top, each sink subtask's
+/// records per second through the failure (1 ms buckets, smoothed over
+/// 5 ms); below, when any mode has visible output, the largest visible
+/// latency of the records made visible in each millisecond.
 pub fn write_failure_svg(
     path: &Path,
     title: &str,
     modes: &[FailureTimeline],
 ) -> Result<(), Box<dyn std::error::Error>> {
     let n = modes.len().max(1);
-    let root = SVGBackend::new(path, (560 * n as u32, 420)).into_drawing_area();
+    let visible = modes.iter().any(|m| !m.visible.is_empty());
+    let rows = if visible { 2 } else { 1 };
+    let root = SVGBackend::new(path, (560 * n as u32, 420 * rows as u32)).into_drawing_area();
     root.fill(&WHITE)?;
-    let panels = root.split_evenly((1, n));
+    let grid = root.split_evenly((rows, n));
+    let (panels, below) = grid.split_at(n);
     // Records per second over the 5 ms ending at each point.
     let smooth = |points: &[(i64, Vec<u64>)], s: usize| -> Vec<(f64, f64)> {
         (0..points.len())
@@ -264,15 +273,20 @@ pub fn write_failure_svg(
             (0..subtasks).flat_map(move |s| smooth(&m.points, s).into_iter().map(|p| p.1))
         })
         .fold(1.0f64, f64::max);
-    for (area, m) in panels.iter().zip(modes) {
+    // A panel over the mode's timeline, from 0 to `top` (+10%), with the
+    // failure's instant drawn at 0.
+    let panel = |area, caption: String, m: &FailureTimeline, top: f64| {
         let x0 = m.points.first().map_or(-50, |p| p.0) as f64;
         let x1 = m.points.last().map_or(150, |p| p.0) as f64;
-        let mut chart = ChartBuilder::on(area)
-            .caption(format!("{title}: {}", m.name), ("sans-serif", 15))
+        ChartBuilder::on(area)
+            .caption(caption, ("sans-serif", 15))
             .margin(10)
             .x_label_area_size(40)
             .y_label_area_size(70)
-            .build_cartesian_2d(x0..x1, 0.0..top * 1.1)?;
+            .build_cartesian_2d(x0..x1, 0.0..top * 1.1)
+    };
+    for (area, m) in panels.iter().zip(modes) {
+        let mut chart = panel(area, format!("{title}: {}", m.name), m, top)?;
         chart
             .configure_mesh()
             .x_desc("ms from the failure")
@@ -293,6 +307,29 @@ pub fn write_failure_svg(
         ))?;
         legend(&mut chart)?;
     }
+    let highest = modes
+        .iter()
+        .flat_map(|m| m.visible.iter().map(|v| v.2))
+        .fold(1.0f64, f64::max);
+    for (area, m) in below.iter().zip(modes) {
+        let mut chart = panel(area, format!("visible output: {}", m.name), m, highest)?;
+        chart
+            .configure_mesh()
+            .x_desc("ms from the failure")
+            .y_desc("largest visible latency (ms)")
+            .draw()?;
+        let c = color(Some(0));
+        chart.draw_series(
+            m.visible
+                .iter()
+                .filter(|v| v.1 > 0)
+                .map(|&(ms, _, lat)| Circle::new((ms as f64, lat), 2, c.filled())),
+        )?;
+        chart.draw_series(LineSeries::new(
+            vec![(0.0, 0.0), (0.0, highest * 1.1)],
+            BLACK.stroke_width(1),
+        ))?;
+    }
     root.present()?;
     Ok(())
 }
@@ -311,10 +348,17 @@ mod tests {
         let modes = vec![FailureTimeline {
             name: "dedup".into(),
             points,
+            visible: (-50..150)
+                .map(|ms| (ms, 10, if ms < 0 { 12.0 } else { 25.0 }))
+                .collect(),
         }];
         write_failure_svg(&path, "keyed", &modes).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.contains("sink subtask 1") && svg.contains("dedup"));
+        assert!(
+            svg.contains("visible output: dedup") && svg.contains("<circle"),
+            "the visible panel"
+        );
     }
 
     #[test]

@@ -309,6 +309,11 @@ pub struct BenchResult {
     /// `--fail-at-record`: what the one injected failure cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<crate::lab::failure::FailureReport>,
+    /// What the run wrote per record (write calls, and pages made dirty
+    /// for storage), from the process's I/O counters; absent where they
+    /// cannot be read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disk_writes: Option<crate::lab::disk_writes::DiskWrites>,
     /// Dedup mode: per task with inputs, its deduplication state in its last
     /// snapshot (bytes) and its upstream backup (bytes at the last snapshot,
     /// the most at a snapshot, and how often it outgrew its limit).

@@ -31,6 +31,8 @@ pub(crate) struct TaskContext {
     pub(crate) turn_now_ns: Option<u64>,
     pub(crate) latency: LatencyRecorder,
     pub(crate) visible: LatencyRecorder,
+    /// Told of every visibility the sink records ([`SinkContext::tap_visible`]).
+    pub(crate) visible_tap: Option<VisibleTap>,
     pub(crate) counters: Arc<TaskCounters>,
     pub(crate) registry: Arc<MetricsRegistry>,
     /// Checkpointing, when on.
@@ -87,6 +89,7 @@ impl TaskContext {
             turn_now_ns: None,
             latency: LatencyRecorder::new(&registry.latency),
             visible: LatencyRecorder::new(&registry.visible),
+            visible_tap: None,
             counters,
             registry,
             ckpt: None,
@@ -204,6 +207,10 @@ impl<'a> SourceContext<'a> {
     }
 }
 
+/// Told of records becoming visible: `(subtask, now_ns, emitted_ns,
+/// count)`; see [`SinkContext::tap_visible`].
+pub type VisibleTap = Arc<dyn Fn(usize, u64, u64, u64) + Send + Sync>;
+
 /// What a [`crate::Sink`] may ask of the runtime while it writes.
 pub struct SinkContext<'a> {
     pub(crate) task: &'a mut TaskContext,
@@ -265,5 +272,49 @@ impl SinkContext<'_> {
     pub fn record_visible_latency_n(&mut self, emitted_ns: u64, count: u64) {
         let now = self.task.now_ns();
         self.task.visible.record_n(now.saturating_sub(emitted_ns), count);
+        if let Some(tap) = &self.task.visible_tap {
+            tap(self.task.subtask, now, emitted_ns, count);
+        }
+    }
+
+    /// Has `tap` told of every visibility this task's sink records from now
+    /// on ([`SinkContext::record_visible_latency_n`]), as `tap(subtask,
+    /// now_ns, emitted_ns, count)`; `None` removes it. For a timeline of
+    /// when output became visible (a dashboard, `weir bench
+    /// --fail-at-record`'s figures through a failure), beside the
+    /// histogram the job's metrics keep. It runs on the worker, once per
+    /// run of records with one stamp: it must be quick and must not block.
+    /// A task rebuilt after a failure starts without one; set it again in
+    /// [`crate::Sink::open`] or at the first write.
+    ///
+    /// ```
+    /// use std::sync::atomic::{AtomicU64, Ordering};
+    /// use std::sync::Arc;
+    /// use weir_core::harness::Harness;
+    /// use weir_core::{BoxError, Sink, SinkContext};
+    ///
+    /// /// Makes every record visible at once, and counts them in a tap.
+    /// struct Visible(Arc<AtomicU64>);
+    /// impl Sink<u64> for Visible {
+    ///     fn write(&mut self, batch: &mut Vec<u64>, ctx: &mut SinkContext<'_>) -> Result<(), BoxError> {
+    ///         let seen = self.0.clone();
+    ///         ctx.tap_visible(Some(Arc::new(move |_subtask, _now, _emitted, n| {
+    ///             seen.fetch_add(n, Ordering::Relaxed);
+    ///         })));
+    ///         for &stamp in batch.iter() {
+    ///             ctx.record_visible_latency(stamp);
+    ///         }
+    ///         batch.clear();
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let seen = Arc::new(AtomicU64::new(0));
+    /// let mut h = Harness::new(0, 1);
+    /// h.write_sink(&mut Visible(seen.clone()), &mut vec![1, 2, 3]).unwrap();
+    /// assert_eq!(seen.load(Ordering::Relaxed), 3);
+    /// ```
+    pub fn tap_visible(&mut self, tap: Option<VisibleTap>) {
+        self.task.visible_tap = tap;
     }
 }

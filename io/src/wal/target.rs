@@ -145,6 +145,19 @@ pub trait EpochTarget: Send + 'static {
         Ok(())
     }
 
+    /// For a restore: whether the target shows epoch `epoch`'s output in
+    /// full already (`bytes` of record payloads), published by an earlier
+    /// attempt whose record of the commit never became durable (default:
+    /// no). If so, the restore publishes the epoch without writing it
+    /// again: the next [`EpochTarget::publish`] through `epoch` returns it
+    /// among its epochs, and the next [`EpochTarget::sync_record`] makes
+    /// it durable with the record. Only for a target with
+    /// [`EpochTarget::LAZY_RECORD`], whose visible output may be ahead of
+    /// its record.
+    fn adopt(&mut self, _epoch: u64, _bytes: u64) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The newest epoch of this subtask whose output the target showed
     /// when it was opened, whatever its record says (`None`: none, or the
     /// record alone says; the default). Required of a target with
@@ -191,6 +204,9 @@ pub struct FileTarget {
     renamed: bool,
     /// The newest epoch among the visible files when opened.
     newest_output: Option<u64>,
+    /// Epochs a restore found published already ([`EpochTarget::adopt`]),
+    /// for the next publish to report.
+    adopted: Vec<u64>,
 }
 
 impl FileTarget {
@@ -210,6 +226,7 @@ impl FileTarget {
             unrecorded: None,
             renamed: false,
             newest_output: None,
+            adopted: Vec::new(),
         }
     }
 
@@ -293,6 +310,11 @@ impl EpochTarget for FileTarget {
             weir_core::vfs::rename(temp, &target).ctx(&format!("rename to {}", target.display()), temp)?;
             published.push(*epoch);
         }
+        if !self.adopted.is_empty() {
+            published.extend(self.adopted.iter().filter(|&&e| e <= committed.epoch));
+            self.adopted.retain(|&e| e > committed.epoch);
+            published.sort_unstable();
+        }
         self.published_ns = clock::now_ns();
         self.renamed |= !published.is_empty();
         // The folder fsync and the marker wait for `sync_record`.
@@ -322,6 +344,25 @@ impl EpochTarget for FileTarget {
 
     fn newest_output(&self) -> Option<u64> {
         self.newest_output
+    }
+
+    /// A visible `part-<subtask>-<epoch>` file of exactly `bytes` is the
+    /// epoch's output in full: `end` fsynced it under its hidden name
+    /// before `publish` renamed it into place, so a file under the final
+    /// name never holds less (a crash before the rename leaves the hidden
+    /// name, which `open` removed). Only the rename may not be durable:
+    /// the folder fsync of the next `sync_record` makes it so. A file of
+    /// another length is written again, as before.
+    fn adopt(&mut self, epoch: u64, bytes: u64) -> Result<bool> {
+        let path = self.target.join(fsutil::part_name(self.subtask, epoch, &self.suffix));
+        match weir_core::vfs::metadata(&path) {
+            Ok(m) if !m.is_dir() && m.len() == bytes => {
+                self.adopted.push(epoch);
+                self.renamed = true;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
     }
 }
 
