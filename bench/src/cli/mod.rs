@@ -36,6 +36,12 @@ impl Mode {
         }
     }
 
+    /// Whether the mode's output is exactly-once (aligned, unaligned,
+    /// dedup).
+    pub fn exactly_once(self) -> bool {
+        matches!(self, Mode::Aligned | Mode::Unaligned | Mode::Dedup)
+    }
+
     /// The engine's mode, if checkpointing is on.
     pub fn checkpoint_mode(self) -> Option<CheckpointMode> {
         match self {

@@ -575,8 +575,7 @@ fn check_failure_output(spec: &Spec, mode: Mode, mut out: RunOutput) -> Result<R
     let dir = spec.sink_dir.join("out");
     let check = crate::lab::failure::OutputCheck::of_files(&dir, spec.events)
         .map_err(|e| CliError::Wrong(format!("the failure run's output could not be checked: {e}")))?;
-    let exactly_once = matches!(mode, Mode::Aligned | Mode::Unaligned | Mode::Dedup);
-    if check.missing > 0 || (exactly_once && check.duplicated > 0) {
+    if check.missing > 0 || (mode.exactly_once() && check.duplicated > 0) {
         return Err(CliError::Wrong(format!(
             "{} with the {} sink: after one failure its files hold {} lines, {} records missing and {} \
              duplicated ({})",

@@ -194,27 +194,21 @@ impl Row {
     }
 
     fn exactly_once(self) -> bool {
-        matches!(self.mode, Mode::Aligned | Mode::Unaligned | Mode::Dedup)
+        self.mode.exactly_once()
     }
 }
 
-/// The sink of a mode's failure run: the WAL sink in the exactly-once
-/// modes, the direct sink in the others (both write `key,value,seq`
-/// lines, read back after the run).
-fn failure_sink(mode: Mode) -> SinkKind {
-    failure_row(mode).sink
-}
-
-/// A mode's failure run as a row.
+/// A mode's failure run as a row: the WAL sink in the exactly-once modes,
+/// the direct sink in the others (both write `key,value,seq` lines, read
+/// back after the run).
 fn failure_row(mode: Mode) -> Row {
-    let exactly_once = Row {
-        mode,
-        sink: SinkKind::Wal,
-    }
-    .exactly_once();
     Row {
         mode,
-        sink: if exactly_once { SinkKind::Wal } else { SinkKind::Direct },
+        sink: if mode.exactly_once() {
+            SinkKind::Wal
+        } else {
+            SinkKind::Direct
+        },
     }
 }
 
@@ -474,7 +468,7 @@ impl Plan {
     }
 
     /// One failure in `mode` (keyed job, open loop, the mode's natural
-    /// sink: [`failure_sink`]; the counting sink before it keeps its count
+    /// sink: [`failure_row`]; the counting sink before it keeps its count
     /// in checkpoints): the keyed function panics once, on the middle
     /// record, and the job recovers: the whole job from its latest
     /// checkpoint in the snapshot modes, the failed subtask alone in dedup
@@ -489,7 +483,7 @@ impl Plan {
         self.run(
             Some(&outputs),
             mode,
-            failure_sink(mode),
+            failure_row(mode).sink,
             Some(self.rate),
             interval_ms,
             Some(probe),
