@@ -431,6 +431,42 @@ fn fail_run(dir: &std::path::Path, mode: &str, extra: &[&str]) -> (std::process:
     (out, v)
 }
 
+/// `weir bench --stages N`: keyed operators one after another, each behind
+/// its own exchange; the output stays exact through a failure in the first
+/// stage; the dedup mode, which takes one exchange only, refuses more and
+/// says why; a count out of range is a usage error.
+#[test]
+fn bench_stages_chain_keyed_operators() {
+    let dir = tempfile::tempdir().unwrap();
+    let (out, v) = fail_run(dir.path(), "aligned", &["--stages", "3", "--sink", "wal"]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}\n{stdout}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = v.expect("a JSON object");
+    assert_eq!(v["stages"], 3, "{v}");
+    assert_eq!(v["sink_records"], 200_000, "{v}");
+    assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
+    assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
+    let (out, _) = fail_run(dir.path(), "dedup", &["--stages", "2"]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("exchanges after the first are not supported yet"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for bad in ["0", "9"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["bench", "--pipeline", "keyed", "--events", "1000", "--stages", bad])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "--stages {bad}: a usage error");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("--stages must be between 1 and 8"));
+    }
+}
+
 /// `weir bench --fail-at-record`: the keyed function panics once, the job
 /// restarts from its latest checkpoint, the output stays exact (exactly-once
 /// modes) or gains only duplicates (at-least-once), and the run reports

@@ -67,6 +67,13 @@ pub struct BenchArgs {
     /// job's start-up is not its steady state). 0 measures every record.
     #[arg(long, default_value_t = crate::lab::pipelines::DEFAULT_WARMUP_MS)]
     pub warmup_ms: u64,
+    /// Keyed job: keyed operators one after another (1 to 8), each behind
+    /// an exchange by a key of its own, so that a record crosses subtasks
+    /// at every stage: a larger topology, for what a failure costs as it
+    /// grows (the failure is injected in the first stage). The dedup mode
+    /// takes one exchange only and refuses more.
+    #[arg(long, default_value_t = 1)]
+    pub stages: usize,
     /// Keyed job: the keyed function panics once, on the record with this
     /// sequence number, and the job restarts from its latest checkpoint
     /// (one restart allowed); prints what the failure cost: when the
@@ -269,6 +276,16 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
     if events == 0 {
         return Err(CliError::Usage("--events must be at least 1".into()));
     }
+    if !(1..=crate::lab::pipelines::MAX_STAGES).contains(&args.stages) {
+        return Err(CliError::Usage(format!(
+            "--stages must be between 1 and {}, got {}",
+            crate::lab::pipelines::MAX_STAGES,
+            args.stages
+        )));
+    }
+    if args.stages > 1 && args.pipeline != Kind::Keyed {
+        return Err(CliError::Usage("--stages needs --pipeline keyed".into()));
+    }
     if let Some(at) = args.fail_at_record {
         if args.pipeline != Kind::Keyed {
             return Err(CliError::Usage("--fail-at-record needs --pipeline keyed".into()));
@@ -298,6 +315,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             seed: args.seed,
             slow_ns: 0,
             state: args.state,
+            stages: args.stages,
             sink: args.sink,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms: args.warmup_ms,
@@ -676,6 +694,7 @@ fn run_one_inner(spec: &Spec, config: RuntimeConfig, mode: Mode, probe: Platform
             )
         }),
         failure,
+        stages: spec.stages,
         disk_writes: crate::lab::disk_writes::DiskWrites::between(io_before, io_after, spec.events),
         dedup: (mode == Mode::Dedup).then(|| {
             result

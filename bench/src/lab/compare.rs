@@ -437,6 +437,7 @@ impl Plan {
             seed: 1,
             slow_ns: self.slow_ns,
             state: self.state,
+            stages: 1,
             sink,
             sink_dir: match outputs {
                 Some(o) if sink != SinkKind::Count => o.next(),

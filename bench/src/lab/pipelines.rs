@@ -107,6 +107,9 @@ pub struct Spec {
     pub slow_ns: u64,
     /// Keyed only: where the running sums live.
     pub state: StateBackend,
+    /// Keyed only: keyed operators one after another (at least 1), each
+    /// behind an exchange by a key of its own ([`stage_key`]).
+    pub stages: usize,
     /// The sink records go through after being counted.
     pub sink: SinkKind,
     /// Folder for the sink's output (files, WAL, database).
@@ -280,6 +283,17 @@ impl CountSink {
         self.inner = Some(inner);
         self
     }
+}
+
+/// Keyed operators one after another at most (`weir bench --stages`).
+pub const MAX_STAGES: usize = 8;
+
+/// The key of stage `stage` (2 and up) of the keyed job: the record's key
+/// mixed with the stage (a multiply-xorshift), so that a record's subtask
+/// in one stage says nothing of its subtask in the next.
+pub fn stage_key(key: u64, stage: usize) -> u64 {
+    let x = (key ^ (stage as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x ^ (x >> 31)
 }
 
 /// One output line per event: `key,value,seq` (about 32 bytes).
@@ -564,6 +578,17 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
                 }
             }
             .name("running-sum");
+            // Further stages: another exchange and running sum each, keyed
+            // differently so that every stage's records cross subtasks.
+            let mut summed = summed;
+            for stage in 2..=spec.stages {
+                let keyed = summed.key_by(move |e: &Event| stage_key(e.key, stage)).parallelism(p);
+                summed = match spec.state {
+                    StateBackend::Mapped => keyed.process(running_sum),
+                    StateBackend::Heap => keyed.process_heap(running_sum),
+                }
+                .name(&format!("running-sum-{stage}"));
+            }
             if slow_ns > 0 {
                 summed
                     .map(move |e: Event| {
@@ -595,6 +620,7 @@ mod tests {
             seed: 1,
             slow_ns: 0,
             state: StateBackend::Heap,
+            stages: 1,
             sink: SinkKind::Count,
             sink_dir: std::path::PathBuf::new(),
             warmup_ms,

@@ -309,6 +309,8 @@ pub struct BenchResult {
     /// `--fail-at-record`: what the one injected failure cost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub failure: Option<crate::lab::failure::FailureReport>,
+    /// Keyed job: keyed operators one after another (`--stages`).
+    pub stages: usize,
     /// What the run wrote per record (write calls, and pages made dirty
     /// for storage), from the process's I/O counters; absent where they
     /// cannot be read.
