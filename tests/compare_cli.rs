@@ -79,11 +79,11 @@ fn compare_writes_tables_json_and_plot() {
         "open-loop runs must all come first:\n{stderr}"
     );
     // Open loop: 8 rows at the base interval, 6 at the second; one failure
-    // per mode (5); closed loop: 13 runs in each of 2 rounds, round 1 of
-    // every run first.
+    // per mode at one keyed stage (5) and at three (4: not dedup); closed
+    // loop: 13 runs in each of 2 rounds, round 1 of every run first.
     assert_eq!(
         progress.len(),
-        8 + 6 + 5 + 2 * 13,
+        8 + 6 + 9 + 2 * 13,
         "one progress line per run:\n{stderr}"
     );
     // The counter counts to the number of runs announced, and no further.
@@ -137,10 +137,15 @@ fn compare_writes_tables_json_and_plot() {
             .lines()
             .filter(|l| l.split_whitespace().next() == Some(row))
             .collect();
-        // One line in each table per interval the row ran at, and one in
-        // the failure table for each mode's natural sink (the WAL sink for
-        // exactly-once, the direct sink otherwise).
-        let failure = usize::from(!row.ends_with("2pc-file"));
+        // One line in each table per interval the row ran at, and in the
+        // failure table, for each mode's natural sink (the WAL sink for
+        // exactly-once, the direct sink otherwise), one per keyed stage
+        // count (1 and 3), dedup at one stage only.
+        let failure = match row {
+            _ if row.ends_with("2pc-file") => 0,
+            "dedup·wal" => 1,
+            _ => 2,
+        };
         let expected = if exactly_once(row) { 4 } else { 2 } + failure;
         assert_eq!(lines.len(), expected, "rows for {row}:\n{stdout}");
         if exactly_once(row) {
@@ -184,13 +189,15 @@ fn compare_writes_tables_json_and_plot() {
         "what one failure costs",
         "dedup's failed subtask processed again after",
         "the two ways to exactly-once with the wal sink",
+        "- as the topology grows, keyed stages one after another",
+        "dedup ran at one stage only",
     ] {
         assert!(stdout.contains(s), "{s:?} missing:\n{stdout}");
     }
     let failure_svg = std::fs::read_to_string(results.join("failure.svg")).unwrap();
     assert!(failure_svg.contains("recovers alone"), "failure.svg: the dedup panel");
 
-    // JSON: 5 closed-loop-count, 8 closed-loop, 2 + 6 x 2 open-loop, 5
+    // JSON: 5 closed-loop-count, 8 closed-loop, 2 + 6 x 2 open-loop, 9
     // failure, 1 disk-probe.
     let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
     let lines: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -203,7 +210,7 @@ fn compare_writes_tables_json_and_plot() {
             of("failure"),
             of("disk-probe")
         ),
-        (5, 8, 14, 5, 1),
+        (5, 8, 14, 9, 1),
         "{json}"
     );
     assert_eq!(lines.last().unwrap()["run"], "disk-probe", "the disk probe comes last");
@@ -231,6 +238,9 @@ fn compare_writes_tables_json_and_plot() {
             assert_eq!(f["output"]["duplicated"], 0, "{r}");
         }
         assert_eq!(f["visible"]["gap_ms"].as_array().map(Vec::len), Some(2), "{r}");
+        let stages = r["stages"].as_u64().unwrap();
+        assert_eq!(r["row"].as_str().unwrap().ends_with(" ×3"), stages == 3, "{r}");
+        assert!(r["mode"] != "dedup" || stages == 1, "dedup at one stage only: {r}");
         if r["mode"] == "dedup" {
             let untouched = f["reprocessed"].as_array().unwrap().iter().filter(|v| *v == 0).count();
             assert!(untouched >= 1, "dedup: the other subtask reprocessed nothing: {r}");
@@ -405,6 +415,13 @@ fn bad_intervals_are_usage_errors() {
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // The failure runs' stages: 1 to 8.
+    for stages in ["0", "1,9"] {
+        let out = weir(&["compare", "--failure-stages", stages], dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "--failure-stages {stages}: {stderr}");
+        assert!(stderr.contains("each must be between 1 and 8"), "{stderr}");
+    }
 }
 
 /// `weir bench --fail-at-record 120000` on the keyed job (2 subtasks,

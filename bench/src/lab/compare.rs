@@ -161,6 +161,11 @@ pub struct CompareArgs {
     /// Folder for the default outputs.
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
+    /// Keyed job: the failure runs' topologies, in keyed stages one after
+    /// another (`weir bench --stages`), each 1 to 8. The dedup mode runs at
+    /// one stage only (it takes one exchange).
+    #[arg(long, value_delimiter = ',', default_values_t = [1usize, 3])]
+    pub failure_stages: Vec<usize>,
 }
 
 /// Records of a closed-loop run with the counting sink per record of one
@@ -242,6 +247,34 @@ struct OpenRun {
     disk_load: Option<DiskLoadStats>,
 }
 
+/// What a failure run fails with: the probe, in a job of `stages` keyed
+/// stages (the first fails).
+struct Failing {
+    probe: Arc<FailureProbe>,
+    stages: usize,
+}
+
+/// One failure run: the mode, its keyed stages, what it measured.
+struct Failure {
+    mode: Mode,
+    stages: usize,
+    out: RunOutput,
+}
+
+/// The modes of the failure runs at `stages` keyed stages: dedup takes one
+/// exchange only, so it runs at one stage.
+fn failure_modes(stages: usize) -> impl Iterator<Item = Mode> {
+    MODES.into_iter().filter(move |&m| stages == 1 || m != Mode::Dedup)
+}
+
+/// A failure run's label: its row's, with `×N` at N stages.
+fn failure_label(mode: Mode, stages: usize) -> String {
+    match stages {
+        1 => failure_row(mode).label(),
+        n => format!("{} ×{n}", failure_row(mode).label()),
+    }
+}
+
 /// Everything measured.
 struct Measured {
     rows: Vec<Row>,
@@ -260,9 +293,10 @@ struct Measured {
     disk: DiskProbe,
     /// The probe merged over every open-loop run.
     platform: Option<PlatformResult>,
-    /// One failure per mode (keyed job, open loop, counting sink), in
-    /// MODES order; empty for other pipelines.
-    failures: Vec<(Mode, RunOutput)>,
+    /// One failure per mode and keyed stages (keyed job, open loop, the
+    /// mode's natural sink), in MODES order per stage count; dedup at one
+    /// stage only; empty for other pipelines.
+    failures: Vec<Failure>,
 }
 
 impl Measured {
@@ -344,6 +378,8 @@ struct Plan {
     probe: Platform,
     /// `--scenario disk-busy`: the co-runner's MB/s.
     disk_busy: Option<f64>,
+    /// The failure runs' keyed stages (`--failure-stages`).
+    failure_stages: Vec<usize>,
 }
 
 /// The folder the open-loop runs of one `weir compare` write their sink
@@ -406,8 +442,9 @@ impl Plan {
 
     /// Runs `row`'s mode with `sink`, closed loop (`rate` None) or open
     /// loop; its output goes to `outputs`, or without, to a temporary
-    /// folder deleted when the run ends. With `failure`, the keyed function
-    /// fails as the probe says (and the platform probe stays off).
+    /// folder deleted when the run ends. With `failure`, the job has its
+    /// keyed stages and the first one's function fails as its probe says
+    /// (and the platform probe stays off).
     fn run(
         &self,
         outputs: Option<&Outputs>,
@@ -415,8 +452,10 @@ impl Plan {
         sink: SinkKind,
         rate: Option<f64>,
         interval_ms: u64,
-        failure: Option<Arc<FailureProbe>>,
+        failure: Option<Failing>,
     ) -> Result<RunOutput, CliError> {
+        let stages = failure.as_ref().map_or(1, |f| f.stages);
+        let failure = failure.map(|f| f.probe);
         let probe = if failure.is_some() {
             Platform::Off
         } else {
@@ -437,7 +476,7 @@ impl Plan {
             seed: 1,
             slow_ns: self.slow_ns,
             state: self.state,
-            stages: 1,
+            stages,
             sink,
             sink_dir: match outputs {
                 Some(o) if sink != SinkKind::Count => o.next(),
@@ -476,7 +515,7 @@ impl Plan {
     /// mode (one restart allowed, no delay). The sinks' files are then
     /// read back: every record present, and once in the exactly-once modes
     /// (`run_one_full`).
-    fn run_failure(&self, mode: Mode, interval_ms: u64) -> Result<RunOutput, CliError> {
+    fn run_failure(&self, mode: Mode, interval_ms: u64, stages: usize) -> Result<RunOutput, CliError> {
         // The timeline covers the schedule twice over, and ten seconds.
         let ms = (self.open_events_at(interval_ms) as f64 / self.rate * 1e3) as usize * 2 + 10_000;
         let probe = FailureProbe::new(self.failure_record(interval_ms), self.parallelism, ms);
@@ -487,7 +526,7 @@ impl Plan {
             failure_row(mode).sink,
             Some(self.rate),
             interval_ms,
-            Some(probe),
+            Some(Failing { probe, stages }),
         )
     }
 }
@@ -513,6 +552,12 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
     }
     if args.keys == 0 {
         return Err(CliError::Usage("--keys must be at least 1".into()));
+    }
+    let max = crate::lab::pipelines::MAX_STAGES;
+    if let Some(bad) = args.failure_stages.iter().find(|s| !(1..=max).contains(*s)) {
+        return Err(CliError::Usage(format!(
+            "--failure-stages: each must be between 1 and {max}, got {bad}"
+        )));
     }
     if args.scenario == Scenario::DiskBusy && !(args.disk_busy_mb_s.is_finite() && args.disk_busy_mb_s > 0.0) {
         return Err(CliError::Usage(format!(
@@ -581,6 +626,7 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
         state: args.state,
         probe: args.platform_probe,
         disk_busy: (args.scenario == Scenario::DiskBusy).then_some(args.disk_busy_mb_s),
+        failure_stages: args.failure_stages.clone(),
     };
     Ok((plan, intervals))
 }
@@ -643,7 +689,11 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
 
     // Every open-loop run once, then each round's closed-loop runs: one
     // with the counting sink per mode and one per row.
-    let failure_runs = if plan.pipeline == Kind::Keyed { MODES.len() } else { 0 };
+    let failure_runs = if plan.pipeline == Kind::Keyed {
+        plan.failure_stages.iter().map(|&s| failure_modes(s).count()).sum()
+    } else {
+        0
+    };
     let total_runs = rows
         .iter()
         .map(|r| if r.exactly_once() { intervals.len() } else { 1 })
@@ -702,13 +752,16 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     drop(outputs);
     let mut failures = Vec::new();
     if failure_runs > 0 {
-        for mode in MODES {
-            progress(format!(
-                "{:<22} one failure, open loop, {} ms",
-                failure_row(mode).label(),
-                intervals[0]
-            ));
-            failures.push((mode, plan.run_failure(mode, intervals[0])?));
+        for &stages in &plan.failure_stages {
+            for mode in failure_modes(stages) {
+                progress(format!(
+                    "{:<22} one failure, open loop, {} ms",
+                    failure_label(mode, stages),
+                    intervals[0]
+                ));
+                let out = plan.run_failure(mode, intervals[0], stages)?;
+                failures.push(Failure { mode, stages, out });
+            }
         }
     }
     let mut count: Vec<Vec<RunOutput>> = MODES.iter().map(|_| Vec::new()).collect();
@@ -772,8 +825,8 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let timelines: Vec<FailureTimeline> = m
         .failures
         .iter()
-        .filter(|(mode, _)| matches!(mode, Mode::Aligned | Mode::Dedup))
-        .filter_map(|(mode, out)| {
+        .filter(|f| f.stages == 1 && matches!(f.mode, Mode::Aligned | Mode::Dedup))
+        .filter_map(|Failure { mode, out, .. }| {
             out.result.failure.as_ref().map(|f| FailureTimeline {
                 name: match mode {
                     Mode::Dedup => "dedup, the failed subtask recovers alone".to_string(),
@@ -1413,7 +1466,7 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
         );
     }
     println!(
-        "{:<20} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
+        "{:<24} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
         "row",
         "restarted",
         "again",
@@ -1425,11 +1478,11 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
         "visible back",
         "output"
     );
-    for (mode, out) in &m.failures {
-        let Some(f) = &out.result.failure else {
+    for run in &m.failures {
+        let Some(f) = &run.out.result.failure else {
             println!(
-                "{:<16} the failure did not happen (the record was not processed)",
-                mode.name()
+                "{:<24} the failure did not happen (the record was not processed)",
+                failure_label(run.mode, run.stages)
             );
             continue;
         };
@@ -1441,8 +1494,8 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
             format!("{} lost, {} twice", o.missing, o.duplicated)
         });
         println!(
-            "{:<20} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
-            failure_row(*mode).label(),
+            "{:<24} {:>10} {:>10} {:>10} {:>18} {:>16} {:>18} {:>20} {:>14} {:>22}",
+            failure_label(run.mode, run.stages),
             ms_text(f.restarted_ms),
             ms_text(f.processing_again_ms),
             ms_text(f.caught_up_ms),
@@ -1465,8 +1518,8 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
     let of = |mode: Mode| {
         m.failures
             .iter()
-            .find(|(md, _)| *md == mode)
-            .and_then(|(_, o)| o.result.failure.as_ref())
+            .find(|f| f.mode == mode && f.stages == 1)
+            .and_then(|f| f.out.result.failure.as_ref())
     };
     if let (Some(d), Some(a)) = (of(Mode::Dedup), of(Mode::Aligned)) {
         // The subtasks that did not fail: those that reprocessed nothing.
@@ -1492,6 +1545,68 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
             a.per_subtask(", ")[1]
         );
     }
+    if let Some(line) = topology_line(m) {
+        println!("{line}");
+    }
+}
+
+/// What the failure runs say of the topology: per snapshot mode, processing
+/// again and the longest visible gap at each stage count (the whole job
+/// restarts, so more stages mean more tasks to stop, restore and start);
+/// dedup runs at one stage only, which the sentence says. `None` with one
+/// stage count.
+fn topology_line(m: &Measured) -> Option<String> {
+    let mut stages: Vec<usize> = m.failures.iter().map(|f| f.stages).collect();
+    stages.sort_unstable();
+    stages.dedup();
+    if stages.len() < 2 {
+        return None;
+    }
+    let of = |mode: Mode, n: usize| {
+        m.failures
+            .iter()
+            .find(|f| f.mode == mode && f.stages == n)
+            .and_then(|f| f.out.result.failure.as_ref())
+    };
+    let widest_gap = |f: &crate::lab::failure::FailureReport| {
+        f.visible
+            .as_ref()
+            .and_then(|v| v.gap_ms.iter().flatten().copied().reduce(f64::max))
+    };
+    let parts: Vec<String> = [Mode::Aligned, Mode::Unaligned]
+        .into_iter()
+        .map(|mode| {
+            let at: Vec<String> = stages
+                .iter()
+                .map(|&n| {
+                    of(mode, n).map_or(format!("{n}: -"), |f| {
+                        format!(
+                            "{n}: {} (no new output for {})",
+                            ms_text(f.processing_again_ms),
+                            ms_text(widest_gap(f))
+                        )
+                    })
+                })
+                .collect();
+            format!("{} at {}", mode.name(), at.join(", "))
+        })
+        .collect();
+    let (lo, hi) = (stages[0], stages[stages.len() - 1]);
+    let grew = |mode: Mode| match (of(mode, lo), of(mode, hi)) {
+        (Some(a), Some(b)) => b.processing_again_ms.unwrap_or(0.0) > a.processing_again_ms.unwrap_or(f64::MAX),
+        _ => false,
+    };
+    let verdict = if grew(Mode::Aligned) && grew(Mode::Unaligned) {
+        format!("a snapshot failure's recovery took longer at {hi} stages than at {lo}")
+    } else {
+        format!("a snapshot failure's recovery did not take longer at {hi} stages than at {lo} in every mode")
+    };
+    Some(format!(
+        "- as the topology grows, keyed stages one after another, processing again after the failure: {}; {verdict}; \
+         dedup ran at one stage only (it takes one exchange), so whether its failure's cost stays flat is not \
+         measured",
+        parts.join("; ")
+    ))
 }
 
 fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, machine: &Machine) -> Result<(), CliError> {
@@ -1541,11 +1656,12 @@ fn write_json(path: &std::path::Path, scenario: &'static str, m: &Measured, mach
             result: &o.out.result,
         });
     }
-    for (mode, out) in &m.failures {
+    for f in &m.failures {
+        let (mode, out) = (&f.mode, &f.out);
         lines.push(JsonRow {
             run: "failure",
             scenario,
-            row: failure_row(*mode).label(),
+            row: failure_label(*mode, f.stages),
             interval_ms: interval(*mode, m.base()),
             syncs: None,
             rounds_events_per_sec: None,
