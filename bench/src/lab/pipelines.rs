@@ -562,7 +562,7 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
                 *sum = sum.wrapping_add(e.value);
                 out.emit(Event { value: *sum, ..e });
             };
-            let summed = match (spec.state, spec.failure.clone()) {
+            let mut summed = match (spec.state, spec.failure.clone()) {
                 (StateBackend::Mapped, None) => keyed.process(running_sum),
                 (StateBackend::Heap, None) => keyed.process_heap(running_sum),
                 // A failure run: the probe sees every record first.
@@ -580,7 +580,6 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             .name("running-sum");
             // Further stages: another exchange and running sum each, keyed
             // differently so that every stage's records cross subtasks.
-            let mut summed = summed;
             for stage in 2..=spec.stages {
                 let keyed = summed.key_by(move |e: &Event| stage_key(e.key, stage)).parallelism(p);
                 summed = match spec.state {
