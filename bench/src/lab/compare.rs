@@ -304,6 +304,15 @@ impl Measured {
         self.intervals[0]
     }
 
+    /// What the failure run of `mode` at `stages` keyed stages measured,
+    /// if it ran and the failure happened.
+    fn failure(&self, mode: Mode, stages: usize) -> Option<&crate::lab::failure::FailureReport> {
+        self.failures
+            .iter()
+            .find(|f| f.mode == mode && f.stages == stages)
+            .and_then(|f| f.out.result.failure.as_ref())
+    }
+
     /// The intervals row `r` ran open loop at.
     fn intervals_of(&self, r: usize) -> Vec<u64> {
         if self.rows[r].exactly_once() {
@@ -1515,13 +1524,7 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
         crate::lab::failure::VISIBLE_STEADY_MS,
         crate::lab::failure::VISIBLE_HORIZON_MS
     );
-    let of = |mode: Mode| {
-        m.failures
-            .iter()
-            .find(|f| f.mode == mode && f.stages == 1)
-            .and_then(|f| f.out.result.failure.as_ref())
-    };
-    if let (Some(d), Some(a)) = (of(Mode::Dedup), of(Mode::Aligned)) {
+    if let (Some(d), Some(a)) = (m.failure(Mode::Dedup, 1), m.failure(Mode::Aligned, 1)) {
         // The subtasks that did not fail: those that reprocessed nothing.
         let others: Vec<String> = d
             .reprocessed
@@ -1562,12 +1565,6 @@ fn topology_line(m: &Measured) -> Option<String> {
     if stages.len() < 2 {
         return None;
     }
-    let of = |mode: Mode, n: usize| {
-        m.failures
-            .iter()
-            .find(|f| f.mode == mode && f.stages == n)
-            .and_then(|f| f.out.result.failure.as_ref())
-    };
     let widest_gap = |f: &crate::lab::failure::FailureReport| {
         f.visible
             .as_ref()
@@ -1579,7 +1576,7 @@ fn topology_line(m: &Measured) -> Option<String> {
             let at: Vec<String> = stages
                 .iter()
                 .map(|&n| {
-                    of(mode, n).map_or(format!("{n}: -"), |f| {
+                    m.failure(mode, n).map_or(format!("{n}: -"), |f| {
                         format!(
                             "{n}: {} (no new output for {})",
                             ms_text(f.processing_again_ms),
@@ -1592,7 +1589,7 @@ fn topology_line(m: &Measured) -> Option<String> {
         })
         .collect();
     let (lo, hi) = (stages[0], stages[stages.len() - 1]);
-    let grew = |mode: Mode| match (of(mode, lo), of(mode, hi)) {
+    let grew = |mode: Mode| match (m.failure(mode, lo), m.failure(mode, hi)) {
         (Some(a), Some(b)) => b.processing_again_ms.unwrap_or(0.0) > a.processing_again_ms.unwrap_or(f64::MAX),
         _ => false,
     };

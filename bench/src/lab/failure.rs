@@ -137,6 +137,21 @@ impl FailureProbe {
         })
     }
 
+    /// The millisecond bucket of clock time `ns` (since the probe's start).
+    fn bucket(&self, ns: u64) -> usize {
+        (ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize
+    }
+
+    /// The buckets of a timeline of `len` around the failure at
+    /// `failed_ns`, from 50 ms before to 150 ms after (those that exist),
+    /// with their offset from the failure's in ms.
+    fn around(&self, failed_ns: u64, len: usize) -> impl Iterator<Item = (i64, usize)> {
+        let at = self.bucket(failed_ns) as i64;
+        (at - 50..at + 150)
+            .filter(move |&b| b >= 0 && (b as usize) < len)
+            .map(move |b| (b - at, b as usize))
+    }
+
     /// Called by the keyed function for every record: panics on the chosen
     /// one the first time, and notes the first record the restarted
     /// attempt processes. (Records the other subtasks process between the
@@ -187,7 +202,7 @@ impl FailureProbe {
     #[inline]
     pub fn on_batch(&self, subtask: usize, now_ns: u64, first_emitted_ns: u64, records: u64) {
         if let Some(line) = self.timeline.get(subtask) {
-            let bucket = (now_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+            let bucket = self.bucket(now_ns);
             if let Some(b) = line.get(bucket) {
                 b.fetch_add(records, Ordering::Relaxed);
             }
@@ -220,7 +235,7 @@ impl FailureProbe {
             // The warm-up: not measured.
             return;
         }
-        let bucket = (now_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        let bucket = self.bucket(now_ns);
         if let (Some(n), Some(max)) = (self.visible.get(bucket), self.visible_max_ns.get(bucket)) {
             n.fetch_add(records, Ordering::Relaxed);
             max.fetch_max(now_ns.saturating_sub(emitted_ns), Ordering::Relaxed);
@@ -248,7 +263,7 @@ impl FailureProbe {
     /// [`VISIBLE_HORIZON_MS`]; both are `None` without visible output
     /// before and after.
     fn visible_back(&self, failed_ns: u64, subtasks: usize) -> Option<(u64, Option<u64>)> {
-        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        let at = self.bucket(failed_ns);
         let max = |b: usize| self.visible_max_ns.get(b).map_or(0, |m| m.load(Ordering::Relaxed));
         let level = (at.saturating_sub(VISIBLE_LEVEL_MS as usize)..at)
             .map(max)
@@ -258,7 +273,7 @@ impl FailureProbe {
             .map(|i| self.visible_again_ns[i].load(Ordering::Relaxed))
             .filter(|&t| t != 0)
             .min()?;
-        let from = ((first_after - self.start_ns) / BUCKET_NS) as usize;
+        let from = self.bucket(first_after);
         let steady = VISIBLE_STEADY_MS as usize;
         let within = level + visible_margin_ns(level);
         let back = (from..at + VISIBLE_HORIZON_MS as usize)
@@ -314,8 +329,6 @@ impl FailureProbe {
         }
         let ms = |ns: u64| ns as f64 / 1e6;
         let back = self.visible_back(failed_ns, subtasks);
-        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as i64;
-        let len = self.visible.len() as i64;
         Some(VisibleReport {
             gap_ms: (0..subtasks)
                 .map(|i| {
@@ -325,12 +338,11 @@ impl FailureProbe {
                 .collect(),
             level_ms: back.map(|(level, _)| ms(level)),
             back_ms: back.and_then(|(_, t)| t.map(ms)),
-            timeline: (at - 50..at + 150)
-                .filter(|&b| b >= 0 && b < len)
-                .map(|b| {
-                    let i = b as usize;
+            timeline: self
+                .around(failed_ns, self.visible.len())
+                .map(|(d, i)| {
                     (
-                        b - at,
+                        d,
                         self.visible[i].load(Ordering::Relaxed),
                         ms(self.visible_max_ns[i].load(Ordering::Relaxed)),
                     )
@@ -344,7 +356,7 @@ impl FailureProbe {
     /// timeline or without records before.
     fn rate_ratio(&self, i: usize, failed_ns: u64) -> Option<f64> {
         let line = self.timeline.get(i)?;
-        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as usize;
+        let at = self.bucket(failed_ns);
         let w = RATE_WINDOW_MS as usize;
         let sum = |from: usize, to: usize| -> u64 {
             line.get(from..to.min(line.len()))
@@ -360,17 +372,8 @@ impl FailureProbe {
         let Some(len) = self.timeline.first().map(|l| l.len()) else {
             return Vec::new();
         };
-        let at = (failed_ns.saturating_sub(self.start_ns) / BUCKET_NS) as i64;
-        (at - 50..at + 150)
-            .filter(|&b| b >= 0 && (b as usize) < len)
-            .map(|b| {
-                let per: Vec<u64> = self
-                    .timeline
-                    .iter()
-                    .map(|l| l[b as usize].load(Ordering::Relaxed))
-                    .collect();
-                (b - at, per)
-            })
+        self.around(failed_ns, len)
+            .map(|(d, b)| (d, self.timeline.iter().map(|l| l[b].load(Ordering::Relaxed)).collect()))
             .collect()
     }
 }
