@@ -719,11 +719,31 @@ fn the_kafka_benchmark_runs_and_checks_its_output() {
     assert_eq!(row["output_records"], 20000, "{row}");
     let closed_workers = row["workers"].as_u64().expect("workers in the JSON");
     assert!(row["platform_us"].is_null(), "closed loop: no probe by default: {row}");
+    assert!(
+        row["parts"].is_null(),
+        "closed loop: no scheduled sends to measure parts from: {row}"
+    );
     let (text, row) = bench(
         &["--mode", "at-least-once", "--rate", "4000", "--events", "12000"],
         &dir.path().join("open.json"),
     );
-    assert!(text.contains("from the scheduled send to the sink"), "{text}");
+    assert!(text.contains("source to sink: p50"), "{text}");
+    // Where the visible latency went, part by part; at-least-once has no
+    // transactions.
+    assert!(text.contains("parts p50 / p99 ms: generator→broker"), "{text}");
+    for part in [
+        "generator_to_broker_us",
+        "broker_to_source_us",
+        "source_to_sink_us",
+        "sink_to_append_us",
+        "append_to_visible_us",
+    ] {
+        assert!(
+            row["parts"][part]["p50"].as_f64().is_some_and(|v| v >= 1.0),
+            "{part}: {row}"
+        );
+    }
+    assert!(row["parts"]["transaction_us"].is_null(), "{row}");
     // Open loop leaves a core to the broker beside the job.
     assert_eq!(
         row["workers"].as_u64(),

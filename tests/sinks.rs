@@ -1660,7 +1660,10 @@ fn kafka_zombie_is_fenced_and_long_intervals_lose_nothing() {
     old.wait_idle().unwrap();
     assert_eq!(values(&read_committed(&topic, 1)), (0..50).collect::<Vec<_>>());
     // The old instance writes on (epoch 2) but looks dead; a new one takes
-    // over the slot from checkpoint 1: the old one is fenced.
+    // over the slot from checkpoint 1: the old one is fenced. Its next
+    // publish is on the slot's second producer (publishes take the slot's
+    // transactional ids in turn), so the new instance must have fenced
+    // that id too, not only the first.
     h.write_sink(&mut old, &mut (50..80).collect()).unwrap();
     let _ = old.pre_commit(2).unwrap();
     let wal2 = kafka_wal(&dir, "wal-new");

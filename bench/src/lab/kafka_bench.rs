@@ -50,6 +50,7 @@ use weir_io::{ParseError, WalSinkConfig};
 use crate::cli::{CliError, Mode};
 use crate::lab::bench::{runtime_config, temp_checkpoint_dir, BenchArgs};
 use crate::lab::event::Event;
+use crate::lab::kafka_parts::{InputParts, KafkaParts, OutputParts, WallClock};
 use crate::lab::report::{CheckpointSummary, Machine, Percentiles};
 
 /// The broker script, beside this crate.
@@ -59,9 +60,21 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh"
 /// flush the producer).
 const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Open loop: records of the first this-many nanoseconds are warm-up
-/// (connections, the source's setup) and not recorded.
+/// Open loop: records of the first this-many nanoseconds of the schedule
+/// are warm-up (the load generator's connection, the source's first
+/// fetches) and not recorded. The schedule itself starts only once the
+/// job is up ([`READY_TIMEOUT`]).
 const WARMUP_NS: u64 = 1_000_000_000;
+
+/// Open loop: the longest wait for the job's first completed checkpoint
+/// (its Kafka clients connected, the exactly-once sinks' transactions
+/// initialized and markers read) before the load generator's schedule
+/// starts. Before this wait the schedule started 2 s after the job, and a
+/// start that took longer (1.4-2.4 s for the first checkpoint here) put
+/// the backlog of the job's start into the measured records: visible p99
+/// 440-570 ms instead of 120-140 ms in one run of three at a 100 ms
+/// interval (docs/notebook/benchmarks-2026-12.md).
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// How long the reader waits for the output after the job or the producer
 /// is done before the run is declared wrong.
@@ -107,10 +120,12 @@ pub struct KafkaBenchResult {
     /// Scheduled send (open loop) or job start to reader (closed loop),
     /// microseconds; open loop after the warm-up only.
     pub visible_latency_us: Percentiles,
-    /// Inside the job: from the record's stamp (open loop: scheduled send;
-    /// closed loop: the source's poll) to the sink's write, microseconds.
-    /// Visible minus this is the sink's publishing and the reader's fetch.
+    /// Inside the job: from the source's poll to the sink's write,
+    /// microseconds.
     pub latency_us: Percentiles,
+    /// Open loop: where a record's visible latency went, part by part
+    /// (`crate::lab::kafka_parts`).
+    pub parts: Option<KafkaParts>,
     /// The platform figure (open loop; `--platform-probe`), microseconds:
     /// by default the wait of a record arriving at a random instant for a
     /// thread spinning alone on the workers' cores right before the run
@@ -189,7 +204,7 @@ fn print_result(r: &KafkaBenchResult) {
     let c = &r.checkpoints;
     println!(
         "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} workers={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
-         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms ({} to the sink: p50 {:.1} ms p99 {:.1} ms){}  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
+         visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms (source to sink: p50 {:.1} ms p99 {:.1} ms){}  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
         r.mode,
         r.sink,
         r.checkpoint_interval_ms,
@@ -206,9 +221,6 @@ fn print_result(r: &KafkaBenchResult) {
         v.p99 / 1e3,
         v.p999 / 1e3,
         v.max / 1e3,
-        // The records' stamp: open loop, their scheduled send (so this
-        // includes the producer, the broker and the source's fetch).
-        if r.rate.is_some() { "from the scheduled send" } else { "from the source's poll" },
         r.latency_us.p50 / 1e3,
         r.latency_us.p99 / 1e3,
         r.platform_us.as_ref().map_or(String::new(), |p| format!(
@@ -227,6 +239,9 @@ fn print_result(r: &KafkaBenchResult) {
         r.output_records,
         r.duplicates,
     );
+    if let Some(p) = &r.parts {
+        println!("  {}", p.line());
+    }
 }
 
 fn append_json(path: &std::path::Path, r: &KafkaBenchResult) -> Result<(), CliError> {
@@ -322,9 +337,14 @@ fn key_of(seq: u64, keys: u64) -> u64 {
 }
 
 /// Writes `a,b,c` in decimal into `buf`; returns the length.
-fn three(buf: &mut [u8; 64], a: u64, b: u64, c: u64) -> usize {
+/// Writes `fields` as `a,b,...` into `buf`; returns the length.
+fn encode_fields(buf: &mut [u8; 128], fields: &[u64]) -> usize {
+    debug_assert!(fields.len() <= 5, "five u64 and their commas fit in 128 bytes");
     let mut cursor = std::io::Cursor::new(&mut buf[..]);
-    std::io::Write::write_fmt(&mut cursor, format_args!("{a},{b},{c}")).expect("three u64 fit in 64 bytes");
+    for (i, f) in fields.iter().enumerate() {
+        let sep = if i == 0 { "" } else { "," };
+        std::io::Write::write_fmt(&mut cursor, format_args!("{sep}{f}")).expect("fits in 128 bytes");
+    }
     cursor.position() as usize
 }
 
@@ -343,36 +363,42 @@ fn field(s: &[u8]) -> Option<u64> {
     Some(v)
 }
 
-/// Splits `a,b,c` into three numbers.
-fn split3(v: &[u8]) -> Option<(u64, u64, u64)> {
+/// Splits `a,b,...` into exactly `N` numbers.
+fn split<const N: usize>(v: &[u8]) -> Option<[u64; N]> {
     let mut it = v.split(|&c| c == b',');
-    let a = field(it.next()?)?;
-    let b = field(it.next()?)?;
-    let c = field(it.next()?)?;
-    it.next().is_none().then_some((a, b, c))
+    let mut out = [0u64; N];
+    for o in &mut out {
+        *o = field(it.next()?)?;
+    }
+    it.next().is_none().then_some(out)
 }
 
 /// An input record: `key,value,stamp` with `stamp` the scheduled send time
-/// on [`clock`] (open loop) or 0 (closed loop: the poll's time is used).
-fn parse_input(value: &[u8], info: &KafkaRecordInfo<'_>) -> Result<Event, ParseError> {
-    let (key, v, stamp) = split3(value).ok_or_else(|| ParseError::new("expected `key,value,stamp`"))?;
+/// on [`clock`] (open loop) or 0 (closed loop). The event carries the
+/// source's poll as its emission (the job's own latency starts there) and
+/// the stamp as its `seq`; `parts` sees its way to the source.
+fn parse_input(value: &[u8], info: &KafkaRecordInfo<'_>, parts: &mut InputParts) -> Result<Event, ParseError> {
+    let [key, v, stamp] = split::<3>(value).ok_or_else(|| ParseError::new("expected `key,value,stamp`"))?;
+    parts.see(stamp, info.timestamp_ms, info.emitted_ns);
     Ok(Event {
         key,
         value: v,
-        emitted_ns: if stamp == 0 { info.emitted_ns } else { stamp },
+        emitted_ns: info.emitted_ns,
         seq: stamp,
     })
 }
 
-/// An output record: key = the key; value = `key,count,stamp` (`stamp`:
-/// the input's scheduled send time, 0 in the closed loop).
+/// An output record: key = the key; value = `key,count,stamp,polled,written`
+/// (`stamp`: the input's scheduled send time, 0 in the closed loop;
+/// `polled`: the source's poll; `written`: now, the sink's write; both on
+/// [`clock`]).
 fn encode_output(e: &Event, out: &mut Vec<u8>) {
     let mut k = [0u8; 64];
     let mut cursor = std::io::Cursor::new(&mut k[..]);
     std::io::Write::write_fmt(&mut cursor, format_args!("{}", e.key)).expect("a u64 fits");
     let klen = cursor.position() as usize;
-    let mut v = [0u8; 64];
-    let vlen = three(&mut v, e.key, e.value, e.seq);
+    let mut v = [0u8; 128];
+    let vlen = encode_fields(&mut v, &[e.key, e.value, e.seq, e.emitted_ns, clock::now_ns()]);
     framing::encode(&k[..klen], &v[..vlen], out);
 }
 
@@ -386,7 +412,9 @@ fn client(brokers: &str) -> ClientConfig {
 fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<bool, CliError> {
     let admin: AdminClient<DefaultClientContext> =
         client(brokers).create().map_err(|e| kafka_err("an admin client", e))?;
-    let t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    // The broker stamps each record's append: the parts of a record's
+    // latency (crate::lab::kafka_parts) start and end there.
+    let t = NewTopic::new(topic, partitions, TopicReplication::Fixed(1)).set("message.timestamp.type", "LogAppendTime");
     let opts = AdminOptions::new().operation_timeout(Some(CLIENT_TIMEOUT));
     let results =
         futures_executor::block_on(admin.create_topics([&t], &opts)).map_err(|e| kafka_err("create topics", e))?;
@@ -435,8 +463,8 @@ fn producer(brokers: &str, linger_ms: &str) -> Result<BaseProducer, CliError> {
 /// Sends one record of `seq` to partition `seq mod partitions`, serving the
 /// delivery queue while it is full.
 fn send(p: &BaseProducer, topic: &str, partitions: i32, seq: u64, keys: u64, stamp: u64) -> Result<(), CliError> {
-    let mut v = [0u8; 64];
-    let len = three(&mut v, key_of(seq, keys), seq, stamp);
+    let mut v = [0u8; 128];
+    let len = encode_fields(&mut v, &[key_of(seq, keys), seq, stamp]);
     let mut rec = BaseRecord::<(), [u8]>::to(topic)
         .partition((seq % partitions as u64) as i32)
         .payload(&v[..len]);
@@ -475,6 +503,8 @@ struct Seen {
     /// Per key: records, largest count, sum of counts.
     per_key: Vec<(u64, u64, u128)>,
     latency_ns: Histogram<u64>,
+    /// The parts of the recorded records' latency after the source.
+    parts: OutputParts,
     /// [`clock`] time the last awaited record was seen.
     last_ns: u64,
     bad: u64,
@@ -484,12 +514,14 @@ struct Seen {
 /// the final count (`expected[key]`) or `stop` is set and `DRAIN_TIMEOUT`
 /// passed; records visibility latency of stamped records scheduled at or
 /// after `record_from_ns` (`stamp == 0`: from `zero_ns`).
+#[allow(clippy::too_many_arguments)]
 fn read_output(
     brokers: &str,
     topic: &str,
     partitions: i32,
     expected: &[u64],
-    record_from_ns: u64,
+    record_from_ns: &AtomicU64,
+    wall: WallClock,
     zero_ns: &AtomicU64,
     stop: &AtomicBool,
 ) -> Result<Seen, CliError> {
@@ -511,6 +543,7 @@ fn read_output(
         records: 0,
         per_key: vec![(0, 0, 0); expected.len()],
         latency_ns: Histogram::new_with_bounds(1_000, 600_000_000_000, 3).expect("valid bounds"),
+        parts: OutputParts::new(wall),
         last_ns: 0,
         bad: 0,
     };
@@ -537,7 +570,7 @@ fn read_output(
             Some(Err(e)) => return Err(kafka_err(format!("read {topic}"), e)),
         };
         let now = clock::now_ns();
-        let Some((key, count, stamp)) = m.payload().and_then(split3) else {
+        let Some([key, count, stamp, polled, written]) = m.payload().and_then(split::<5>) else {
             seen.bad += 1;
             continue;
         };
@@ -560,8 +593,11 @@ fn read_output(
         } else {
             stamp
         };
-        if stamp >= record_from_ns && from > 0 {
+        if stamp >= record_from_ns.load(Ordering::Acquire) && from > 0 {
             let _ = seen.latency_ns.record(now.saturating_sub(from).max(1_000));
+            if stamp > 0 {
+                seen.parts.see(polled, written, m.timestamp().to_millis(), now);
+            }
         }
     }
     if errors > 0 {
@@ -653,10 +689,19 @@ impl Run<'_> {
         for (k, v) in &args.kafka_set {
             source = source.set(k, v);
         }
+        // Open loop: records scheduled at or after this are recorded; set
+        // once the job is up (nothing is recorded before).
+        let record_from = Arc::new(AtomicU64::new(if open { u64::MAX } else { 0 }));
+        let wall = WallClock::now();
+        let input_parts = InputParts::total();
         let pipeline = Pipeline::new("kafka-keyed");
+        let (source_parts, source_record_from) = (input_parts.clone(), record_from.clone());
         let counted = pipeline
             .source("kafka", p, move |i, n| {
-                KafkaSource::new(source.clone(), i, n, parse_input)
+                let mut parts = InputParts::new(wall, source_record_from.clone(), source_parts.clone());
+                KafkaSource::new(source.clone(), i, n, move |v: &[u8], info: &KafkaRecordInfo<'_>| {
+                    parse_input(v, info, &mut parts)
+                })
             })
             .key_by(|e: &Event| e.key)
             .parallelism(p)
@@ -668,6 +713,7 @@ impl Run<'_> {
         let mut sink = KafkaSinkConfig::new(brokers, output);
         sink.partitions = partitions;
         sink.properties.extend(args.kafka_set.iter().cloned());
+        let sink_stats = sink.stats.clone();
         let sink = Arc::new(sink);
         let emitted = |e: &Event| e.emitted_ns;
         if self.exactly_once {
@@ -699,15 +745,23 @@ impl Run<'_> {
 
         let stop = Arc::new(AtomicBool::new(false));
         let zero = Arc::new(AtomicU64::new(0));
-        // Open loop: records scheduled from `start` on, one every 1/rate s.
-        let start_ns = clock::now_ns() + 2_000_000_000;
-        let record_from = if open { start_ns + WARMUP_NS } else { 0 };
         let reader = {
             let (brokers, output, expected) = (brokers.to_string(), output.to_string(), expected.to_vec());
-            let (stop, zero) = (stop.clone(), zero.clone());
+            let (stop, zero, record_from) = (stop.clone(), zero.clone(), record_from.clone());
             std::thread::Builder::new()
                 .name("bench-reader".into())
-                .spawn(move || read_output(&brokers, &output, partitions, &expected, record_from, &zero, &stop))
+                .spawn(move || {
+                    read_output(
+                        &brokers,
+                        &output,
+                        partitions,
+                        &expected,
+                        &record_from,
+                        wall,
+                        &zero,
+                        &stop,
+                    )
+                })
                 .map_err(|e| io_err("the reader thread", e))?
         };
         zero.store(clock::now_ns(), Ordering::Release);
@@ -716,6 +770,17 @@ impl Run<'_> {
         let probe = args.platform_probe.for_run(open).start(config.workers.min(cores));
         let workers = config.workers;
         let job = pipeline.run(config);
+        // Open loop: records scheduled from `start` on, one every 1/rate s,
+        // once the job is up.
+        let start_ns = match (&job, open) {
+            (Ok(job), true) => {
+                wait_until_up(job)?;
+                let start = clock::now_ns() + 200_000_000;
+                record_from.store(start + WARMUP_NS, Ordering::Release);
+                start
+            }
+            _ => 0,
+        };
         let producer = match (&job, args.rate) {
             (Ok(_), Some(rate)) => {
                 let (brokers, input) = (brokers.to_string(), input.to_string());
@@ -802,12 +867,35 @@ impl Run<'_> {
             duplicates: seen.records - events.min(seen.records),
             visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
             latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
+            parts: open.then(|| {
+                let input = input_parts.lock().unwrap_or_else(|p| p.into_inner());
+                KafkaParts::of(&input, &seen.parts, self.exactly_once.then_some(&*sink_stats))
+            }),
             platform_us: platform.as_ref().map(|p| Percentiles::from_ns(&p.latency_ns)),
             platform_probe: platform.as_ref().map(crate::lab::report::ProbeInfo::of),
             checkpoints: CheckpointSummary::from_stats(&result.metrics.checkpoints),
             machine: Machine::here(),
         })
     }
+}
+
+/// Waits until `job` completed its first checkpoint, at most
+/// [`READY_TIMEOUT`]; an error if it ended or did not get there.
+fn wait_until_up(job: &weir_core::JobHandle) -> Result<(), CliError> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    while job.metrics().checkpoints.completed == 0 {
+        if job.is_finished() {
+            // Its error, if any, comes from `join`.
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(CliError::Wrong(format!(
+                "the job completed no checkpoint within {READY_TIMEOUT:?} of its start: is the broker up?"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(())
 }
 
 /// `linger.ms` of the open-loop producer that feeds the input topic: 5 ms,
@@ -865,11 +953,11 @@ mod tests {
 
     #[test]
     fn input_and_output_values_round_trip() {
-        let mut v = [0u8; 64];
-        let len = three(&mut v, 7, u64::MAX, 0);
-        assert_eq!(split3(&v[..len]), Some((7, u64::MAX, 0)));
+        let mut v = [0u8; 128];
+        let len = encode_fields(&mut v, &[7, u64::MAX, 0]);
+        assert_eq!(split::<3>(&v[..len]), Some([7, u64::MAX, 0]));
         for bad in [&b"1,2"[..], b"1,2,3,4", b"a,2,3", b"1,,3", b"1,2,99999999999999999999"] {
-            assert_eq!(split3(bad), None, "{:?}", std::str::from_utf8(bad));
+            assert_eq!(split::<3>(bad), None, "{:?}", std::str::from_utf8(bad));
         }
         let mut out = Vec::new();
         encode_output(
@@ -882,7 +970,10 @@ mod tests {
             &mut out,
         );
         let (k, v) = framing::Records::new(&out).next().unwrap().unwrap();
-        assert_eq!((k, v), (&b"12"[..], &b"12,3,99"[..]));
+        assert_eq!(k, &b"12"[..]);
+        let [key, count, stamp, polled, written] = split::<5>(v).unwrap();
+        assert_eq!([key, count, stamp, polled], [12, 3, 99, 5]);
+        assert!(written > 0 && written <= clock::now_ns());
     }
 
     #[test]

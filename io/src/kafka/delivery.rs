@@ -57,7 +57,11 @@ pub(crate) struct Deliveries {
     reached: Condvar,
 }
 
-impl ClientContext for Deliveries {}
+impl ClientContext for Deliveries {
+    fn log(&self, level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+        super::log_to_tracing(level, fac, log_message);
+    }
+}
 
 impl ProducerContext for Deliveries {
     type DeliveryOpaque = ();

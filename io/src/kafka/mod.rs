@@ -44,9 +44,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use sink::{at_least_once, exactly_once, KafkaAppender, KafkaAtLeastOnceSink, KafkaExactlyOnceSink};
-pub use sink_config::KafkaSinkConfig;
+pub use sink_config::{KafkaSinkConfig, KafkaSinkStats};
 pub use source::{KafkaRecordInfo, KafkaSource};
-pub use target::{read_marker, KafkaTarget, MAX_CHECKPOINTS_PER_TRANSACTION, MAX_TRANSACTION_BYTES};
+pub use target::{
+    read_marker, KafkaTarget, MAX_CHECKPOINTS_PER_TRANSACTION, MAX_TRANSACTION_BYTES, PRODUCERS_PER_SLOT,
+};
 
 /// Where a source subtask starts reading a partition that its checkpoint
 /// (if any) does not cover.
@@ -134,6 +136,19 @@ impl KafkaSourceStats {
 
     pub(crate) fn add_commit_failure(&self) {
         self.commit_failures.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// librdkafka's log line, into `tracing` (target `librdkafka`), for the
+/// source's and the sinks' clients alike; without it the sinks' lines
+/// (their `debug` property's output among them) went nowhere.
+pub(crate) fn log_to_tracing(level: rdkafka::config::RDKafkaLogLevel, fac: &str, log_message: &str) {
+    use rdkafka::config::RDKafkaLogLevel as L;
+    match level {
+        L::Emerg | L::Alert | L::Critical | L::Error => tracing::error!(target: "librdkafka", "{fac}: {log_message}"),
+        L::Warning => tracing::warn!(target: "librdkafka", "{fac}: {log_message}"),
+        L::Notice | L::Info => tracing::info!(target: "librdkafka", "{fac}: {log_message}"),
+        L::Debug => tracing::debug!(target: "librdkafka", "{fac}: {log_message}"),
     }
 }
 

@@ -1,7 +1,11 @@
 //! Settings of the Kafka sinks, and the client calls both need: making a
 //! producer, creating a topic that is missing.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use hdrhistogram::Histogram;
 
 use rdkafka::admin::{AdminClient, AdminOptions, NewPartitions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
@@ -19,7 +23,7 @@ use crate::{Error, Result};
 /// assert_eq!(c.marker_topic, "counts.weir-markers");
 /// assert_eq!(c.transactional_id(3), "weir-counts-3");
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct KafkaSinkConfig {
     /// Bootstrap servers, `host:port[,host:port...]`.
     pub brokers: String,
@@ -32,9 +36,10 @@ pub struct KafkaSinkConfig {
     /// last committed checkpoint, one partition per slot (default
     /// `<topic>.weir-markers`); created if missing.
     pub marker_topic: String,
-    /// Exactly-once: slot `s` uses the transactional id `<prefix>-<s>`
-    /// (default `weir-<topic>`). One fixed id per slot: a restarted slot
-    /// fences its predecessor (a zombie) by it.
+    /// Exactly-once: slot `s` uses the transactional ids `<prefix>-<s>` and
+    /// `<prefix>-<s>.1` in turn (default prefix `weir-<topic>`; see
+    /// [`super::target::PRODUCERS_PER_SLOT`]). Fixed ids per slot: a
+    /// restarted slot fences its predecessor (a zombie) by them.
     pub transactional_id_prefix: String,
     /// The first slot of this process: subtask `i` is slot
     /// `slot_base + i` (default 0). Processes sharing one output topic and
@@ -50,6 +55,59 @@ pub struct KafkaSinkConfig {
     pub timeout: Duration,
     /// More librdkafka settings for the producer, `(name, value)`.
     pub properties: Vec<(String, String)>,
+    /// The timings every subtask of this sink adds to (shared by clones).
+    pub stats: Arc<KafkaSinkStats>,
+}
+
+/// What an exactly-once Kafka sink's transactions took, summed over its
+/// subtasks: how long each publish took from its `begin_transaction` to
+/// `commit_transaction`'s return (the records and the marker produced and
+/// acknowledged, then the commit), and the commit call alone. Recorded
+/// once per transaction, under a lock (never per record).
+#[derive(Debug)]
+pub struct KafkaSinkStats {
+    transactions: AtomicU64,
+    publish_ns: Mutex<Histogram<u64>>,
+    commit_ns: Mutex<Histogram<u64>>,
+}
+
+impl Default for KafkaSinkStats {
+    fn default() -> Self {
+        let h = || Mutex::new(Histogram::new_with_bounds(1, weir_core::LATENCY_MAX_NS, 3).expect("valid bounds"));
+        KafkaSinkStats {
+            transactions: AtomicU64::new(0),
+            publish_ns: h(),
+            commit_ns: h(),
+        }
+    }
+}
+
+impl KafkaSinkStats {
+    /// Transactions committed.
+    pub fn transactions(&self) -> u64 {
+        self.transactions.load(Ordering::Relaxed)
+    }
+
+    /// Per transaction, nanoseconds from its `begin_transaction` to the
+    /// return of its `commit_transaction`.
+    pub fn publish_ns(&self) -> Histogram<u64> {
+        self.publish_ns.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Per transaction, nanoseconds of the `commit_transaction` call alone
+    /// (the records already acknowledged).
+    pub fn commit_ns(&self) -> Histogram<u64> {
+        self.commit_ns.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    pub(crate) fn add_transaction(&self, publish_ns: u64, commit_ns: u64) {
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        let record = |h: &Mutex<Histogram<u64>>, v: u64| {
+            h.lock().unwrap_or_else(|p| p.into_inner()).saturating_record(v.max(1));
+        };
+        record(&self.publish_ns, publish_ns);
+        record(&self.commit_ns, commit_ns);
+    }
 }
 
 impl KafkaSinkConfig {
@@ -66,6 +124,7 @@ impl KafkaSinkConfig {
             transaction_timeout: Duration::from_secs(60),
             timeout: Duration::from_secs(30),
             properties: Vec::new(),
+            stats: Arc::default(),
         }
     }
 
@@ -74,9 +133,20 @@ impl KafkaSinkConfig {
         self.slot_base + subtask
     }
 
-    /// The transactional id of `slot`.
+    /// The transactional id of `slot`'s first producer (the one a slot
+    /// had before it had two).
     pub fn transactional_id(&self, slot: usize) -> String {
-        format!("{}-{slot}", self.transactional_id_prefix)
+        self.transactional_id_of(slot, 0)
+    }
+
+    /// The transactional id of `slot`'s producer `k`, in
+    /// `0..`[`super::target::PRODUCERS_PER_SLOT`]: `<prefix>-<slot>`, then
+    /// `<prefix>-<slot>.<k>`.
+    pub fn transactional_id_of(&self, slot: usize, k: usize) -> String {
+        match k {
+            0 => format!("{}-{slot}", self.transactional_id_prefix),
+            k => format!("{}-{slot}.{k}", self.transactional_id_prefix),
+        }
     }
 
     /// Checks the settings.

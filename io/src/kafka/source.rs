@@ -124,16 +124,7 @@ impl ClientContext for KafkaContext {
         if fac == "COMMITFAIL" {
             self.stats.add_commit_failure();
         }
-        match level {
-            RDKafkaLogLevel::Emerg | RDKafkaLogLevel::Alert | RDKafkaLogLevel::Critical | RDKafkaLogLevel::Error => {
-                tracing::error!(target: "librdkafka", "{fac}: {log_message}")
-            }
-            RDKafkaLogLevel::Warning => tracing::warn!(target: "librdkafka", "{fac}: {log_message}"),
-            RDKafkaLogLevel::Notice | RDKafkaLogLevel::Info => {
-                tracing::info!(target: "librdkafka", "{fac}: {log_message}")
-            }
-            RDKafkaLogLevel::Debug => tracing::debug!(target: "librdkafka", "{fac}: {log_message}"),
-        }
+        super::log_to_tracing(level, fac, log_message);
     }
 
     fn error(&self, error: KafkaError, reason: &str) {

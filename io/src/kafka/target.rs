@@ -10,12 +10,25 @@
 //! Here the records are durable in the sink's own log at the barrier, and
 //! a transaction is open only while a completed checkpoint is published:
 //!
-//! - **open**: each sink slot has one fixed `transactional.id`.
-//!   `init_transactions` fences an older producer with that id (a zombie
-//!   of a previous attempt or process) and completes or aborts the
-//!   transaction it left open. Then the slot's marker is read with
-//!   `read_committed` to the end of its partition of the marker topic: the
-//!   last checkpoint (and log position) whose publication committed.
+//! - **open**: each sink slot has [`PRODUCERS_PER_SLOT`] fixed
+//!   `transactional.id`s, one per producer. `init_transactions` on each
+//!   fences an older producer with that id (a zombie of a previous attempt
+//!   or process) and completes or aborts the transaction it left open.
+//!   Only then is the slot's marker read with `read_committed` to the end
+//!   of its partition of the marker topic: the last checkpoint (and log
+//!   position) whose publication committed.
+//! - **producers in turn**: consecutive publishes use the slot's producers
+//!   in turn. A transaction's `commit_transaction` returns once the
+//!   coordinator has logged the decision; it writes the commit markers
+//!   into the partitions after that, and until it is done it answers the
+//!   *same* id's next `AddPartitionsToTxn` with `CONCURRENT_TRANSACTIONS`,
+//!   which librdkafka retries about 20 ms later. With one producer, a
+//!   publish that followed the previous one at once (a checkpoint held
+//!   back behind it) waited those 20 ms in 10-30% of the transactions at a
+//!   10 ms interval (docs/notebook/benchmarks-2026-12.md, "Kafka to Kafka:
+//!   where a transaction's time goes"). Publishes stay sequential (one in
+//!   flight per slot), so the markers of the slot's producers land in its
+//!   partition in commit order, and the last committed one is the newest.
 //! - **publish** (checkpoint `n` complete): `begin_transaction`, the
 //!   records of every epoch up to `n` not yet published, the marker record
 //!   `(slot, n, log position)`, `commit_transaction`. A reader with
@@ -64,6 +77,11 @@ use super::sink_config::KafkaSinkConfig;
 use crate::wal::codec::WalPos;
 use crate::wal::{Committed, EpochTarget};
 use crate::{Error, Result};
+
+/// Transactional producers per sink slot, used in turn by consecutive
+/// publishes: 2 (see the module docs: the next transaction never waits
+/// for the coordinator to finish the previous one's commit markers).
+pub const PRODUCERS_PER_SLOT: usize = 2;
 
 /// Completed checkpoints published in one Kafka transaction at most: 64.
 /// When more are held back (the broker was slow), they go in several
@@ -151,6 +169,10 @@ pub fn read_marker(config: &KafkaSinkConfig, slot: usize) -> Result<Option<Commi
         .set("enable.auto.commit", "false")
         .set("isolation.level", "read_committed")
         .set("enable.partition.eof", "true")
+        // A fetch that finds nothing new answers at once, not after the
+        // default 500 ms: the read to the end took 1.0 s of every sink start
+        // (and restart) with it, 0.5 s without.
+        .set("fetch.wait.max.ms", "10")
         // The client verifies the record batches' CRC-32C too (a few
         // markers: nothing to save by skipping it).
         .set("check.crcs", "true")
@@ -211,18 +233,58 @@ fn read_to_end(config: &KafkaSinkConfig, slot: usize, consumer: &BaseConsumer) -
     }
 }
 
+/// One of a slot's transactional producers.
+struct TxnProducer {
+    /// Its `transactional.id`.
+    id: String,
+    producer: Arc<SinkProducer>,
+    /// Runs `begin_transaction` with a bound on the wait (`None` after a
+    /// call that did not return in time).
+    beginner: Option<Beginner>,
+    in_transaction: bool,
+}
+
+impl TxnProducer {
+    /// Creates the producer of `id` and fences its older incarnations:
+    /// `init_transactions` completes or aborts what they left open.
+    fn open(config: &KafkaSinkConfig, slot: usize, id: String) -> Result<Self> {
+        let producer = config.producer(Some(&id))?;
+        let error = |what: &str, e: KafkaError| {
+            config.error(&config.topic, format!("{what} (slot {slot}, transactional id {id})"), e)
+        };
+        producer
+            .init_transactions(config.timeout)
+            .map_err(|e| error("initialize transactions", e))?;
+        let producer = Arc::new(producer);
+        let p = producer.clone();
+        let beginner = Beginner::spawn(move || p.begin_transaction(), slot).map_err(|e| {
+            config.topic_error(
+                &config.topic,
+                format!("slot {slot}: cannot start a thread for the producer {id}: {e}"),
+            )
+        })?;
+        Ok(TxnProducer {
+            id,
+            producer,
+            beginner: Some(beginner),
+            in_transaction: false,
+        })
+    }
+}
+
 /// The exactly-once Kafka sink's [`EpochTarget`] for one slot; see the
 /// module docs. Made per start of a sink subtask, opened on the sink's
 /// threads.
 pub struct KafkaTarget {
     config: Arc<KafkaSinkConfig>,
     slot: usize,
-    producer: Option<Arc<SinkProducer>>,
-    /// Runs `begin_transaction` with a bound on the wait (`None` before
-    /// `open`, and after a call that did not return in time).
-    beginner: Option<Beginner>,
-    in_transaction: bool,
+    /// The slot's producers (empty before `open`).
+    producers: Vec<TxnProducer>,
+    /// The producer of the next (or open) transaction.
+    current: usize,
     epochs: Vec<u64>,
+    /// When the open transaction began ([`clock`] nanoseconds).
+    began_ns: u64,
     visible_ns: u64,
 }
 
@@ -231,7 +293,11 @@ impl std::fmt::Debug for KafkaTarget {
         f.debug_struct("KafkaTarget")
             .field("topic", &self.config.topic)
             .field("slot", &self.slot)
-            .field("in_transaction", &self.in_transaction)
+            .field("current", &self.current)
+            .field(
+                "in_transaction",
+                &self.producers.get(self.current).is_some_and(|p| p.in_transaction),
+            )
             .finish()
     }
 }
@@ -242,53 +308,55 @@ impl KafkaTarget {
         KafkaTarget {
             config,
             slot,
-            producer: None,
-            beginner: None,
-            in_transaction: false,
+            producers: Vec::new(),
+            current: 0,
             epochs: Vec::new(),
+            began_ns: 0,
             visible_ns: 0,
         }
     }
 
-    fn producer(&self) -> &SinkProducer {
-        self.producer
-            .as_deref()
+    fn txn(&self) -> &TxnProducer {
+        self.producers
+            .get(self.current)
             .expect("the target is opened before it is written")
+    }
+
+    fn producer(&self) -> &SinkProducer {
+        &self.txn().producer
     }
 
     fn txn_error(&self, what: &str, e: KafkaError) -> Error {
         self.config.error(
             &self.config.topic,
-            format!(
-                "{what} (slot {}, transactional id {})",
-                self.slot,
-                self.config.transactional_id(self.slot)
-            ),
+            format!("{what} (slot {}, transactional id {})", self.slot, self.txn().id),
             e,
         )
     }
 
-    /// Begins a transaction unless one is open, waiting at most the call
-    /// timeout ([`Beginner`]).
+    /// Begins a transaction on the current producer unless one is open,
+    /// waiting at most the call timeout ([`Beginner`]).
     fn begin_transaction(&mut self) -> Result<()> {
-        if self.in_transaction {
+        if self.txn().in_transaction {
             return Ok(());
         }
         let timeout = self.config.timeout;
-        let Some(beginner) = self.beginner.as_ref() else {
+        let Some(beginner) = self.txn().beginner.as_ref() else {
             return Err(self.config.topic_error(
                 &self.config.topic,
                 format!(
-                    "slot {}: the producer is unusable after a transaction call that did not return",
-                    self.slot
+                    "slot {}: the producer {} is unusable after a transaction call that did not return",
+                    self.slot,
+                    self.txn().id
                 ),
             ));
         };
         match beginner.begin(timeout) {
             Ok(done) => done.map_err(|e| self.txn_error("begin a transaction", e))?,
             Err(()) => {
-                // The call may still be running: this target is done.
-                self.beginner = None;
+                // The call may still be running: this producer is done.
+                let current = self.current;
+                self.producers[current].beginner = None;
                 return Err(self.config.topic_error(
                     &self.config.topic,
                     format!(
@@ -296,12 +364,14 @@ impl KafkaTarget {
                          (a known librdkafka hang after a fatal error, librdkafka #4420); the job fails and \
                          restarts from its last checkpoint; check the broker if it recurs",
                         self.slot,
-                        self.config.transactional_id(self.slot)
+                        self.txn().id
                     ),
                 ));
             }
         }
-        self.in_transaction = true;
+        let current = self.current;
+        self.producers[current].in_transaction = true;
+        self.began_ns = clock::now_ns();
         Ok(())
     }
 
@@ -318,12 +388,12 @@ impl KafkaTarget {
 
 impl Drop for KafkaTarget {
     fn drop(&mut self) {
-        // Destroying the producer joins librdkafka's threads, which may
+        // Destroying a producer joins librdkafka's threads, which may
         // wait for a broker that is gone: not on the committer thread,
         // which the sink's owner joins. A transaction left open is
-        // aborted by the next `init_transactions` of this slot's id.
-        if let Some(producer) = self.producer.take() {
-            super::drop_detached(producer, "txn-producer");
+        // aborted by the next `init_transactions` of its id.
+        for p in self.producers.drain(..) {
+            super::drop_detached(p.producer, "txn-producer");
         }
     }
 }
@@ -345,26 +415,32 @@ impl EpochTarget for KafkaTarget {
     }
 
     fn open(&mut self) -> Result<Option<Committed>> {
-        let c = &self.config;
+        let c = self.config.clone();
         c.validate()?;
         c.ensure_topic(&c.topic, c.partitions, false, false)?;
         c.ensure_topic(&c.marker_topic, self.slot as i32 + 1, true, true)?;
-        let producer = c.producer(Some(&c.transactional_id(self.slot)))?;
-        // Fences any older producer of this slot and settles the
-        // transaction it left: committed, or aborted.
-        producer
-            .init_transactions(c.timeout)
-            .map_err(|e| self.txn_error("initialize transactions", e))?;
-        let producer = Arc::new(producer);
-        let p = producer.clone();
-        self.beginner = Some(Beginner::spawn(move || p.begin_transaction(), self.slot).map_err(|e| {
-            self.config.topic_error(
-                &self.config.topic,
-                format!("slot {}: cannot start a thread for the producer: {e}", self.slot),
-            )
-        })?);
-        self.producer = Some(producer);
-        read_marker(c, self.slot)
+        // Every id is fenced, and what its older producer left open
+        // settled, before the marker says what was published: a zombie's
+        // transaction on either id commits before this read or never.
+        // The ids are initialized side by side: each is a few broker round
+        // trips, and a first use of an id (the coordinator making its
+        // state) took 0.5 s here.
+        let slot = self.slot;
+        let opened: Vec<Result<TxnProducer>> = std::thread::scope(|s| {
+            let c = &c;
+            let handles: Vec<_> = (0..PRODUCERS_PER_SLOT)
+                .map(|k| s.spawn(move || TxnProducer::open(c, slot, c.transactional_id_of(slot, k))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        });
+        for p in opened {
+            self.producers.push(p?);
+        }
+        self.current = 0;
+        read_marker(&c, self.slot)
     }
 
     fn begin(&mut self, epoch: u64) -> Result<()> {
@@ -406,13 +482,21 @@ impl EpochTarget for KafkaTarget {
         // flushes and fails or succeeds on its own.
         let deadline = Instant::now() + self.config.timeout;
         acknowledged(self.producer(), deadline);
+        let commit_ns = clock::now_ns();
         let done = self.producer().commit_transaction(self.config.timeout);
         // Whatever the outcome, this transaction is over for this
         // producer: committed, or failed (the sink fails, and the next
         // open settles an unknown outcome by the marker).
-        self.in_transaction = false;
+        let current = self.current;
+        self.producers[current].in_transaction = false;
         done.map_err(|e| self.txn_error(&format!("commit checkpoint {}", committed.epoch), e))?;
         self.visible_ns = clock::now_ns();
+        self.config
+            .stats
+            .add_transaction(self.visible_ns - self.began_ns, self.visible_ns - commit_ns);
+        // The next transaction on the other producer: this one's commit
+        // markers may still be on their way (see the module docs).
+        self.current = (current + 1) % self.producers.len();
         Ok(std::mem::take(&mut self.epochs))
     }
 
