@@ -415,6 +415,19 @@ fn bad_intervals_are_usage_errors() {
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(2), "{}", String::from_utf8_lossy(&out.stderr));
+    // The Kafka rows: with the normal scenario only, enough records for
+    // the warm-up and 2 s measured, and `--brokers` only with `--kafka`.
+    for (args, says) in [
+        (&["--kafka", "--scenario", "backpressure"][..], "--scenario normal only"),
+        (&["--kafka", "--kafka-events", "1000"][..], "at least 60000"),
+        (&["--kafka", "--kafka-rate", "0"][..], "positive number"),
+        (&["--brokers", "127.0.0.1:1"][..], "--kafka"),
+    ] {
+        let out = weir(&[&["compare"][..], args].concat(), dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
     // The failure runs' stages: 1 to 8.
     for stages in ["0", "1,9"] {
         let out = weir(&["compare", "--failure-stages", stages], dir.path());

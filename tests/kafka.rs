@@ -677,6 +677,83 @@ fn weir_run_reads_a_kafka_topic_and_a_file_together() {
     assert_exact(&rows, &expected(0, 4_000, keys), "weir run");
 }
 
+/// `weir compare --kafka` on the test broker: the generator rows as
+/// always, then the keyed count through Kafka at least once and exactly
+/// once, in a table of its own, with its sentence and its JSON lines; the
+/// exactly-once row's output checked (the benchmark fails on a loss or a
+/// duplicate).
+#[test]
+fn weir_compare_puts_kafka_rows_beside_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let results = dir.path().join("results");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args([
+            "compare",
+            "--events",
+            "100000",
+            "--open-seconds",
+            "0.3",
+            "--intervals",
+            "20",
+            "--rounds",
+            "1",
+            "--failure-stages",
+            "1",
+            "--kafka",
+            "--kafka-rate",
+            "10000",
+            "--kafka-events",
+            "30000",
+            "--brokers",
+            &broker().addr,
+            "--results",
+        ])
+        .arg(&results)
+        .env("WEIR_LOG", "warn")
+        .env("TMPDIR", dir.path())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "weir compare: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("Through Kafka: the keyed count from topic to topic"),
+        "{text}"
+    );
+    assert!(text.contains("at-least-once·kafka"), "{text}");
+    assert!(text.contains("aligned·kafka"), "{text}");
+    assert!(
+        text.contains("- through Kafka, exactly-once at 20 ms showed visible p99"),
+        "{text}"
+    );
+    let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
+    let rows: Vec<serde_json::Value> = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v["run"] == "kafka-open-loop")
+        .collect();
+    assert_eq!(rows.len(), 2, "{json}");
+    for row in &rows {
+        assert_eq!(row["output_records"], 30000, "{row}");
+        assert_eq!(row["interval_ms"], 20, "{row}");
+        assert!(
+            row["visible_latency_us"]["p99"].as_f64().is_some_and(|v| v > 0.0),
+            "{row}"
+        );
+        assert!(row["parts"]["sink_to_append_us"]["p50"].as_f64().is_some(), "{row}");
+    }
+    let eo = rows
+        .iter()
+        .find(|r| r["row"] == "aligned·kafka")
+        .expect("the exactly-once row");
+    assert_eq!(eo["duplicates"], 0, "{eo}");
+    assert!(eo["parts"]["transactions"].as_u64().is_some_and(|n| n > 0), "{eo}");
+}
+
 /// `weir bench --source kafka --sink kafka` end to end on the test broker:
 /// closed loop exactly once (the benchmark checks its own output and fails
 /// on any loss or duplicate), then open loop at least once with the

@@ -40,6 +40,7 @@ use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::lab::disk_load::{DiskLoad, DiskLoadStats};
 use crate::lab::disk_probe::DiskProbe;
 use crate::lab::failure::{ms_text, rate_text, FailureProbe};
+use crate::lab::kafka_compare::{self, CompareKafka};
 use crate::lab::pipelines::{Kind, SinkKind, Spec, StateBackend};
 use crate::lab::platform::{PlatformResult, Policy};
 use crate::lab::plot::{write_failure_svg, write_svg, Curve, FailureTimeline, Figure, Sweep};
@@ -166,6 +167,24 @@ pub struct CompareArgs {
     /// one stage only (it takes one exchange).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 3])]
     pub failure_stages: Vec<usize>,
+    /// Also run the keyed count from Kafka topic to topic (`weir bench
+    /// --source kafka --sink kafka`), open loop, after the other runs:
+    /// at-least-once at the first interval, exactly-once (aligned) at
+    /// each, on one broker, in a table of their own. Needs a broker:
+    /// `--brokers`, or one started through bench/peers/kafka/kafka.sh
+    /// (a JDK 17+ and Maven). Only with `--scenario normal`.
+    #[arg(long)]
+    pub kafka: bool,
+    /// `--kafka`: a running broker, `HOST:PORT` [default: one started for
+    /// the run and stopped after it].
+    #[arg(long, requires = "kafka")]
+    pub brokers: Option<String>,
+    /// `--kafka`: records per second of the Kafka runs.
+    #[arg(long, default_value_t = 20_000.0, requires = "kafka")]
+    pub kafka_rate: f64,
+    /// `--kafka`: records per Kafka run [default: 10 s at --kafka-rate].
+    #[arg(long, requires = "kafka")]
+    pub kafka_events: Option<u64>,
 }
 
 /// Records of a closed-loop run with the counting sink per record of one
@@ -556,6 +575,27 @@ fn validate(args: &CompareArgs) -> Result<(Plan, Vec<u64>), CliError> {
             args.pipeline.name()
         )));
     }
+    if args.kafka {
+        if args.scenario != Scenario::Normal {
+            return Err(CliError::Usage(
+                "--kafka runs with --scenario normal only (its rows measure the broker's path, not a scenario)".into(),
+            ));
+        }
+        if !positive(args.kafka_rate) {
+            return Err(CliError::Usage(format!(
+                "--kafka-rate must be a positive number, got {}",
+                args.kafka_rate
+            )));
+        }
+        let least = kafka_compare::least_events(args.kafka_rate);
+        if args.kafka_events.is_some_and(|n| n < least) {
+            return Err(CliError::Usage(format!(
+                "--kafka-events must cover the Kafka runs' 1 s warm-up and 2 s measured at --kafka-rate {}: at \
+                 least {least}",
+                args.kafka_rate
+            )));
+        }
+    }
     if args.scenario == Scenario::Backpressure && args.pipeline != Kind::Keyed {
         return Err(CliError::Usage("--scenario backpressure needs --pipeline keyed".into()));
     }
@@ -815,10 +855,28 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         failures,
     };
 
+    // Through Kafka last: the broker's JVM starts after every other run.
+    let kafka = args.kafka.then(|| CompareKafka {
+        brokers: args.brokers.clone(),
+        rate: args.kafka_rate,
+        events: args
+            .kafka_events
+            .unwrap_or(((args.kafka_rate * 10.0) as u64).max(kafka_compare::least_events(args.kafka_rate))),
+        intervals: m.intervals.clone(),
+        keys: args.keys,
+    });
+    let kafka_rows = match &kafka {
+        Some(c) => kafka_compare::compare_rows(c)?,
+        None => Vec::new(),
+    };
+
     print_latency_table(&m, &plan, args.open_seconds);
     print_throughput_table(&m, &plan);
     print_failure_table(&m, &plan);
     print_sentences(&m, &plan);
+    if let Some(c) = &kafka {
+        kafka_compare::print_table(&kafka_rows, c);
+    }
 
     std::fs::create_dir_all(&args.results).map_err(|source| CliError::Io {
         path: args.results.display().to_string(),
@@ -827,6 +885,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let json = args.json.clone().unwrap_or_else(|| args.results.join("compare.json"));
     let plot = args.plot.clone().unwrap_or_else(|| args.results.join("compare.svg"));
     write_json(&json, scenario, &m, &machine)?;
+    append_lines(&json, &kafka_compare::json_lines(&kafka_rows))?;
     write_svg(&plot, &figure(&m, &plan)).map_err(|e| CliError::Io {
         path: plot.display().to_string(),
         source: std::io::Error::other(e.to_string()),
@@ -857,6 +916,23 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     }
     println!("\nwrote {} and {}", json.display(), plot.display());
     println!("weir compare ran in {:.1} s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Appends `lines` to the JSON lines file at `path`.
+fn append_lines(path: &std::path::Path, lines: &[String]) -> Result<(), CliError> {
+    if lines.is_empty() {
+        return Ok(());
+    }
+    use std::io::Write;
+    let io = |source| CliError::Io {
+        path: path.display().to_string(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(io)?;
+    for l in lines {
+        writeln!(f, "{l}").map_err(io)?;
+    }
     Ok(())
 }
 

@@ -64,7 +64,7 @@ const CLIENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// are warm-up (the load generator's connection, the source's first
 /// fetches) and not recorded. The schedule itself starts only once the
 /// job is up ([`READY_TIMEOUT`]).
-const WARMUP_NS: u64 = 1_000_000_000;
+pub(crate) const WARMUP_NS: u64 = 1_000_000_000;
 
 /// Open loop: the longest wait for the job's first completed checkpoint
 /// (its Kafka clients connected, the exactly-once sinks' transactions
@@ -167,14 +167,17 @@ pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
     if events == 0 || args.keys == 0 {
         return Err(CliError::Usage("--events and --keys must be at least 1".into()));
     }
-    let own_broker;
-    let brokers = match &args.brokers {
-        Some(b) => b.clone(),
-        None => {
-            own_broker = OwnBroker::start()?;
-            own_broker.addr.clone()
-        }
-    };
+    let (_own, brokers) = broker(args.brokers.as_deref())?;
+    run_on(args, &brokers, events, exactly_once)
+}
+
+/// The runs of `args` (one per parallelism) on the broker at `brokers`.
+pub(crate) fn run_on(
+    args: &BenchArgs,
+    brokers: &str,
+    events: u64,
+    exactly_once: bool,
+) -> Result<Vec<KafkaBenchResult>, CliError> {
     let sweep = if args.parallelism.is_empty() {
         vec![weir_core::available_cores()]
     } else {
@@ -183,7 +186,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
     let mut results = Vec::new();
     for &parallelism in &sweep {
         let run = Run {
-            brokers: &brokers,
+            brokers,
             args,
             parallelism,
             events,
@@ -259,8 +262,21 @@ fn append_json(path: &std::path::Path, r: &KafkaBenchResult) -> Result<(), CliEr
     writeln!(f, "{line}").map_err(io)
 }
 
+/// The broker at `given`, or one started through the project's script:
+/// its address, and the broker to keep (stopped when dropped).
+pub(crate) fn broker(given: Option<&str>) -> Result<(Option<OwnBroker>, String), CliError> {
+    Ok(match given {
+        Some(b) => (None, b.to_string()),
+        None => {
+            let own = OwnBroker::start()?;
+            let addr = own.addr.clone();
+            (Some(own), addr)
+        }
+    })
+}
+
 /// A broker started by this benchmark, stopped when dropped.
-struct OwnBroker {
+pub(crate) struct OwnBroker {
     addr: String,
     dir: std::path::PathBuf,
     ports: (u16, u16),

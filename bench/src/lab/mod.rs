@@ -28,6 +28,7 @@ pub mod event;
 pub mod failure;
 pub mod handoff_probe;
 pub mod kafka_bench;
+pub mod kafka_compare;
 pub mod kafka_parts;
 pub mod metrics_ab;
 pub mod nexmark_jobs;

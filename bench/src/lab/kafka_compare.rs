@@ -1,0 +1,175 @@
+//! `weir compare --kafka`: what exactly-once costs through Kafka, beside the
+//! generator rows: the keyed count from topic to topic
+//! ([`crate::lab::kafka_bench`]), open loop, at-least-once at the first
+//! checkpoint interval and exactly-once (aligned) at each, on one broker,
+//! printed as a table of its own with the sentence its figures support and
+//! written to `compare.json` as `kafka-open-loop` lines.
+//!
+//! Why a module of its own: the Kafka rows need a broker (started here
+//! through the project's script unless one is given), run after the
+//! generator rows so that the broker's JVM disturbs none of them, and are
+//! measured from outside the job; nothing of `compare`'s own runs fits them.
+
+use serde::Serialize;
+
+use crate::cli::CliError;
+use crate::lab::bench::BenchArgs;
+use crate::lab::kafka_bench::{broker, run_on, KafkaBenchResult};
+
+/// What `weir compare --kafka` runs through Kafka.
+#[derive(Debug, Clone)]
+pub struct CompareKafka {
+    /// A running broker; `None`: one started through the project's script.
+    pub brokers: Option<String>,
+    /// Records per second offered.
+    pub rate: f64,
+    /// Records per run.
+    pub events: u64,
+    /// Checkpoint intervals: at-least-once runs at the first, exactly-once
+    /// (aligned) at each.
+    pub intervals: Vec<u64>,
+    /// Distinct keys.
+    pub keys: u64,
+}
+
+/// `weir compare --kafka`: the keyed count from topic to topic, open loop,
+/// at-least-once at the first interval and exactly-once (aligned) at each,
+/// on one broker (started here unless given), after one warm-up run of
+/// each sink that is not reported (a fresh broker's first runs are slower:
+/// its JIT, its first transactional ids). Each run is printed as `weir
+/// bench` prints it.
+pub fn compare_rows(c: &CompareKafka) -> Result<Vec<KafkaBenchResult>, CliError> {
+    let (_own, brokers) = broker(c.brokers.as_deref())?;
+    let args_of = |mode: &str, interval: u64, events: u64| -> Result<BenchArgs, CliError> {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            bench: BenchArgs,
+        }
+        let argv = [
+            "weir-bench".to_string(),
+            "--source=kafka".into(),
+            "--sink=kafka".into(),
+            format!("--brokers={brokers}"),
+            "--partitions=2".into(),
+            format!("--rate={}", c.rate),
+            format!("--events={events}"),
+            format!("--keys={}", c.keys),
+            format!("--mode={mode}"),
+            format!("--checkpoint-interval-ms={interval}"),
+        ];
+        <Wrap as clap::Parser>::try_parse_from(argv)
+            .map(|w| w.bench)
+            .map_err(|e| CliError::Usage(format!("the Kafka rows' arguments: {e}")))
+    };
+    let base = c.intervals[0];
+    let warmup = (c.events / 4).max(1_000);
+    eprintln!("weir compare: Kafka warm-up runs (not reported)");
+    for mode in ["at-least-once", "aligned"] {
+        let args = args_of(mode, base, warmup)?;
+        run_on(&args, &brokers, warmup, mode != "at-least-once")?;
+    }
+    let mut out = Vec::new();
+    let mut rows = vec![("at-least-once", base)];
+    rows.extend(c.intervals.iter().map(|&i| ("aligned", i)));
+    for (mode, interval) in rows {
+        let args = args_of(mode, interval, c.events)?;
+        out.extend(run_on(&args, &brokers, c.events, mode != "at-least-once")?);
+    }
+    Ok(out)
+}
+
+/// Records a Kafka run at `rate` needs at least: its warm-up
+/// ([`crate::lab::kafka_bench::WARMUP_NS`], not recorded) and 2 s measured.
+pub fn least_events(rate: f64) -> u64 {
+    let seconds = crate::lab::kafka_bench::WARMUP_NS as f64 / 1e9 + 2.0;
+    ((rate * seconds).ceil() as u64).max(1_000)
+}
+
+/// Prints the Kafka rows' table and the sentence they support.
+pub fn print_table(rows: &[KafkaBenchResult], c: &CompareKafka) {
+    let Some(first) = rows.first() else {
+        return;
+    };
+    println!(
+        "\nThrough Kafka: the keyed count from topic to topic (weir bench --source kafka --sink kafka), open loop at \
+         {:.0} records/s, {} partitions, {} worker{}, one broker on the same machine{}; visible: from the load \
+         generator's scheduled send to a read_committed reader",
+        c.rate,
+        first.partitions,
+        first.workers,
+        if first.workers == 1 { "" } else { "s" },
+        c.brokers.as_deref().map_or(String::new(), |b| format!(" ({b})")),
+    );
+    println!(
+        "  {:<22} {:>9}  {:>22}  {:>26}  {:>22}  {:>20}",
+        "row",
+        "interval",
+        "visible p50 / p99 / p99.9",
+        "sink→output append p50/p99",
+        "append→visible p50/p99",
+        "transaction p50/p99"
+    );
+    let ms = |us: f64| format!("{:.1}", us / 1e3);
+    for r in rows {
+        let v = &r.visible_latency_us;
+        let parts = r.parts.as_ref();
+        let pair = |p: Option<&crate::lab::report::Percentiles>| {
+            p.map_or("-".to_string(), |p| format!("{} / {} ms", ms(p.p50), ms(p.p99)))
+        };
+        println!(
+            "  {:<22} {:>6} ms  {:>22}  {:>26}  {:>22}  {:>20}",
+            format!("{}·kafka", r.mode),
+            r.checkpoint_interval_ms,
+            format!("{} / {} / {} ms", ms(v.p50), ms(v.p99), ms(v.p999)),
+            pair(parts.map(|p| &p.sink_to_append_us)),
+            pair(parts.map(|p| &p.append_to_visible_us)),
+            pair(parts.and_then(|p| p.transaction_us.as_ref())),
+        );
+    }
+    if let Some(alo) = rows.iter().find(|r| r.mode == "at-least-once") {
+        for r in rows.iter().filter(|r| r.mode != "at-least-once") {
+            let p99 = r.visible_latency_us.p99 / 1e3;
+            let beyond = p99 - r.checkpoint_interval_ms as f64;
+            println!(
+                "- through Kafka, exactly-once at {} ms showed visible p99 {:.1} ms against at-least-once's {:.1} ms: \
+                 {:.1} ms beyond its interval{}",
+                r.checkpoint_interval_ms,
+                p99,
+                alo.visible_latency_us.p99 / 1e3,
+                beyond,
+                r.parts.as_ref().map_or(String::new(), |p| format!(
+                    "; at the median a record waited {:.1} ms for its checkpoint and its transaction's produce, \
+                     then {:.1} ms for the commit and the reader",
+                    p.sink_to_append_us.p50 / 1e3,
+                    p.append_to_visible_us.p50 / 1e3
+                )),
+            );
+        }
+    }
+}
+
+/// One `compare.json` line of a Kafka row.
+#[derive(Serialize)]
+struct JsonLine<'a> {
+    run: &'static str,
+    row: String,
+    interval_ms: u64,
+    #[serde(flatten)]
+    result: &'a KafkaBenchResult,
+}
+
+/// The Kafka rows as `compare.json` lines (`run: "kafka-open-loop"`).
+pub fn json_lines(rows: &[KafkaBenchResult]) -> Vec<String> {
+    rows.iter()
+        .map(|r| {
+            serde_json::to_string(&JsonLine {
+                run: "kafka-open-loop",
+                row: format!("{}·kafka", r.mode),
+                interval_ms: r.checkpoint_interval_ms,
+                result: r,
+            })
+            .expect("a result always serialises")
+        })
+        .collect()
+}
