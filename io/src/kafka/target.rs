@@ -436,8 +436,20 @@ impl EpochTarget for KafkaTarget {
                 .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
                 .collect()
         });
+        // The producers that opened are kept even if another failed: the
+        // target's drop lets go of them off this thread (closing one waits
+        // for librdkafka).
+        let mut failed = None;
         for p in opened {
-            self.producers.push(p?);
+            match p {
+                Ok(p) => self.producers.push(p),
+                Err(e) => {
+                    failed.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
         }
         self.current = 0;
         read_marker(&c, self.slot)
