@@ -730,7 +730,24 @@ fn weir_compare_puts_kafka_rows_beside_the_others() {
         text.contains("- through Kafka, exactly-once at 20 ms showed visible p99"),
         "{text}"
     );
+    // The broker's own floor, measured in the same run with Kafka's tool.
+    assert!(
+        text.contains("the broker's own round trip, one record at a time (Kafka's EndToEndLatency"),
+        "{text}"
+    );
+    assert!(text.contains("- through Kafka, at-least-once's visible p99"), "{text}");
     let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
+    let floor: serde_json::Value = json
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|v| v["run"] == "kafka-broker-floor")
+        .expect("the broker floor's line");
+    assert!(
+        floor["p99_ms"]
+            .as_f64()
+            .is_some_and(|v| v >= floor["p50_ms"].as_f64().unwrap()),
+        "{floor}"
+    );
     let rows: Vec<serde_json::Value> = json
         .lines()
         .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())

@@ -3,10 +3,12 @@
 # 127.0.0.1, for weir's Kafka tests and for trying the Kafka source by hand.
 # See README.md beside this script.
 #
-#   bench/peers/kafka/kafka.sh install | start | stop | status | clean | tools
+#   bench/peers/kafka/kafka.sh install | start | stop | status | clean | tools | tools-classpath
 #
 # tools: also fetch Kafka's command-line tools (ProducerPerformance,
-# ConsumerPerformance: compare.sh's broker ceiling) into $KAFKA_TOOLS_JARS.
+# ConsumerPerformance: compare.sh's broker ceiling; EndToEndLatency: weir compare
+# --kafka's broker floor) into $KAFKA_TOOLS_JARS. tools-classpath: the same, then
+# prints the tools' Java class path.
 #
 # Environment (all optional):
 #   KAFKA_DIR              state folder: config, data, broker.log, pid  [<repo>/target/kafka]
@@ -41,7 +43,7 @@ CONFIG=$KAFKA_DIR/server.properties
 say() { echo "kafka.sh: $*" >&2; }
 die() { say "$*"; exit 1; }
 
-usage() { sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
 
 # Java 17+ and Maven, from Debian's packages when missing and this user may
 # install them (root, or password-less sudo); otherwise a message naming them.
@@ -273,6 +275,7 @@ case "${1:-}" in
     status) status ;;
     clean) clean ;;
     tools) tools ;;
+    tools-classpath) tools; echo "$KAFKA_TOOLS_JARS/*" ;;
     -h | --help | help) usage 0 ;;
     *) usage 2 ;;
 esac

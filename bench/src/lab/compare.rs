@@ -865,9 +865,9 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
         intervals: m.intervals.clone(),
         keys: args.keys,
     });
-    let kafka_rows = match &kafka {
+    let (kafka_rows, kafka_floor) = match &kafka {
         Some(c) => kafka_compare::compare_rows(c)?,
-        None => Vec::new(),
+        None => (Vec::new(), Err("no --kafka".to_string())),
     };
 
     print_latency_table(&m, &plan, args.open_seconds);
@@ -875,7 +875,7 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     print_failure_table(&m, &plan);
     print_sentences(&m, &plan);
     if let Some(c) = &kafka {
-        kafka_compare::print_table(&kafka_rows, c);
+        kafka_compare::print_table(&kafka_rows, &kafka_floor, c);
     }
 
     std::fs::create_dir_all(&args.results).map_err(|source| CliError::Io {
@@ -885,7 +885,9 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let json = args.json.clone().unwrap_or_else(|| args.results.join("compare.json"));
     let plot = args.plot.clone().unwrap_or_else(|| args.results.join("compare.svg"));
     write_json(&json, scenario, &m, &machine)?;
-    append_lines(&json, &kafka_compare::json_lines(&kafka_rows))?;
+    if kafka.is_some() {
+        append_lines(&json, &kafka_compare::json_lines(&kafka_rows, &kafka_floor))?;
+    }
     write_svg(&plot, &figure(&m, &plan)).map_err(|e| CliError::Io {
         path: plot.display().to_string(),
         source: std::io::Error::other(e.to_string()),

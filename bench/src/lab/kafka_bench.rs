@@ -54,7 +54,7 @@ use crate::lab::kafka_parts::{InputParts, KafkaParts, OutputParts, WallClock};
 use crate::lab::report::{CheckpointSummary, Machine, Percentiles};
 
 /// The broker script, beside this crate.
-const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh");
+pub(crate) const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/peers/kafka/kafka.sh");
 
 /// Longest wait of one client call of the benchmark's own (create a topic,
 /// flush the producer).

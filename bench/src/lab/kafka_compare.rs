@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::cli::CliError;
 use crate::lab::bench::BenchArgs;
-use crate::lab::kafka_bench::{broker, run_on, KafkaBenchResult};
+use crate::lab::kafka_bench::{broker, run_on, KafkaBenchResult, SCRIPT};
 
 /// What `weir compare --kafka` runs through Kafka.
 #[derive(Debug, Clone)]
@@ -38,7 +38,7 @@ pub struct CompareKafka {
 /// each sink that is not reported (a fresh broker's first runs are slower:
 /// its JIT, its first transactional ids). Each run is printed as `weir
 /// bench` prints it.
-pub fn compare_rows(c: &CompareKafka) -> Result<Vec<KafkaBenchResult>, CliError> {
+pub fn compare_rows(c: &CompareKafka) -> Result<(Vec<KafkaBenchResult>, Result<BrokerFloor, String>), CliError> {
     let (_own, brokers) = broker(c.brokers.as_deref())?;
     let args_of = |mode: &str, interval: u64, events: u64| -> Result<BenchArgs, CliError> {
         #[derive(clap::Parser)]
@@ -69,6 +69,8 @@ pub fn compare_rows(c: &CompareKafka) -> Result<Vec<KafkaBenchResult>, CliError>
         let args = args_of(mode, base, warmup)?;
         run_on(&args, &brokers, warmup, mode != "at-least-once")?;
     }
+    eprintln!("weir compare: the broker's own round trip (Kafka's EndToEndLatency)");
+    let floor = broker_floor(&brokers);
     let mut out = Vec::new();
     let mut rows = vec![("at-least-once", base)];
     rows.extend(c.intervals.iter().map(|&i| ("aligned", i)));
@@ -76,7 +78,83 @@ pub fn compare_rows(c: &CompareKafka) -> Result<Vec<KafkaBenchResult>, CliError>
         let args = args_of(mode, interval, c.events)?;
         out.extend(run_on(&args, &brokers, c.events, mode != "at-least-once")?);
     }
-    Ok(out)
+    Ok((out, floor))
+}
+
+/// The broker's own end-to-end latency, as Kafka's `EndToEndLatency`
+/// measures it: one record at a time produced (`acks=all`) and consumed,
+/// [`FLOOR_RECORDS`] of them; milliseconds (the tool's resolution).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct BrokerFloor {
+    /// Median round trip.
+    pub p50_ms: f64,
+    /// 99th percentile.
+    pub p99_ms: f64,
+    /// 99.9th percentile.
+    pub p999_ms: f64,
+}
+
+/// Records of the broker floor's run: 3,000 (about 5 s here).
+pub const FLOOR_RECORDS: u32 = 3_000;
+
+/// Runs Kafka's `EndToEndLatency` on `brokers` with the tools' jars from
+/// the project's script (`kafka.sh tools-classpath`, fetched once);
+/// why it could not be measured otherwise.
+fn broker_floor(brokers: &str) -> Result<BrokerFloor, String> {
+    let cp = std::process::Command::new("bash")
+        .args([SCRIPT, "tools-classpath"])
+        .output()
+        .map_err(|e| format!("{SCRIPT} tools-classpath: {e}"))?;
+    if !cp.status.success() {
+        return Err(format!(
+            "{SCRIPT} tools-classpath exited with {}: {}",
+            cp.status,
+            String::from_utf8_lossy(&cp.stderr).trim()
+        ));
+    }
+    let classpath = String::from_utf8_lossy(&cp.stdout).trim().to_string();
+    let log4j = std::path::Path::new(SCRIPT).with_file_name("log4j2.properties");
+    let topic = format!(
+        "weir-floor-{}-{}",
+        std::process::id(),
+        weir_core::clock::now_ns() % 1_000_000_000
+    );
+    let out = std::process::Command::new("java")
+        .arg("-Xmx256m")
+        .arg(format!("-Dlog4j2.configurationFile={}", log4j.display()))
+        .args([
+            "-cp",
+            &classpath,
+            "org.apache.kafka.tools.EndToEndLatency",
+            brokers,
+            &topic,
+        ])
+        .args([&FLOOR_RECORDS.to_string(), "all", "30"])
+        .output()
+        .map_err(|e| format!("java EndToEndLatency: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "EndToEndLatency exited with {}: {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    parse_floor(&text).ok_or_else(|| format!("EndToEndLatency printed no percentiles: {}", text.trim()))
+}
+
+/// Parses `EndToEndLatency`'s `Percentiles: 50th = 1, 99th = 5, 99.9th = 14`.
+fn parse_floor(text: &str) -> Option<BrokerFloor> {
+    let line = text.lines().find(|l| l.starts_with("Percentiles:"))?;
+    let mut v = line
+        .trim_start_matches("Percentiles:")
+        .split(',')
+        .map(|part| part.split('=').nth(1).and_then(|x| x.trim().parse::<f64>().ok()));
+    Some(BrokerFloor {
+        p50_ms: v.next()??,
+        p99_ms: v.next()??,
+        p999_ms: v.next()??,
+    })
 }
 
 /// Records a Kafka run at `rate` needs at least: its warm-up
@@ -87,7 +165,7 @@ pub fn least_events(rate: f64) -> u64 {
 }
 
 /// Prints the Kafka rows' table and the sentence they support.
-pub fn print_table(rows: &[KafkaBenchResult], c: &CompareKafka) {
+pub fn print_table(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>, c: &CompareKafka) {
     let Some(first) = rows.first() else {
         return;
     };
@@ -127,17 +205,38 @@ pub fn print_table(rows: &[KafkaBenchResult], c: &CompareKafka) {
             pair(parts.and_then(|p| p.transaction_us.as_ref())),
         );
     }
+    match floor {
+        Ok(f) => println!(
+            "  the broker's own round trip, one record at a time (Kafka's EndToEndLatency, {FLOOR_RECORDS} records, \
+             acks=all), in the same run: p50 {} / p99 {} / p99.9 {} ms; a record here crosses the broker twice",
+            f.p50_ms, f.p99_ms, f.p999_ms
+        ),
+        Err(why) => println!("  the broker's own round trip: not measured ({why})"),
+    }
+    let two = floor.as_ref().ok().map(|f| 2.0 * f.p99_ms);
+    if let (Some(alo), Some(two)) = (rows.iter().find(|r| r.mode == "at-least-once"), two) {
+        println!(
+            "- through Kafka, at-least-once's visible p99 {:.1} ms was {:.1}x the broker's two crossings at p99 ({two:.0} ms)",
+            alo.visible_latency_us.p99 / 1e3,
+            alo.visible_latency_us.p99 / 1e3 / two
+        );
+    }
     if let Some(alo) = rows.iter().find(|r| r.mode == "at-least-once") {
         for r in rows.iter().filter(|r| r.mode != "at-least-once") {
             let p99 = r.visible_latency_us.p99 / 1e3;
-            let beyond = p99 - r.checkpoint_interval_ms as f64;
+            let beyond = p99 - r.checkpoint_interval_ms as f64 - two.unwrap_or(0.0);
             println!(
                 "- through Kafka, exactly-once at {} ms showed visible p99 {:.1} ms against at-least-once's {:.1} ms: \
-                 {:.1} ms beyond its interval{}",
+                 {:.1} ms beyond its interval{}{}",
                 r.checkpoint_interval_ms,
                 p99,
                 alo.visible_latency_us.p99 / 1e3,
                 beyond,
+                if two.is_some() {
+                    " and the broker's two crossings"
+                } else {
+                    ""
+                },
                 r.parts.as_ref().map_or(String::new(), |p| format!(
                     "; at the median a record waited {:.1} ms for its checkpoint and its transaction's produce, \
                      then {:.1} ms for the commit and the reader",
@@ -159,10 +258,26 @@ struct JsonLine<'a> {
     result: &'a KafkaBenchResult,
 }
 
-/// The Kafka rows as `compare.json` lines (`run: "kafka-open-loop"`).
-pub fn json_lines(rows: &[KafkaBenchResult]) -> Vec<String> {
-    rows.iter()
-        .map(|r| {
+/// The Kafka rows as `compare.json` lines (`run: "kafka-open-loop"`),
+/// after the broker floor's (`run: "kafka-broker-floor"`, its percentiles
+/// or why it was not measured).
+pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>) -> Vec<String> {
+    #[derive(Serialize)]
+    struct FloorLine<'a> {
+        run: &'static str,
+        #[serde(flatten)]
+        floor: Option<&'a BrokerFloor>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        not_measured: Option<&'a str>,
+    }
+    let floor_line = serde_json::to_string(&FloorLine {
+        run: "kafka-broker-floor",
+        floor: floor.as_ref().ok(),
+        not_measured: floor.as_ref().err().map(String::as_str),
+    })
+    .expect("a floor always serialises");
+    std::iter::once(floor_line)
+        .chain(rows.iter().map(|r| {
             serde_json::to_string(&JsonLine {
                 run: "kafka-open-loop",
                 row: format!("{}·kafka", r.mode),
@@ -170,6 +285,20 @@ pub fn json_lines(rows: &[KafkaBenchResult]) -> Vec<String> {
                 result: r,
             })
             .expect("a result always serialises")
-        })
+        }))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tools_percentiles_are_read() {
+        let f =
+            parse_floor("3000\t0.8\nAvg latency: 1.2812 ms\nPercentiles: 50th = 1, 99th = 5, 99.9th = 14\n").unwrap();
+        assert_eq!((f.p50_ms, f.p99_ms, f.p999_ms), (1.0, 5.0, 14.0));
+        assert!(parse_floor("Avg latency: 1 ms").is_none());
+        assert!(parse_floor("Percentiles: 50th = x").is_none());
+    }
 }
