@@ -444,7 +444,7 @@ fn create_topic(brokers: &str, topic: &str, partitions: i32) -> Result<bool, Cli
     Ok(true)
 }
 
-fn delete_topics(brokers: &str, topics: &[&str]) {
+pub(crate) fn delete_topics(brokers: &str, topics: &[&str]) {
     if let Ok(admin) = client(brokers).create::<AdminClient<DefaultClientContext>>() {
         let opts = AdminOptions::new().operation_timeout(Some(CLIENT_TIMEOUT));
         let _ = futures_executor::block_on(admin.delete_topics(topics, &opts));

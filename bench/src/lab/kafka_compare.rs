@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::cli::CliError;
 use crate::lab::bench::BenchArgs;
-use crate::lab::kafka_bench::{broker, run_on, KafkaBenchResult, SCRIPT};
+use crate::lab::kafka_bench::{broker, delete_topics, run_on, KafkaBenchResult, SCRIPT};
 
 /// What `weir compare --kafka` runs through Kafka.
 #[derive(Debug, Clone)]
@@ -131,7 +131,10 @@ fn broker_floor(brokers: &str) -> Result<BrokerFloor, String> {
         ])
         .args([&FLOOR_RECORDS.to_string(), "all", "30"])
         .output()
-        .map_err(|e| format!("java EndToEndLatency: {e}"))?;
+        .map_err(|e| format!("java EndToEndLatency: {e}"));
+    // The tool's topic is not left on a broker that outlives the run.
+    delete_topics(brokers, &[&topic]);
+    let out = out?;
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         return Err(format!(
