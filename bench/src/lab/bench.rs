@@ -762,7 +762,8 @@ pub fn watch(job: &JobHandle, events: u64) {
     }
 }
 
-fn append_json(path: &std::path::Path, result: &impl serde::Serialize) -> Result<(), CliError> {
+/// Appends `result` to the JSON lines file at `path` (created if missing).
+pub(crate) fn append_json(path: &std::path::Path, result: &impl serde::Serialize) -> Result<(), CliError> {
     let io = |source| CliError::Io {
         path: path.display().to_string(),
         source,

@@ -35,7 +35,9 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::cli::{CliError, Mode};
-use crate::lab::bench::{run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, Platform, RunOutput};
+use crate::lab::bench::{
+    append_json, run_one_full, runtime_config, temp_checkpoint_dir, temp_sink_dir, Platform, RunOutput,
+};
 use crate::lab::co_runners::{CoRunners, WAIT_FLOOR_NS, WINDOW_NS};
 use crate::lab::disk_load::{DiskLoad, DiskLoadStats};
 use crate::lab::disk_probe::DiskProbe;
@@ -886,7 +888,9 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     let plot = args.plot.clone().unwrap_or_else(|| args.results.join("compare.svg"));
     write_json(&json, scenario, &m, &machine)?;
     if kafka.is_some() {
-        append_lines(&json, &kafka_compare::json_lines(&kafka_rows, &kafka_floor))?;
+        for line in kafka_compare::json_lines(&kafka_rows, &kafka_floor) {
+            append_json(&json, &line)?;
+        }
     }
     write_svg(&plot, &figure(&m, &plan)).map_err(|e| CliError::Io {
         path: plot.display().to_string(),
@@ -918,23 +922,6 @@ pub fn run(args: &CompareArgs) -> Result<(), CliError> {
     }
     println!("\nwrote {} and {}", json.display(), plot.display());
     println!("weir compare ran in {:.1} s", started.elapsed().as_secs_f64());
-    Ok(())
-}
-
-/// Appends `lines` to the JSON lines file at `path`.
-fn append_lines(path: &std::path::Path, lines: &[String]) -> Result<(), CliError> {
-    if lines.is_empty() {
-        return Ok(());
-    }
-    use std::io::Write;
-    let io = |source| CliError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut f = std::fs::OpenOptions::new().append(true).open(path).map_err(io)?;
-    for l in lines {
-        writeln!(f, "{l}").map_err(io)?;
-    }
     Ok(())
 }
 

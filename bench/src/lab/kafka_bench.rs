@@ -48,9 +48,9 @@ use weir_io::rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use weir_io::{ParseError, WalSinkConfig};
 
 use crate::cli::{CliError, Mode};
-use crate::lab::bench::{runtime_config, temp_checkpoint_dir, BenchArgs};
+use crate::lab::bench::{append_json, runtime_config, temp_checkpoint_dir, BenchArgs};
 use crate::lab::event::Event;
-use crate::lab::kafka_parts::{InputParts, KafkaParts, OutputParts, WallClock};
+use crate::lab::kafka_parts::{self, InputParts, KafkaParts, OutputParts, WallClock};
 use crate::lab::report::{CheckpointSummary, Machine, Percentiles};
 
 /// The broker script, beside this crate.
@@ -245,21 +245,6 @@ fn print_result(r: &KafkaBenchResult) {
     if let Some(p) = &r.parts {
         println!("  {}", p.line());
     }
-}
-
-fn append_json(path: &std::path::Path, r: &KafkaBenchResult) -> Result<(), CliError> {
-    use std::io::Write;
-    let io = |source| CliError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let mut f = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-        .map_err(io)?;
-    let line = serde_json::to_string(r).expect("a result always serialises");
-    writeln!(f, "{line}").map_err(io)
 }
 
 /// The broker at `given`, or one started through the project's script:
@@ -558,7 +543,7 @@ fn read_output(
     let mut seen = Seen {
         records: 0,
         per_key: vec![(0, 0, 0); expected.len()],
-        latency_ns: Histogram::new_with_bounds(1_000, 600_000_000_000, 3).expect("valid bounds"),
+        latency_ns: kafka_parts::histogram(),
         parts: OutputParts::new(wall),
         last_ns: 0,
         bad: 0,
@@ -610,7 +595,7 @@ fn read_output(
             stamp
         };
         if stamp >= record_from_ns.load(Ordering::Acquire) && from > 0 {
-            let _ = seen.latency_ns.record(now.saturating_sub(from).max(1_000));
+            kafka_parts::record(&mut seen.latency_ns, from, now);
             if stamp > 0 {
                 seen.parts.see(polled, written, m.timestamp().to_millis(), now);
             }

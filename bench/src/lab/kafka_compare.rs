@@ -264,7 +264,7 @@ struct JsonLine<'a> {
 /// The Kafka rows as `compare.json` lines (`run: "kafka-open-loop"`),
 /// after the broker floor's (`run: "kafka-broker-floor"`, its percentiles
 /// or why it was not measured).
-pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>) -> Vec<String> {
+pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>) -> Vec<serde_json::Value> {
     #[derive(Serialize)]
     struct FloorLine<'a> {
         run: &'static str,
@@ -273,7 +273,7 @@ pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>
         #[serde(skip_serializing_if = "Option::is_none")]
         not_measured: Option<&'a str>,
     }
-    let floor_line = serde_json::to_string(&FloorLine {
+    let floor_line = serde_json::to_value(FloorLine {
         run: "kafka-broker-floor",
         floor: floor.as_ref().ok(),
         not_measured: floor.as_ref().err().map(String::as_str),
@@ -281,7 +281,7 @@ pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>
     .expect("a floor always serialises");
     std::iter::once(floor_line)
         .chain(rows.iter().map(|r| {
-            serde_json::to_string(&JsonLine {
+            serde_json::to_value(JsonLine {
                 run: "kafka-open-loop",
                 row: format!("{}·kafka", r.mode),
                 interval_ms: r.checkpoint_interval_ms,

@@ -58,13 +58,15 @@ impl WallClock {
     }
 }
 
-fn histogram() -> Histogram<u64> {
+/// An empty histogram of the benchmark's Kafka latencies: 1 µs to 600 s,
+/// nanoseconds (the visible latency and every part).
+pub(crate) fn histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1_000, 600_000_000_000, 3).expect("valid bounds")
 }
 
 /// Records `to - from` (at least 1 µs; 0 when `to` is earlier: a stamp
 /// truncated to the millisecond).
-fn record(h: &mut Histogram<u64>, from: u64, to: u64) {
+pub(crate) fn record(h: &mut Histogram<u64>, from: u64, to: u64) {
     h.saturating_record(to.saturating_sub(from).max(1_000));
 }
 
