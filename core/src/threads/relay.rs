@@ -366,7 +366,12 @@ mod tests {
             bell.ring();
             assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok(round));
         }
-        assert!(relay.inner.unparks.load(Ordering::Relaxed) >= 10);
+        // Not one unpark per round: an unpark that lands between the
+        // relay's flag and its park leaves a token, its next park returns
+        // at once, and a ring while it loops back finds it awake (it then
+        // sees the ring's pending bit itself). Seen under a loaded test
+        // run. The recv above is what fails if rings do not get through.
+        assert!(relay.inner.unparks.load(Ordering::Relaxed) >= 1);
         work.store(u64::MAX, Ordering::Release);
         bell.ring();
         t.join().unwrap();
