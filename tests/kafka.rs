@@ -28,6 +28,19 @@ use weir_io::rdkafka::producer::Producer;
 use weir_io::rdkafka::{Offset, TopicPartitionList};
 use weir_io::{KafkaRecordInfo, KafkaSource, ParseError, StartFrom};
 
+/// The standard output of a `weir` command that must have succeeded; its
+/// status, output and errors in the panic otherwise.
+fn stdout_of_success(what: &str, out: &std::process::Output) -> String {
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{what}: {}\n{text}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// key, value, record timestamp (ms)
 type Rec = (u64, u64, i64);
 
@@ -713,13 +726,7 @@ fn weir_compare_puts_kafka_rows_beside_the_others() {
         .env("TMPDIR", dir.path())
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(
-        out.status.success(),
-        "weir compare: {}\n{text}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = stdout_of_success("weir compare", &out);
     assert!(
         text.contains("Through Kafka: the keyed count from topic to topic"),
         "{text}"
@@ -771,6 +778,104 @@ fn weir_compare_puts_kafka_rows_beside_the_others() {
     assert!(eo["parts"]["transactions"].as_u64().is_some_and(|n| n > 0), "{eo}");
 }
 
+/// `weir bench --external-job IN:OUT`: another engine's job between the
+/// load and the reader (here a keyed count written in the test with plain
+/// Kafka clients, the role Flink's job plays in
+/// bench/peers/kafka/open_loop.sh): the load trickles until the job's first
+/// output, then runs its schedule; the reader checks every key's final
+/// count and measures visibility from each record's scheduled send.
+#[test]
+fn weir_bench_measures_an_external_job_between_two_topics() {
+    use weir_io::rdkafka::producer::{BaseProducer, BaseRecord};
+    use weir_io::rdkafka::Message;
+    let (input, output) = (unique_topic("external-in"), unique_topic("external-out"));
+    for t in [&input, &output] {
+        broker().create_topic(t, 2);
+    }
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let job = {
+        let (input, output, stop) = (input.clone(), output.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let consumer: BaseConsumer = broker()
+                .client()
+                .set("group.id", "external-job")
+                .set("auto.offset.reset", "earliest")
+                .set("isolation.level", "read_committed")
+                .create()
+                .unwrap();
+            consumer.subscribe(&[input.as_str()]).unwrap();
+            let producer: BaseProducer = broker().client().set("linger.ms", "1").create().unwrap();
+            let mut counts: HashMap<u64, u64> = HashMap::new();
+            let mut written = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                producer.poll(Duration::ZERO);
+                let Some(m) = consumer.poll(Duration::from_millis(20)) else {
+                    continue;
+                };
+                let m = m.unwrap();
+                let v = std::str::from_utf8(m.payload().unwrap()).unwrap();
+                let f: Vec<&str> = v.split(',').collect();
+                let key: u64 = f[0].parse().unwrap();
+                let n = counts.entry(key).or_default();
+                *n += 1;
+                let value = format!("{key},{n},{}", f[2]);
+                let mut record = BaseRecord::to(&output).key(f[0]).payload(&value);
+                while let Err((_, r)) = producer.send(record) {
+                    producer.poll(Duration::from_millis(1));
+                    record = r;
+                }
+                written += 1;
+            }
+            producer.flush(CLIENT_TIMEOUT).unwrap();
+            written
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("external.json");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "--source", "kafka", "--sink", "kafka", "--partitions", "2"])
+        .args(["--brokers", &broker().addr, "--keys", "50"])
+        .args(["--external-job", &format!("{input}:{output}")])
+        // 7.5 s of records: the 5 s warm-up, then 2.5 s measured.
+        .args(["--rate", "2000", "--events", "15000", "--mode", "at-least-once"])
+        .args(["--checkpoint-interval-ms", "100", "--json"])
+        .arg(&json)
+        .env("WEIR_LOG", "warn")
+        .output()
+        .unwrap();
+    stop.store(true, Ordering::Release);
+    let written = job.join().unwrap();
+    let text = stdout_of_success("weir bench", &out);
+    assert_eq!(written, 15000, "the test's job counted every input once");
+    assert!(text.contains("external job  at-least-once"), "{text}");
+    let row: serde_json::Value = serde_json::from_str(std::fs::read_to_string(&json).unwrap().trim()).unwrap();
+    assert_eq!(row["engine"], "external", "{row}");
+    assert_eq!(row["output_records"], 15000, "{row}");
+    assert_eq!(row["duplicates"], 0, "{row}");
+    assert!(row["trickle"].as_u64().is_some_and(|t| t >= 1), "{row}");
+    let v = &row["visible_latency_us"];
+    assert!(v["p50"].as_f64().is_some_and(|p| p > 0.0), "{row}");
+    assert!(v["p99"].as_f64() >= v["p50"].as_f64(), "{row}");
+    // Usage errors, before any broker is touched.
+    for (args, why) in [
+        (vec!["--external-job", "in", "--rate", "10"], "as IN:OUT"),
+        (
+            vec!["--external-job", "a:a", "--rate", "10"],
+            "two different topic names",
+        ),
+        (vec!["--external-job", "a:b"], "give --rate"),
+    ] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_weir"))
+            .args(["bench", "--source", "kafka", "--sink", "kafka", "--mode", "aligned"])
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}: a usage error");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{args:?}: {err}");
+    }
+}
+
 /// `weir bench --source kafka --sink kafka` end to end on the test broker:
 /// closed loop exactly once (the benchmark checks its own output and fails
 /// on any loss or duplicate), then open loop at least once with the
@@ -794,13 +899,7 @@ fn the_kafka_benchmark_runs_and_checks_its_output() {
             .arg(json)
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        assert!(
-            out.status.success(),
-            "weir bench: {}\n{text}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let text = stdout_of_success("weir bench", &out);
         let row: serde_json::Value =
             serde_json::from_str(std::fs::read_to_string(json).unwrap().lines().last().unwrap()).unwrap();
         (text, row)

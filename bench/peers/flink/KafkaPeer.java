@@ -12,6 +12,12 @@
 //
 // Input record values are weir's `key,value,stamp`; output values `key,count,stamp`
 // with the key as record key, as weir writes them.
+//
+// Open loop (issue 51): `--open IN:OUT --modes M --intervals I [--stop-file F]` runs one
+// job, unbounded, from topic IN (from its start, read_committed) to topic OUT, both
+// created if missing, until file F appears (then cancelled) or the process is stopped; `weir bench --source kafka --sink kafka --external-job
+// IN:OUT --rate R` feeds IN and reads OUT as it does for weir's own job
+// (bench/peers/kafka/compare.sh).
 
 import java.io.FileWriter;
 import java.io.PrintWriter;
@@ -31,6 +37,7 @@ import org.apache.flink.api.common.state.ValueStateDescriptor;
 import org.apache.flink.api.common.functions.OpenContext;
 import org.apache.flink.configuration.CheckpointingOptions;
 import org.apache.flink.configuration.Configuration;
+import org.apache.flink.configuration.ExecutionOptions;
 import org.apache.flink.configuration.StateBackendOptions;
 import org.apache.flink.connector.base.DeliveryGuarantee;
 import org.apache.flink.connector.kafka.sink.KafkaRecordSerializationSchema;
@@ -48,6 +55,7 @@ public class KafkaPeer {
     static long events;
     static String[] modes = {"at-least-once", "aligned"};
     static long[] intervals = {10, 100};
+    static String openIn, openOut, stopFile;
 
     public static void main(String[] args) throws Exception {
         for (int i = 0; i < args.length; i += 2) {
@@ -67,8 +75,19 @@ public class KafkaPeer {
                 case "--parallelism": parallelism = Integer.parseInt(v); break;
                 case "--checkpoint-dir": checkpointDir = v; break;
                 case "--json": jsonPath = v; break;
+                case "--stop-file": stopFile = v; break;
+                case "--open": {
+                    int c = v.indexOf(':');
+                    openIn = v.substring(0, c);
+                    openOut = v.substring(c + 1);
+                    break;
+                }
                 default: throw new IllegalArgumentException("unknown argument " + args[i]);
             }
+        }
+        if (openIn != null) {
+            runOpen(modes[0], intervals[0]);
+            return;
         }
         for (String mode : modes) {
             for (long interval : intervals) {
@@ -102,7 +121,60 @@ public class KafkaPeer {
         }
     }
 
+    /** Open loop: one unbounded job from `openIn` to `openOut`, until the process is stopped. */
+    static void runOpen(String mode, long intervalMs) throws Exception {
+        Properties admin = new Properties();
+        admin.setProperty("bootstrap.servers", brokers);
+        try (Admin a = Admin.create(admin)) {
+            for (String t : new String[] {openIn, openOut}) {
+                try {
+                    a.createTopics(java.util.List.of(new NewTopic(t, partitions, (short) 1))).all().get();
+                } catch (java.util.concurrent.ExecutionException e) {
+                    if (!(e.getCause() instanceof org.apache.kafka.common.errors.TopicExistsException)) throw e;
+                }
+            }
+        }
+        StreamExecutionEnvironment env = build(mode, intervalMs, openIn, openOut, false);
+        var job = env.executeAsync("flink-kafka-keyed-open-" + mode + "-" + intervalMs);
+        System.out.println("flink job " + job.getJobID() + " submitted: " + openIn + " -> " + openOut
+                + ", " + mode + ", checkpoints every " + intervalMs + " ms");
+        // Runs until the stop file appears (then cancelled: the sink's writers abort
+        // their open transactions as they close, and no transaction is left for the
+        // broker to time out later, in another row's run), or the process is stopped.
+        while (stopFile == null || !new java.io.File(stopFile).exists()) {
+            if (job.getJobStatus().get().isGloballyTerminalState()) {
+                job.getJobExecutionResult().get();
+                return;
+            }
+            Thread.sleep(50);
+        }
+        job.cancel().get();
+        System.out.println("flink job " + job.getJobID() + " cancelled");
+    }
+
     static String run(String mode, long intervalMs) throws Exception {
+        String output = "flink-out-" + mode + "-" + intervalMs + "-" + System.currentTimeMillis();
+        // The test broker does not create topics on first use.
+        Properties admin = new Properties();
+        admin.setProperty("bootstrap.servers", brokers);
+        try (Admin a = Admin.create(admin)) {
+            a.createTopics(java.util.List.of(new NewTopic(output, partitions, (short) 1))).all().get();
+        }
+        StreamExecutionEnvironment env = build(mode, intervalMs, topic, output, true);
+        boolean exactly = !mode.equals("at-least-once");
+        JobExecutionResult r = env.execute("flink-kafka-keyed-" + mode + "-" + intervalMs);
+        double seconds = r.getNetRuntime() / 1e3;
+        return String.format(Locale.ROOT,
+                "{\"engine\":\"flink\",\"pipeline\":\"kafka-keyed\",\"mode\":\"%s\",\"sink\":\"%s\","
+                        + "\"checkpoint_interval_ms\":%d,\"partitions\":%d,\"parallelism\":%d,\"rate\":null,"
+                        + "\"events\":%d,\"seconds\":%.3f,\"events_per_sec\":%.1f,\"output_topic\":\"%s\"}",
+                mode, exactly ? "flink-exactly-once" : "flink-at-least-once", intervalMs, partitions, parallelism,
+                events, seconds, events / seconds, output);
+    }
+
+    /** The job from `input` to `output`: bounded at the end offsets seen at its start, or unbounded. */
+    static StreamExecutionEnvironment build(String mode, long intervalMs, String input, String output,
+            boolean bounded) {
         boolean exactly = !mode.equals("at-least-once");
         Configuration conf = new Configuration();
         conf.set(StateBackendOptions.STATE_BACKEND, "hashmap");
@@ -111,27 +183,28 @@ public class KafkaPeer {
         conf.set(CheckpointingOptions.CHECKPOINTING_INTERVAL, Duration.ofMillis(intervalMs));
         conf.set(CheckpointingOptions.CHECKPOINTING_CONSISTENCY_MODE,
                 exactly ? CheckpointingMode.EXACTLY_ONCE : CheckpointingMode.AT_LEAST_ONCE);
+        if (!bounded) {
+            // Open loop, for latency: every record goes downstream at once, not in a
+            // network buffer that waits up to 100 ms (Flink's default, for throughput);
+            // Flink's docs' advice for low latency, and run.sh's open loop's setting.
+            conf.set(ExecutionOptions.BUFFER_TIMEOUT, Duration.ZERO);
+        }
         StreamExecutionEnvironment env = StreamExecutionEnvironment.getExecutionEnvironment(conf);
         env.setParallelism(parallelism);
 
         Properties consumer = new Properties();
         consumer.setProperty("isolation.level", "read_committed");
-        KafkaSource<String> source = KafkaSource.<String>builder()
+        var builder = KafkaSource.<String>builder()
                 .setBootstrapServers(brokers)
-                .setTopics(topic)
+                .setTopics(input)
                 .setGroupId("flink-peer-" + System.nanoTime())
                 .setStartingOffsets(OffsetsInitializer.earliest())
-                .setBounded(OffsetsInitializer.latest())
                 .setValueOnlyDeserializer(new SimpleStringSchema())
-                .setProperties(consumer)
-                .build();
-        String output = "flink-out-" + mode + "-" + intervalMs + "-" + System.currentTimeMillis();
-        // The test broker does not create topics on first use.
-        Properties admin = new Properties();
-        admin.setProperty("bootstrap.servers", brokers);
-        try (Admin a = Admin.create(admin)) {
-            a.createTopics(java.util.List.of(new NewTopic(output, partitions, (short) 1))).all().get();
+                .setProperties(consumer);
+        if (bounded) {
+            builder.setBounded(OffsetsInitializer.latest());
         }
+        KafkaSource<String> source = builder.build();
         Properties producer = new Properties();
         // The broker's transaction.max.timeout.ms is 15 min; Flink's default is 1 h.
         producer.setProperty("transaction.timeout.ms", "60000");
@@ -152,13 +225,6 @@ public class KafkaPeer {
                 .keyBy(v -> Long.parseLong(v.substring(0, v.indexOf(','))))
                 .process(new Count())
                 .sinkTo(sink);
-        JobExecutionResult r = env.execute("flink-kafka-keyed-" + mode + "-" + intervalMs);
-        double seconds = r.getNetRuntime() / 1e3;
-        return String.format(Locale.ROOT,
-                "{\"engine\":\"flink\",\"pipeline\":\"kafka-keyed\",\"mode\":\"%s\",\"sink\":\"%s\","
-                        + "\"checkpoint_interval_ms\":%d,\"partitions\":%d,\"parallelism\":%d,\"rate\":null,"
-                        + "\"events\":%d,\"seconds\":%.3f,\"events_per_sec\":%.1f,\"output_topic\":\"%s\"}",
-                mode, exactly ? "flink-exactly-once" : "flink-at-least-once", intervalMs, partitions, parallelism,
-                events, seconds, events / seconds, output);
+        return env;
     }
 }

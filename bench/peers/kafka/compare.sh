@@ -121,21 +121,9 @@ if [ "$flink" = 1 ]; then
   echo
   echo "== Apache Flink with flink-connector-kafka, closed loop over $input"
   fl=$ROOT/bench/peers/flink
-  if ! "$fl/.venv/bin/python" -c "import pyflink" 2>/dev/null; then
-    python3 -m venv "$fl/.venv"
-    "$fl/.venv/bin/pip" install --quiet "apache-flink==${FLINK_VERSION:-2.3.0}"
-  fi
-  flib=$("$fl/.venv/bin/python" -c "import os, pyflink; print(os.path.dirname(pyflink.__file__))")/lib
-  if [ ! -d "$fl/.kafka-jars" ]; then
-    mvn -q -B -f "$fl/kafka-pom.xml" dependency:copy-dependencies -DincludeScope=runtime \
-      -DoutputDirectory="$fl/.kafka-jars.tmp" && mv "$fl/.kafka-jars.tmp" "$fl/.kafka-jars"
-  fi
-  mkdir -p "$fl/.build"
-  if [ ! -e "$fl/.build/KafkaPeer.class" ] || [ "$fl/KafkaPeer.java" -nt "$fl/.build/KafkaPeer.class" ]; then
-    javac -nowarn -d "$fl/.build" -cp "$flib/*:$fl/.kafka-jars/*" "$fl/KafkaPeer.java" 2>&1 | grep -v '^Note:' || true
-  fi
+  fcp=$("$fl/kafka_classpath.sh")
   fck=$(mktemp -d "${TMPDIR:-/tmp}/weir-flink-kafka.XXXXXX")
-  java -Dlog4j2.configurationFile="$fl/log4j2.properties" -cp "$flib/*:$fl/.kafka-jars/*:$fl/.build" KafkaPeer \
+  java -Dlog4j2.configurationFile="$fl/log4j2.properties" -cp "$fcp" KafkaPeer \
     --brokers "$brokers" --topic "$input" --partitions "$partitions" --events "$events" --modes "$modes" \
     --intervals "$intervals" --checkpoint-dir "$fck" --json "$out/flink.jsonl" \
     2> >(grep -vE "^[[:space:]]+(at |\.\.\. [0-9]+ more)" >&2)

@@ -130,6 +130,17 @@ pub struct BenchArgs {
     /// fresh topic per run].
     #[arg(long)]
     pub topic: Option<String>,
+    /// Kafka, open loop: run no weir job. Feed topic IN at --rate with the
+    /// same load and read topic OUT read_committed as for weir's own job,
+    /// with another engine's keyed count running between them (output
+    /// values `key,count,stamp`, the input's stamp passed through). The
+    /// schedule starts once OUT shows the first output of a slow trickle,
+    /// and its first 5 s (a JVM's warm-up) are not recorded;
+    /// --mode says what to check (at-least-once: every count seen; aligned:
+    /// exactly once) and --checkpoint-interval-ms labels the row.
+    /// bench/peers/kafka/compare.sh runs Apache Flink's job this way.
+    #[arg(long, value_name = "IN:OUT")]
+    pub external_job: Option<String>,
     /// Serve the job's metrics while it runs: PORT (on 127.0.0.1) or
     /// IP:PORT (0.0.0.0:PORT exposes the unauthenticated endpoint to the
     /// network). Paths: / (live page), /metrics, /api/job.

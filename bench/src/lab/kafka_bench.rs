@@ -80,30 +80,59 @@ const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// is done before the run is declared wrong.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What a row of the Kafka benchmark ran and what its reader saw, for
+/// weir's job and an external one alike (flattened into both rows' JSON).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct KafkaRun {
+    /// Always `kafka-keyed`.
+    pub pipeline: &'static str,
+    /// Checkpoint mode (an external job's: the guarantee checked).
+    pub mode: &'static str,
+    /// Checkpoint interval, milliseconds (an external job's, as given).
+    pub checkpoint_interval_ms: u64,
+    /// Partitions of the input and output topics (an external job's: if
+    /// this run created them).
+    pub partitions: i32,
+    /// Distinct keys.
+    pub keys: u64,
+    /// Input records.
+    pub events: u64,
+    /// Output records the reader saw.
+    pub output_records: u64,
+    /// Output records beyond one per input record (at-least-once).
+    pub duplicates: u64,
+}
+
+impl KafkaRun {
+    fn of(args: &BenchArgs, events: u64, seen: &Seen) -> Self {
+        KafkaRun {
+            pipeline: "kafka-keyed",
+            mode: args.mode.name(),
+            checkpoint_interval_ms: args.checkpoint_interval_ms,
+            partitions: args.partitions,
+            keys: args.keys,
+            events,
+            output_records: seen.records,
+            duplicates: seen.records - events.min(seen.records),
+        }
+    }
+}
+
 /// One run of the Kafka benchmark, as printed and written to JSON.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct KafkaBenchResult {
-    /// Always `kafka-keyed`.
-    pub pipeline: &'static str,
-    /// Checkpoint mode.
-    pub mode: &'static str,
+    /// What ran and what the reader saw of it.
+    #[serde(flatten)]
+    pub run: KafkaRun,
     /// `kafka-exactly-once` or `kafka-at-least-once`.
     pub sink: &'static str,
-    /// Checkpoint interval, milliseconds.
-    pub checkpoint_interval_ms: u64,
-    /// Partitions of the input and output topics.
-    pub partitions: i32,
     /// Parallelism of source, keyed operator and sink.
     pub parallelism: usize,
     /// Worker threads (open loop: one core fewer than the machine has by
     /// default, left to the broker, librdkafka's threads and weir's own).
     pub workers: usize,
-    /// Distinct keys.
-    pub keys: u64,
     /// Records per second offered (open loop), or `None` (closed loop).
     pub rate: Option<f64>,
-    /// Input records.
-    pub events: u64,
     /// Closed loop: the producer step's rate, records per second.
     pub fill_per_sec: Option<f64>,
     /// Closed loop: job start until the reader saw the last output record;
@@ -113,10 +142,6 @@ pub struct KafkaBenchResult {
     pub events_per_sec: f64,
     /// The engine's own elapsed time (build to finish or cancel).
     pub job_seconds: f64,
-    /// Output records the reader saw.
-    pub output_records: u64,
-    /// Output records beyond one per input record (at-least-once).
-    pub duplicates: u64,
     /// Scheduled send (open loop) or job start to reader (closed loop),
     /// microseconds; open loop after the warm-up only.
     pub visible_latency_us: Percentiles,
@@ -167,6 +192,16 @@ pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
     if events == 0 || args.keys == 0 {
         return Err(CliError::Usage("--events and --keys must be at least 1".into()));
     }
+    if let Some(spec) = &args.external_job {
+        let (input, output) = external_topics(spec, args)?;
+        let (_own, brokers) = broker(args.brokers.as_deref())?;
+        let r = external(args, &brokers, input, output, events, exactly_once)?;
+        r.print();
+        if let Some(path) = &args.json {
+            append_json(path, &r)?;
+        }
+        return Ok(Vec::new());
+    }
     let (_own, brokers) = broker(args.brokers.as_deref())?;
     run_on(args, &brokers, events, exactly_once)
 }
@@ -208,15 +243,15 @@ fn print_result(r: &KafkaBenchResult) {
     println!(
         "kafka-keyed  {:<13} {:<19} interval {:>4} ms  P={} par={} workers={} {}  {:>10.0} ev/s ({} events, {:.2} s; job {:.2} s{})  \
          visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms (source to sink: p50 {:.1} ms p99 {:.1} ms){}  checkpoints {} (p50 {:.1} ms, max {:.1} ms)  output {} (+{} dup)",
-        r.mode,
+        r.run.mode,
         r.sink,
-        r.checkpoint_interval_ms,
-        r.partitions,
+        r.run.checkpoint_interval_ms,
+        r.run.partitions,
         r.parallelism,
         r.workers,
         r.rate.map_or("closed loop".to_string(), |x| format!("open loop {x:.0}/s")),
         r.events_per_sec,
-        r.events,
+        r.run.events,
         r.seconds,
         r.job_seconds,
         r.fill_per_sec.map_or(String::new(), |f| format!("; fill {f:.0} ev/s")),
@@ -239,8 +274,8 @@ fn print_result(r: &KafkaBenchResult) {
         c.completed,
         c.duration_ms.p50,
         c.duration_ms.max,
-        r.output_records,
-        r.duplicates,
+        r.run.output_records,
+        r.run.duplicates,
     );
     if let Some(p) = &r.parts {
         println!("  {}", p.line());
@@ -511,21 +546,43 @@ struct Seen {
     bad: u64,
 }
 
-/// Reads `topic` read_committed from the start until it has seen, per key,
-/// the final count (`expected[key]`) or `stop` is set and `DRAIN_TIMEOUT`
-/// passed; records visibility latency of stamped records scheduled at or
-/// after `record_from_ns` (`stamp == 0`: from `zero_ns`).
-#[allow(clippy::too_many_arguments)]
-fn read_output(
-    brokers: &str,
-    topic: &str,
+/// The output reader: what it reads, what it waits for, and the flags it
+/// shares with the run.
+struct Reader {
+    brokers: String,
+    topic: String,
     partitions: i32,
-    expected: &[u64],
-    record_from_ns: &AtomicU64,
+    /// Per key, the final count.
+    expected: Vec<u64>,
+    /// Records scheduled at or after this are recorded.
+    record_from_ns: Arc<AtomicU64>,
     wall: WallClock,
-    zero_ns: &AtomicU64,
-    stop: &AtomicBool,
-) -> Result<Seen, CliError> {
+    /// The start of unstamped records (`stamp == 0`).
+    zero_ns: Arc<AtomicU64>,
+    /// The run is done: drain for at most [`DRAIN_TIMEOUT`].
+    stop: Arc<AtomicBool>,
+    /// Set at the first output record.
+    seen_any: Arc<AtomicBool>,
+}
+
+impl Reader {
+    /// Reads on a thread of its own.
+    fn spawn(self) -> Result<std::thread::JoinHandle<Result<Seen, CliError>>, CliError> {
+        std::thread::Builder::new()
+            .name("bench-reader".into())
+            .spawn(move || read_output(&self))
+            .map_err(|e| io_err("the reader thread", e))
+    }
+}
+
+/// Reads `r.topic` read_committed from the start until it has seen, per
+/// key, the final count or `r.stop` is set and [`DRAIN_TIMEOUT`] passed;
+/// records visibility latency of stamped records scheduled at or after
+/// `r.record_from_ns` (`stamp == 0`: from `r.zero_ns`).
+fn read_output(r: &Reader) -> Result<Seen, CliError> {
+    let (brokers, topic, partitions, expected) = (r.brokers.as_str(), r.topic.as_str(), r.partitions, &r.expected);
+    let (record_from_ns, wall, zero_ns, stop, seen_any) =
+        (&*r.record_from_ns, r.wall, &*r.zero_ns, &*r.stop, &*r.seen_any);
     let consumer: BaseConsumer = client(brokers)
         .set("group.id", "weir-bench-reader")
         .set("enable.auto.commit", "false")
@@ -571,7 +628,7 @@ fn read_output(
             Some(Err(e)) => return Err(kafka_err(format!("read {topic}"), e)),
         };
         let now = clock::now_ns();
-        let Some([key, count, stamp, polled, written]) = m.payload().and_then(split::<5>) else {
+        let Some([key, count, stamp, polled, written]) = m.payload().and_then(output_fields) else {
             seen.bad += 1;
             continue;
         };
@@ -580,6 +637,9 @@ fn read_output(
             continue;
         };
         seen.records += 1;
+        if seen.records == 1 {
+            seen_any.store(true, Ordering::Release);
+        }
         k.0 += 1;
         k.2 += count as u128;
         if count > k.1 {
@@ -596,7 +656,7 @@ fn read_output(
         };
         if stamp >= record_from_ns.load(Ordering::Acquire) && from > 0 {
             kafka_parts::record(&mut seen.latency_ns, from, now);
-            if stamp > 0 {
+            if stamp > 0 && polled > 0 {
                 seen.parts.see(polled, written, m.timestamp().to_millis(), now);
             }
         }
@@ -605,6 +665,13 @@ fn read_output(
         eprintln!("weir bench: the output reader saw {errors} transient client errors (reconnected)");
     }
     Ok(seen)
+}
+
+/// An output value's fields `key,count,stamp,polled,written`: weir's, or
+/// another engine's `key,count,stamp` with `polled` and `written` 0 (no
+/// parts).
+fn output_fields(v: &[u8]) -> Option<[u64; 5]> {
+    split::<5>(v).or_else(|| split::<3>(v).map(|[k, c, s]| [k, c, s, 0, 0]))
 }
 
 /// Final count per key of records `0..events`.
@@ -746,25 +813,18 @@ impl Run<'_> {
 
         let stop = Arc::new(AtomicBool::new(false));
         let zero = Arc::new(AtomicU64::new(0));
-        let reader = {
-            let (brokers, output, expected) = (brokers.to_string(), output.to_string(), expected.to_vec());
-            let (stop, zero, record_from) = (stop.clone(), zero.clone(), record_from.clone());
-            std::thread::Builder::new()
-                .name("bench-reader".into())
-                .spawn(move || {
-                    read_output(
-                        &brokers,
-                        &output,
-                        partitions,
-                        &expected,
-                        &record_from,
-                        wall,
-                        &zero,
-                        &stop,
-                    )
-                })
-                .map_err(|e| io_err("the reader thread", e))?
-        };
+        let reader = Reader {
+            brokers: brokers.to_string(),
+            topic: output.to_string(),
+            partitions,
+            expected: expected.to_vec(),
+            record_from_ns: record_from.clone(),
+            wall,
+            zero_ns: zero.clone(),
+            stop: stop.clone(),
+            seen_any: Arc::new(AtomicBool::new(false)),
+        }
+        .spawn()?;
         zero.store(clock::now_ns(), Ordering::Release);
         let job_started = clock::now_ns();
         // Worker w runs on core w: the probe covers the workers' cores.
@@ -818,54 +878,23 @@ impl Run<'_> {
         if let Some(produced) = produced {
             produced?;
         }
-        // The output, judged from the running counts.
-        let mut final_sum = 0u64;
-        let mut exact = true;
-        for (k, &(n, max, sum)) in seen.per_key.iter().enumerate() {
-            final_sum += max;
-            let want = expected[k];
-            if max != want {
-                return Err(CliError::Wrong(format!(
-                    "key {k}: the reader saw counts up to {max}, expected {want} (records lost)"
-                )));
-            }
-            exact &= n == max && sum == max as u128 * (max as u128 + 1) / 2;
-        }
-        if seen.bad > 0 {
-            return Err(CliError::Wrong(format!(
-                "{} output records were not `key,count,stamp`",
-                seen.bad
-            )));
-        }
-        if self.exactly_once && !(exact && seen.records == events) {
-            return Err(CliError::Wrong(format!(
-                "exactly-once: the reader saw {} records for {events} inputs (counts summing to {final_sum})",
-                seen.records
-            )));
-        }
+        judge(&seen, expected, events, self.exactly_once)?;
         let begin = if open { start_ns } else { job_started };
         let seconds = seen.last_ns.saturating_sub(begin) as f64 / 1e9;
         Ok(KafkaBenchResult {
-            pipeline: "kafka-keyed",
-            mode: args.mode.name(),
+            run: KafkaRun::of(args, events, &seen),
             sink: if self.exactly_once {
                 "kafka-exactly-once"
             } else {
                 "kafka-at-least-once"
             },
-            checkpoint_interval_ms: args.checkpoint_interval_ms,
-            partitions,
             parallelism: p,
             workers,
-            keys,
             rate: args.rate,
-            events,
             fill_per_sec,
             seconds,
             events_per_sec: events as f64 / seconds,
             job_seconds: result.elapsed.as_secs_f64(),
-            output_records: seen.records,
-            duplicates: seen.records - events.min(seen.records),
             visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
             latency_us: Percentiles::from_ns(&result.metrics.latency_ns),
             parts: open.then(|| {
@@ -878,6 +907,37 @@ impl Run<'_> {
             machine: Machine::here(),
         })
     }
+}
+
+/// The output, judged from the running counts: every key's final count
+/// seen (nothing lost), every value well formed, and with `exactly_once`
+/// each count exactly once.
+fn judge(seen: &Seen, expected: &[u64], events: u64, exactly_once: bool) -> Result<(), CliError> {
+    let mut final_sum = 0u64;
+    let mut exact = true;
+    for (k, &(n, max, sum)) in seen.per_key.iter().enumerate() {
+        final_sum += max;
+        let want = expected[k];
+        if max != want {
+            return Err(CliError::Wrong(format!(
+                "key {k}: the reader saw counts up to {max}, expected {want} (records lost)"
+            )));
+        }
+        exact &= n == max && sum == max as u128 * (max as u128 + 1) / 2;
+    }
+    if seen.bad > 0 {
+        return Err(CliError::Wrong(format!(
+            "{} output records were not `key,count,stamp`",
+            seen.bad
+        )));
+    }
+    if exactly_once && !(exact && seen.records == events) {
+        return Err(CliError::Wrong(format!(
+            "exactly-once: the reader saw {} records for {events} inputs (counts summing to {final_sum})",
+            seen.records
+        )));
+    }
+    Ok(())
 }
 
 /// Waits until `job` completed its first checkpoint, at most
@@ -924,28 +984,223 @@ fn open_loop(
     stop: &AtomicBool,
 ) -> Result<(), CliError> {
     let p = producer(brokers, OPEN_LOOP_LINGER_MS)?;
-    let gap = 1e9 / rate;
-    let mut seq = 0u64;
-    while seq < events && !stop.load(Ordering::Relaxed) {
-        let now = clock::now_ns();
-        // Every record due by now, then a short sleep.
-        while seq < events {
-            let due = start_ns + (seq as f64 * gap) as u64;
-            if due > now {
-                break;
+    let load = Load {
+        p: &p,
+        topic,
+        partitions,
+        events,
+        keys,
+    };
+    load.schedule(0, rate, start_ns, stop)?;
+    load.flush()
+}
+
+/// The load generator's producer and what it sends: records `0..events`
+/// of `keys` keys into `topic`.
+struct Load<'a> {
+    p: &'a BaseProducer,
+    topic: &'a str,
+    partitions: i32,
+    events: u64,
+    keys: u64,
+}
+
+impl Load<'_> {
+    /// Sends records `first..events` at `rate` per second, record `first`
+    /// at `start_ns`, each stamped with its scheduled time.
+    fn schedule(&self, first: u64, rate: f64, start_ns: u64, stop: &AtomicBool) -> Result<(), CliError> {
+        let gap = 1e9 / rate;
+        let due = |seq: u64| start_ns + ((seq - first) as f64 * gap) as u64;
+        let mut seq = first;
+        while seq < self.events && !stop.load(Ordering::Relaxed) {
+            let now = clock::now_ns();
+            // Every record due by now, then a short sleep.
+            while seq < self.events && due(seq) <= now {
+                send(self.p, self.topic, self.partitions, seq, self.keys, due(seq))?;
+                seq += 1;
             }
-            send(&p, topic, partitions, seq, keys, due)?;
-            seq += 1;
+            self.p.poll(Duration::ZERO);
+            if seq < self.events {
+                let wait = due(seq).saturating_sub(clock::now_ns());
+                if wait > 0 {
+                    std::thread::sleep(Duration::from_nanos(wait.min(1_000_000)));
+                }
+            }
         }
-        p.poll(Duration::ZERO);
-        let next = start_ns + (seq as f64 * gap) as u64;
-        let wait = next.saturating_sub(clock::now_ns());
-        if wait > 0 {
-            std::thread::sleep(Duration::from_nanos(wait.min(1_000_000)));
-        }
+        Ok(())
     }
-    p.flush(CLIENT_TIMEOUT)
-        .map_err(|e| kafka_err(format!("flush the producer of {topic}"), e))
+
+    /// Sends records from 0 on, one every [`TRICKLE_GAP`] stamped with its
+    /// send time, until `up` is set (the first output seen); the next
+    /// record's number. An error if that takes [`READY_TIMEOUT`] or uses
+    /// up the records.
+    fn trickle(&self, up: &AtomicBool, stop: &AtomicBool) -> Result<u64, CliError> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut seq = 0u64;
+        while !up.load(Ordering::Acquire) {
+            if stop.load(Ordering::Relaxed) {
+                return Err(CliError::Wrong("stopped before the external job's first output".into()));
+            }
+            if Instant::now() >= deadline || seq == self.events {
+                return Err(CliError::Wrong(format!(
+                    "no output on the external job's topic for {seq} records sent into {} over {READY_TIMEOUT:?}: \
+                     is the job running, reading {} and writing `key,count,stamp` values?",
+                    self.topic, self.topic
+                )));
+            }
+            send(self.p, self.topic, self.partitions, seq, self.keys, clock::now_ns())?;
+            seq += 1;
+            self.p.poll(Duration::ZERO);
+            std::thread::sleep(TRICKLE_GAP);
+        }
+        Ok(seq)
+    }
+
+    fn flush(&self) -> Result<(), CliError> {
+        self.p
+            .flush(CLIENT_TIMEOUT)
+            .map_err(|e| kafka_err(format!("flush the producer of {}", self.topic), e))
+    }
+}
+
+/// External job: records of the first this-many nanoseconds of the
+/// schedule are not recorded: 5 s, five times weir's [`WARMUP_NS`], for a
+/// JVM engine's just-in-time compiler to reach its steady state (a longer
+/// warm-up can only flatter the peer).
+const EXTERNAL_WARMUP_NS: u64 = 5_000_000_000;
+
+/// External job: the gap between the records sent until its first output
+/// shows (a start-up trickle, not measured): 10 ms.
+const TRICKLE_GAP: Duration = Duration::from_millis(10);
+
+/// `--external-job IN:OUT`, checked: the two topics.
+fn external_topics<'a>(spec: &'a str, args: &BenchArgs) -> Result<(&'a str, &'a str), CliError> {
+    let usage = |why: &str| Err(CliError::Usage(format!("--external-job {spec}: {why}")));
+    let Some((input, output)) = spec.split_once(':') else {
+        return usage("give the input and output topics as IN:OUT");
+    };
+    if input.is_empty() || output.is_empty() || input == output || output.contains(':') {
+        return usage("give two different topic names as IN:OUT");
+    }
+    if args.rate.is_none() {
+        return usage("an external job is measured in open loop: give --rate");
+    }
+    if args.topic.is_some() {
+        return usage("--topic names weir's closed-loop input; the external job's input is IN");
+    }
+    Ok((input, output))
+}
+
+/// One run of `--external-job`: another engine's job between the load and
+/// the reader, as printed and written to JSON.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ExternalKafkaResult {
+    /// Always `external`: not weir's job.
+    pub engine: &'static str,
+    /// What ran and what the reader saw of it.
+    #[serde(flatten)]
+    pub run: KafkaRun,
+    /// The input topic.
+    pub input: String,
+    /// The output topic.
+    pub output: String,
+    /// Records per second offered.
+    pub rate: f64,
+    /// Records sent in the start-up trickle, before the schedule.
+    pub trickle: u64,
+    /// Scheduled send to the reader, microseconds, after the warm-up.
+    pub visible_latency_us: Percentiles,
+    /// Where and when.
+    pub machine: Machine,
+}
+
+impl ExternalKafkaResult {
+    fn print(&self) {
+        let v = &self.visible_latency_us;
+        println!(
+            "kafka-keyed  external job  {:<13} interval {:>4} ms  {} -> {}  open loop {:.0}/s  ({} events, {} in the start-up trickle)  \
+             visible p50 {:.1} ms p99 {:.1} ms p99.9 {:.1} ms max {:.1} ms  output {} (+{} dup)",
+            self.run.mode,
+            self.run.checkpoint_interval_ms,
+            self.input,
+            self.output,
+            self.rate,
+            self.run.events,
+            self.trickle,
+            v.p50 / 1e3,
+            v.p99 / 1e3,
+            v.p999 / 1e3,
+            v.max / 1e3,
+            self.run.output_records,
+            self.run.duplicates,
+        );
+    }
+}
+
+/// Measures an external job from `input` to `output`: the reader starts
+/// first, the load trickles until the reader sees the job's first output,
+/// then the schedule runs at `--rate` from 200 ms later, its first
+/// [`EXTERNAL_WARMUP_NS`] not recorded, until the reader has every key's final
+/// count (or gives up [`DRAIN_TIMEOUT`] after the last send).
+fn external(
+    args: &BenchArgs,
+    brokers: &str,
+    input: &str,
+    output: &str,
+    events: u64,
+    exactly_once: bool,
+) -> Result<ExternalKafkaResult, CliError> {
+    let (partitions, keys) = (args.partitions, args.keys);
+    let rate = args.rate.expect("checked by external_topics");
+    create_topic(brokers, input, partitions)?;
+    create_topic(brokers, output, partitions)?;
+    let expected = expected_counts(events, keys);
+    let record_from = Arc::new(AtomicU64::new(u64::MAX));
+    let (stop, up) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+    let reader = Reader {
+        brokers: brokers.to_string(),
+        topic: output.to_string(),
+        partitions,
+        expected: expected.clone(),
+        record_from_ns: record_from.clone(),
+        wall: WallClock::now(),
+        zero_ns: Arc::new(AtomicU64::new(0)),
+        stop: stop.clone(),
+        seen_any: up.clone(),
+    }
+    .spawn()?;
+    let p = producer(brokers, OPEN_LOOP_LINGER_MS)?;
+    let load = Load {
+        p: &p,
+        topic: input,
+        partitions,
+        events,
+        keys,
+    };
+    let sent = load.trickle(&up, &stop).and_then(|trickle| {
+        let start = clock::now_ns() + 200_000_000;
+        record_from.store(start + EXTERNAL_WARMUP_NS, Ordering::Release);
+        load.schedule(trickle, rate, start, &stop)?;
+        load.flush()?;
+        Ok(trickle)
+    });
+    // The reader drains for at most DRAIN_TIMEOUT from here.
+    stop.store(true, Ordering::Release);
+    let trickle = sent?;
+    let seen = reader
+        .join()
+        .unwrap_or_else(|_| Err(CliError::Wrong("the reader panicked".into())))?;
+    judge(&seen, &expected, events, exactly_once)?;
+    Ok(ExternalKafkaResult {
+        engine: "external",
+        run: KafkaRun::of(args, events, &seen),
+        input: input.to_string(),
+        output: output.to_string(),
+        rate,
+        trickle,
+        visible_latency_us: Percentiles::from_ns(&seen.latency_ns),
+        machine: Machine::here(),
+    })
 }
 
 #[cfg(test)]

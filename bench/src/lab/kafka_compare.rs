@@ -177,7 +177,7 @@ pub fn print_table(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String
          {:.0} records/s, {} partitions, {} worker{}, one broker on the same machine{}; visible: from the load \
          generator's scheduled send to a read_committed reader",
         c.rate,
-        first.partitions,
+        first.run.partitions,
         first.workers,
         if first.workers == 1 { "" } else { "s" },
         c.brokers.as_deref().map_or(String::new(), |b| format!(" ({b})")),
@@ -200,8 +200,8 @@ pub fn print_table(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String
         };
         println!(
             "  {:<22} {:>6} ms  {:>22}  {:>26}  {:>22}  {:>20}",
-            format!("{}·kafka", r.mode),
-            r.checkpoint_interval_ms,
+            format!("{}·kafka", r.run.mode),
+            r.run.checkpoint_interval_ms,
             format!("{} / {} / {} ms", ms(v.p50), ms(v.p99), ms(v.p999)),
             pair(parts.map(|p| &p.sink_to_append_us)),
             pair(parts.map(|p| &p.append_to_visible_us)),
@@ -217,21 +217,21 @@ pub fn print_table(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String
         Err(why) => println!("  the broker's own round trip: not measured ({why})"),
     }
     let two = floor.as_ref().ok().map(|f| 2.0 * f.p99_ms);
-    if let (Some(alo), Some(two)) = (rows.iter().find(|r| r.mode == "at-least-once"), two) {
+    if let (Some(alo), Some(two)) = (rows.iter().find(|r| r.run.mode == "at-least-once"), two) {
         println!(
             "- through Kafka, at-least-once's visible p99 {:.1} ms was {:.1}x the broker's two crossings at p99 ({two:.0} ms)",
             alo.visible_latency_us.p99 / 1e3,
             alo.visible_latency_us.p99 / 1e3 / two
         );
     }
-    if let Some(alo) = rows.iter().find(|r| r.mode == "at-least-once") {
-        for r in rows.iter().filter(|r| r.mode != "at-least-once") {
+    if let Some(alo) = rows.iter().find(|r| r.run.mode == "at-least-once") {
+        for r in rows.iter().filter(|r| r.run.mode != "at-least-once") {
             let p99 = r.visible_latency_us.p99 / 1e3;
-            let beyond = p99 - r.checkpoint_interval_ms as f64 - two.unwrap_or(0.0);
+            let beyond = p99 - r.run.checkpoint_interval_ms as f64 - two.unwrap_or(0.0);
             println!(
                 "- through Kafka, exactly-once at {} ms showed visible p99 {:.1} ms against at-least-once's {:.1} ms: \
                  {:.1} ms beyond its interval{}{}",
-                r.checkpoint_interval_ms,
+                r.run.checkpoint_interval_ms,
                 p99,
                 alo.visible_latency_us.p99 / 1e3,
                 beyond,
@@ -283,8 +283,8 @@ pub fn json_lines(rows: &[KafkaBenchResult], floor: &Result<BrokerFloor, String>
         .chain(rows.iter().map(|r| {
             serde_json::to_value(JsonLine {
                 run: "kafka-open-loop",
-                row: format!("{}·kafka", r.mode),
-                interval_ms: r.checkpoint_interval_ms,
+                row: format!("{}·kafka", r.run.mode),
+                interval_ms: r.run.checkpoint_interval_ms,
                 result: r,
             })
             .expect("a result always serialises")
