@@ -135,7 +135,8 @@ pub struct BenchArgs {
     /// with another engine's keyed count running between them (output
     /// values `key,count,stamp`, the input's stamp passed through). The
     /// schedule starts once OUT shows the first output of a slow trickle,
-    /// and its first 5 s (a JVM's warm-up) are not recorded;
+    /// and its first 5 s (a JVM's warm-up) are not recorded (--events:
+    /// 13 s of the rate by default);
     /// --mode says what to check (at-least-once: every count seen; aligned:
     /// exactly once) and --checkpoint-interval-ms labels the row.
     /// bench/peers/kafka/compare.sh runs Apache Flink's job this way.

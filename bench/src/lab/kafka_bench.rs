@@ -185,9 +185,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<KafkaBenchResult>, CliError> {
     if args.checkpoint_interval_ms == 0 {
         return Err(CliError::Usage("--checkpoint-interval-ms must be at least 1".into()));
     }
+    // Open loop: 6 s of the rate (1 s of warm-up, 5 measured); an external
+    // job's 13 s (5 s of warm-up, 8 measured).
+    let seconds = if args.external_job.is_some() { 13.0 } else { 6.0 };
     let events = args.events.unwrap_or(match args.rate {
         None => 2_000_000,
-        Some(r) => ((r * 6.0) as u64).max(1000),
+        Some(r) => ((r * seconds) as u64).max(1000),
     });
     if events == 0 || args.keys == 0 {
         return Err(CliError::Usage("--events and --keys must be at least 1".into()));
@@ -1191,6 +1194,13 @@ fn external(
         .join()
         .unwrap_or_else(|_| Err(CliError::Wrong("the reader panicked".into())))?;
     judge(&seen, &expected, events, exactly_once)?;
+    if seen.latency_ns.is_empty() {
+        return Err(CliError::Usage(format!(
+            "--events {events} at --rate {rate} ends within the external job's {} s of warm-up: \
+             nothing was measured; give more --events",
+            EXTERNAL_WARMUP_NS / 1_000_000_000
+        )));
+    }
     Ok(ExternalKafkaResult {
         engine: "external",
         run: KafkaRun::of(args, events, &seen),
