@@ -92,7 +92,7 @@ fn complete_ids(dir: &Path) -> Vec<u64> {
     storage::list_ids(dir)
         .unwrap()
         .into_iter()
-        .filter(|&id| storage::checkpoint_dir(dir, id).join(storage::MANIFEST).exists())
+        .filter(|&id| storage::is_complete(dir, id))
         .collect()
 }
 
@@ -269,8 +269,9 @@ fn list_inspect_verify_and_detect_corruption() {
             && out.contains(&format!("..{}", good.len())),
         "{out}"
     );
+    // (Byte 20: in the JSON line, after the first sector's 16-byte tag.)
     let mut bytes = good;
-    bytes[10] ^= 0x01;
+    bytes[20] ^= 0x01;
     std::fs::write(&m_path, &bytes).unwrap();
     let (code, out, _) = checkpoints(&["list", d]);
     assert_eq!(code, 0);

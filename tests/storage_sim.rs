@@ -501,11 +501,33 @@ fn is_cleanup(i: &Injected, root: &Path) -> bool {
         return true;
     }
     let chk = root.join("chk");
+    // Preparing a checkpoint's folder at the trigger: its empty MANIFEST
+    // and the fsync of its folder (`storage::prepare_checkpoint`). If
+    // either fails, the manifest is written by rename as any other file,
+    // and its folder and `chk/` are synced after it (`Manifest::commit`,
+    // `prepared` false), whose failure declines the checkpoint. (An fsync
+    // of the folder is retried that way: the sim keeps unsynced folder
+    // operations until a later sync succeeds, as a journalling file system
+    // keeps metadata in its journal.)
+    let in_chk_folder = i.path.parent() == Some(&*chk)
+        && i.path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("chk-"));
+    if i.call == Call::SyncDir && in_chk_folder {
+        return true;
+    }
+    if i.call == Call::CreateFile
+        && i.path
+            .file_name()
+            .is_some_and(|n| n == weir_core::checkpoint::storage::MANIFEST)
+    {
+        return true;
+    }
     // Creating a checkpoint's folder at the trigger, ahead of its files:
     // if that fails, the checkpoint goes on and the first file written
     // for it creates the folder and syncs `chk/` (`storage::write_durable`,
     // whose failure declines the checkpoint), and the manifest's commit
-    // syncs `chk/` again (`Manifest::commit`, `folder_synced` false). A
+    // syncs `chk/` again (`Manifest::commit`, `prepared` false). A
     // failed `mkdir` changed nothing on disk, so making it again is no
     // retry of a step whose outcome is unknown (as a retried fsync would
     // be). Whether the folder the checkpoint then completes in is durable
@@ -518,7 +540,8 @@ fn is_cleanup(i: &Injected, root: &Path) -> bool {
     // ignored while writing a checkpoint that is now restorable is not.
     match i.path.strip_prefix(&chk).ok().and_then(|r| r.components().next()) {
         Some(std::path::Component::Normal(name)) if name.to_string_lossy().starts_with("chk-") => {
-            !vfs::exists(chk.join(name).join(weir_core::checkpoint::storage::MANIFEST))
+            let id = name.to_string_lossy().strip_prefix("chk-").and_then(|n| n.parse().ok());
+            id.is_none_or(|id| !weir_core::checkpoint::storage::is_complete(&chk, id))
         }
         _ => false,
     }

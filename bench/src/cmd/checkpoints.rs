@@ -5,9 +5,11 @@
 //! checkpoint is made of (see `docs/design/checkpoints.md`) are read by the
 //! code a restore runs, in weir-core:
 //!
-//! - the manifest (`chk-NNNNNNNNNN/MANIFEST`): one line of JSON, then a line
-//!   `crc32 <8 hex digits>`, then the inline task states; parsed and checked
-//!   (every inline state's CRC32 included) by [`storage::read_manifest`];
+//! - the manifest (`chk-NNNNNNNNNN/MANIFEST`): framed in 512-byte sectors,
+//!   one line of JSON, then a line `crc32 <8 hex digits>`, then the inline
+//!   task states; parsed and checked (every inline state's CRC32 included,
+//!   and a write a crash left unfinished told from damage) by
+//!   [`storage::read_manifest`];
 //! - a task state frame, in a task state file (`task-GGG-SSS.state`) or
 //!   inline in the manifest: magic, payload length, payload, payload
 //!   CRC32; decoded and checked by [`task_frame::decode_task_frame`].
@@ -75,8 +77,9 @@ pub fn run(args: &CheckpointsArgs) -> Result<(), CliError> {
 enum Folder {
     /// A manifest that verifies: the checkpoint is complete.
     Complete(Manifest),
-    /// No manifest: an unfinished or aborted checkpoint, never restored.
-    Incomplete,
+    /// No manifest, or one a crash left unfinished: an unfinished or
+    /// aborted checkpoint, never restored. Why.
+    Incomplete(String),
     /// A manifest that does not verify (the message says why and where).
     BadManifest(String),
 }
@@ -84,7 +87,7 @@ enum Folder {
 fn read_folder(root: &Path, id: u64) -> Folder {
     match storage::read_manifest(root, id) {
         Ok(Some(m)) => Folder::Complete(m),
-        Ok(None) => Folder::Incomplete,
+        Ok(None) => Folder::Incomplete(storage::incomplete(root, id).unwrap_or_else(|| "no MANIFEST".into())),
         Err(e) => Folder::BadManifest(e),
     }
 }
@@ -136,7 +139,7 @@ fn list(dir: &Path) -> Result<(), CliError> {
                 m.tasks.iter().map(|t| t.state_bytes).sum::<u64>(),
                 m.tasks.iter().map(|t| t.channel_state_bytes).sum::<u64>(),
             ),
-            Folder::Incomplete => format!("{id:>10}  {:<10}  (no MANIFEST: never restored)", "incomplete"),
+            Folder::Incomplete(why) => format!("{id:>10}  {:<10}  ({why}: never restored)", "incomplete"),
             Folder::BadManifest(e) => format!("{id:>10}  {:<10}  {e}", "corrupt"),
         };
         println!("{line}");
@@ -161,8 +164,8 @@ fn inspect(dir: &Path, id: Option<u64>) -> Result<(), CliError> {
     };
     let manifest = match read_folder(dir, id) {
         Folder::Complete(m) => m,
-        Folder::Incomplete => {
-            inspect_incomplete(dir, id);
+        Folder::Incomplete(why) => {
+            inspect_incomplete(dir, id, &why);
             return Ok(());
         }
         Folder::BadManifest(e) => return Err(CliError::Wrong(format!("checkpoint {id}: {e}"))),
@@ -171,13 +174,14 @@ fn inspect(dir: &Path, id: Option<u64>) -> Result<(), CliError> {
     Ok(())
 }
 
-/// The newest checkpoint that has a manifest file (whether or not it
-/// verifies: a corrupt latest checkpoint is shown as such, never skipped).
+/// The newest checkpoint that has a manifest a crash did not leave
+/// unfinished (whether or not it verifies: a corrupt latest checkpoint is
+/// shown as such, never skipped).
 fn latest_complete(dir: &Path, ids: &[u64]) -> Result<u64, CliError> {
     ids.iter()
         .rev()
         .copied()
-        .find(|&id| storage::checkpoint_dir(dir, id).join(storage::MANIFEST).exists())
+        .find(|&id| storage::is_complete(dir, id))
         .ok_or_else(|| {
             CliError::Usage(format!(
                 "{} holds no complete checkpoint ({} incomplete folders)",
@@ -253,10 +257,10 @@ fn print_manifest(dir: &Path, m: &Manifest) {
 }
 
 /// An incomplete folder has no manifest to follow: show the files it has.
-fn inspect_incomplete(dir: &Path, id: u64) {
+fn inspect_incomplete(dir: &Path, id: u64, why: &str) {
     let folder = storage::checkpoint_dir(dir, id);
     println!(
-        "checkpoint {id} ({}): incomplete, no MANIFEST; never restored",
+        "checkpoint {id} ({}): incomplete, {why}; never restored",
         folder.display()
     );
     let mut entries: Vec<(String, Result<Vec<u8>, String>)> = match fs::read_dir(&folder) {
@@ -311,15 +315,15 @@ fn verify(dir: &Path, id: Option<u64>) -> Result<(), CliError> {
         let name = folder_name(id);
         let manifest = match read_folder(dir, id) {
             Folder::Complete(m) => m,
-            Folder::Incomplete if explicit => {
+            Folder::Incomplete(why) if explicit => {
                 println!("{name}  FAILED");
-                println!("  no MANIFEST: the checkpoint is incomplete and would never be restored");
+                println!("  {why}: the checkpoint is incomplete and would never be restored");
                 checked += 1;
                 bad.push(id);
                 continue;
             }
-            Folder::Incomplete => {
-                println!("{name}  incomplete (no MANIFEST): skipped, never restored");
+            Folder::Incomplete(why) => {
+                println!("{name}  incomplete ({why}): skipped, never restored");
                 continue;
             }
             Folder::BadManifest(e) => {

@@ -38,15 +38,21 @@ fn load_located(
 ) -> std::result::Result<Restored, (Error, Damaged)> {
     let checked = |e: storage::CheckFailed| (Error::Restore(e.message), e.damaged);
     let plain = |e: Error| (e, None);
-    let manifest = storage::read_manifest_located(root, id)
-        .map_err(checked)?
-        .ok_or_else(|| {
-            Error::Restore(format!(
+    let manifest = match storage::read_manifest_file(root, id).map_err(checked)? {
+        Some(storage::ManifestFile::Complete(m)) => m,
+        Some(storage::ManifestFile::Unfinished(why)) => {
+            return Err(plain(Error::Restore(format!(
+                "checkpoint {id} in {} is not complete: its MANIFEST is unfinished ({why})",
+                root.display()
+            ))))
+        }
+        None => {
+            return Err(plain(Error::Restore(format!(
                 "checkpoint {id} in {} is not complete (no manifest)",
                 root.display()
-            ))
-        })
-        .map_err(plain)?;
+            ))))
+        }
+    };
     if manifest.fingerprint != fingerprint {
         let theirs: Vec<String> = manifest.groups.iter().map(|g| g.operators.join(" -> ")).collect();
         return Err(plain(Error::Restore(format!(
@@ -100,21 +106,21 @@ fn load_located(
     Ok(Restored { manifest, states })
 }
 
-/// Completed checkpoint ids on disk (with a manifest), ascending.
+/// Completed checkpoint ids on disk, ascending: with a manifest that is not
+/// unfinished ([`storage::is_complete`]; a damaged one counts, so that a
+/// restore stops at it).
 pub(crate) fn completed_ids(root: &Path) -> Result<Vec<u64>> {
     let ids = storage::list_ids(root).map_err(|e| Error::Restore(format!("listing {}: {e}", root.display())))?;
-    Ok(ids
-        .into_iter()
-        .filter(|&id| crate::storage::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)))
-        .collect())
+    Ok(ids.into_iter().filter(|&id| storage::is_complete(root, id)).collect())
 }
 
-/// Deletes checkpoint folders that never got a manifest (a crash or an
-/// abort left them); they are never restored.
+/// Deletes checkpoint folders that never got a whole manifest (a crash or
+/// an abort left them); they are never restored.
 pub(crate) fn remove_incomplete(root: &Path) {
     if let Ok(ids) = storage::list_ids(root) {
         for id in ids {
-            if !crate::storage::vfs::exists(storage::checkpoint_dir(root, id).join(storage::MANIFEST)) {
+            if let Some(why) = storage::incomplete(root, id) {
+                tracing::debug!(checkpoint = id, why = %why, "deleting an incomplete checkpoint");
                 let _ = storage::remove_checkpoint(root, id);
             }
         }
@@ -252,7 +258,7 @@ mod tests {
             files: vec![own.clone()],
             inline: [&frames[0][..], &frames[1][..]].concat(),
         };
-        m.commit(root, true, false, true).unwrap();
+        m.commit(root, true, false, false).unwrap();
         (states, [dir.join(MANIFEST), root.join(&own.path)])
     }
 
@@ -268,8 +274,10 @@ mod tests {
     /// What `find` with `RestoreFrom::LatestValid` reports for a
     /// checkpoint that does not load (`corruption::report` of the file and
     /// the position): every flipped bit of the manifest or of a task file,
-    /// and every cut, is a failure that names the damaged file and a
-    /// position at or before the flipped byte (the cut). A failure without
+    /// and every cut of a task file, is a failure that names the damaged
+    /// file and a position at or before the flipped byte (the cut). A
+    /// manifest cut short is an unfinished one: the checkpoint is not
+    /// complete. A failure without
     /// a position would be skipped with a log line only, unreported.
     #[test]
     fn every_flipped_bit_and_cut_of_a_checkpoint_is_located_at_or_before_it() {
@@ -300,6 +308,16 @@ mod tests {
                 );
             }
             for len in 0..bytes.len() {
+                if path == &files[0] {
+                    // A manifest cut short is what a crash leaves of its
+                    // write: unfinished, the checkpoint incomplete.
+                    put(path, &bytes[..len]);
+                    match load() {
+                        Err((e, None)) => assert!(e.to_string().contains("not complete"), "cut at {len}: {e}"),
+                        other => panic!("manifest cut at {len}: {:?}", other.map(|r| r.states)),
+                    }
+                    continue;
+                }
                 let at = located(&bytes[..len], &format!("cut at {len}"));
                 assert!(at <= len as u64, "{}: cut at {len} located at {at}", path.display());
             }

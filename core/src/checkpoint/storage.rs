@@ -4,17 +4,33 @@
 //! <dir>/
 //!   chk-0000000042/            one folder per checkpoint
 //!     task-003-001.state       task state of chain 3, subtask 1 (large ones only)
-//!     MANIFEST                 written last: its presence makes 42 complete
+//!     MANIFEST                 made empty at the trigger, written last: 42 is
+//!                              complete once it holds a whole manifest
 //!   shared/                    files shared between checkpoints (state backend)
 //! ```
 //!
-//! Every file is written to a hidden temporary name, fsynced, renamed to its
-//! final name, and its folder fsynced, so a crash at any instant leaves
-//! either no file or the whole file. The manifest is written only after
-//! every file it names is durable; a checkpoint folder without a valid
-//! manifest is garbage from an unfinished checkpoint and is never restored.
+//! Every task or shared file is written to a hidden temporary name, fsynced,
+//! renamed to its final name, and its folder fsynced, so a crash at any
+//! instant leaves either no file or the whole file. The manifest is written
+//! only after every file it names is durable, and differently: its file and
+//! folder are made, empty, when the checkpoint is triggered, and their
+//! entries synced while the tasks snapshot; completing the checkpoint is
+//! then one write into that file and one `fdatasync` (a temporary name and
+//! a rename would cost a second sync, of the folder, on the path to
+//! visible output). A crash during that write can leave the file empty,
+//! cut short, or with some 512-byte sectors written and others not; the
+//! manifest's framing tells such a file (*unfinished*: the checkpoint never
+//! completed, and is never restored) from one damaged after it was durable
+//! (an error naming the file and the byte): see [`Manifest::encode`]. A
+//! checkpoint folder without a whole manifest is garbage from an unfinished
+//! checkpoint and is never restored.
 //!
-//! Manifest format: one line of JSON ([`Manifest`]), then a line
+//! Manifest format (version 3): the *payload* cut into 512-byte sectors,
+//! each starting with a tag (the first: the magic `WMF3`, the payload's
+//! length and a CRC32 of both; every other one: `A5 5A` and the sector's
+//! number), so that no sector of a written manifest is ever all zeros. The
+//! payload (the whole file in versions 1 and 2, still read): one line of
+//! JSON ([`Manifest`]), then a line
 //! `crc32 <8 hex digits>` holding the CRC32 of the JSON line's bytes, then
 //! the *inline* task states: a task whose whole state is small (at most
 //! [`INLINE_TASK_STATE_MAX`] bytes, and no state-backend files) does not get
@@ -33,9 +49,17 @@ use crate::storage::vfs::{self, OpenOptions};
 
 /// Name of a checkpoint's manifest inside its folder.
 pub const MANIFEST: &str = "MANIFEST";
-/// The manifest format written: 2 (1 had no inline task states; both are
-/// read).
-pub const MANIFEST_VERSION: u32 = 2;
+/// The manifest format written: 3 (1 had no inline task states, 2 was not
+/// framed in sectors; both are read).
+pub const MANIFEST_VERSION: u32 = 3;
+/// The unit a crash tears a write at, and the manifest's framing unit.
+const SECTOR: usize = 512;
+/// The first sector's tag: magic.
+const FRAME_MAGIC: &[u8; 4] = b"WMF3";
+/// The first sector's tag: magic, payload length (u64 LE), CRC32 of both.
+const FIRST_TAG: usize = 16;
+/// Every other sector's tag: `A5 5A` and the sector's number (u16 LE).
+const TAG: usize = 4;
 /// Folder for files shared between checkpoints.
 pub const SHARED: &str = "shared";
 const CHK_PREFIX: &str = "chk-";
@@ -90,7 +114,7 @@ pub struct ManifestGroup {
 /// The description of one completed checkpoint.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
-    /// Format version ([`MANIFEST_VERSION`] when written; 1 and 2 are read).
+    /// Format version ([`MANIFEST_VERSION`] when written; 1 to 3 are read).
     pub version: u32,
     /// Job name.
     pub job: String,
@@ -184,11 +208,26 @@ pub(crate) enum DirSync {
 
 /// Creates the folder of checkpoint `id`, which must not exist (an
 /// `AlreadyExists` error otherwise: a checkpoint never writes into another
-/// one's folder). Its entry is not synced here: the coordinator syncs
-/// `root` right after the trigger, while the tasks snapshot, so that this
-/// disk wait is not on the manifest's path.
+/// one's folder). Its entry is not synced here: see [`prepare_checkpoint`].
 pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()> {
     vfs::create_dir(checkpoint_dir(root, id))
+}
+
+/// Makes checkpoint `id`'s folder (made by [`create_checkpoint_dir`])
+/// ready for its manifest's one-sync commit: creates its `MANIFEST`, empty,
+/// and syncs the folder and `root`, so that both entries are durable
+/// before the manifest is written. The coordinator calls it at the
+/// trigger, while the barriers travel and the tasks snapshot, off the path
+/// to visible output. An empty (or unfinished) manifest is an incomplete
+/// checkpoint, never restored.
+pub(crate) fn prepare_checkpoint(root: &Path, id: u64) -> std::io::Result<()> {
+    let dir = checkpoint_dir(root, id);
+    OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dir.join(MANIFEST))?;
+    sync_dir(&dir)?;
+    sync_dir(root)
 }
 
 /// Writes `bytes` to `dir/name` durably (temporary name, fsync, rename,
@@ -233,10 +272,47 @@ pub(crate) fn write_durable(
     })
 }
 
+/// What a manifest file holds.
+#[derive(Debug)]
+pub(crate) enum ManifestFile {
+    /// A whole manifest that verifies: its checkpoint is complete.
+    Complete(Manifest),
+    /// Nothing, or a write that a crash stopped before its `fdatasync`
+    /// returned (empty, cut short, or with sectors of zeros): its
+    /// checkpoint never completed. The reason, for the log.
+    Unfinished(String),
+}
+
 impl Manifest {
-    /// The manifest file's bytes: the JSON line, its CRC line, the inline
-    /// task states.
+    /// The manifest file's bytes. Version 3 and later: the payload (the
+    /// JSON line, its CRC line, the inline task states) framed in 512-byte
+    /// sectors, each behind a tag that is never zero, so that a sector a
+    /// crash left unwritten (zeros) is told from a damaged one. Versions 1
+    /// and 2 (still written by tests of the reader): the payload alone.
     pub fn encode(&self) -> Vec<u8> {
+        let payload = self.encode_payload();
+        if self.version < 3 {
+            return payload;
+        }
+        let mut out = Vec::with_capacity(framed_len(payload.len() as u64) as usize);
+        let mut head = [0u8; FIRST_TAG];
+        head[..4].copy_from_slice(FRAME_MAGIC);
+        head[4..12].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+        let crc = crc32fast::hash(&head[..12]);
+        head[12..].copy_from_slice(&crc.to_le_bytes());
+        out.extend_from_slice(&head);
+        let (first, rest) = payload.split_at(payload.len().min(SECTOR - FIRST_TAG));
+        out.extend_from_slice(first);
+        for (i, chunk) in rest.chunks(SECTOR - TAG).enumerate() {
+            out.extend_from_slice(&sector_tag(i + 1));
+            out.extend_from_slice(chunk);
+        }
+        debug_assert_eq!(out.len() as u64, framed_len(payload.len() as u64));
+        out
+    }
+
+    /// The JSON line, its CRC line, the inline task states.
+    fn encode_payload(&self) -> Vec<u8> {
         let json = serde_json::to_string(self).expect("manifest always serialises");
         let mut out = format!("{json}\ncrc32 {:08x}\n", crc32fast::hash(json.as_bytes())).into_bytes();
         out.extend_from_slice(&self.inline);
@@ -245,29 +321,124 @@ impl Manifest {
 
     /// Parses and verifies a manifest's bytes, inline task states included;
     /// `path` names it in errors, with the byte position of what is wrong.
+    /// A file that a crash left unfinished (empty, cut short, or with a
+    /// sector of zeros) is an error here.
     pub fn decode(bytes: &[u8], path: &Path) -> Result<Manifest, String> {
-        Self::decode_located(bytes, path).map_err(|(_, e)| e)
+        match Self::decode_file(bytes, path) {
+            Ok(ManifestFile::Complete(m)) => Ok(m),
+            Ok(ManifestFile::Unfinished(why)) => Err(format!("{}: unfinished manifest: {why}", path.display())),
+            Err((_, e)) => Err(e),
+        }
     }
 
-    /// [`Manifest::decode`], the error with the byte it starts at.
-    pub(crate) fn decode_located(bytes: &[u8], path: &Path) -> Result<Manifest, (u64, String)> {
+    /// [`Manifest::decode`], an unfinished file told apart, a failure with
+    /// the byte the damage starts at.
+    pub(crate) fn decode_file(bytes: &[u8], path: &Path) -> Result<ManifestFile, (u64, String)> {
+        if bytes.is_empty() {
+            return Ok(ManifestFile::Unfinished("empty: nothing was written".into()));
+        }
+        if bytes[0] == b'{' {
+            // Versions 1 and 2: the payload alone, its JSON line first.
+            return Self::decode_payload(bytes, path, 2, &|at| at).map(ManifestFile::Complete);
+        }
+        if bytes[..bytes.len().min(SECTOR)].iter().all(|&b| b == 0) {
+            return Ok(ManifestFile::Unfinished(
+                "its first sector is zeros: a crash stopped its write".into(),
+            ));
+        }
+        Self::decode_framed(bytes, path)
+    }
+
+    /// A framed manifest (version 3): the sectors checked, the payload
+    /// decoded, every position given in the file's bytes.
+    fn decode_framed(bytes: &[u8], path: &Path) -> Result<ManifestFile, (u64, String)> {
         let p = path.display();
-        let (json_end, json) = Self::json_line(bytes, path)?;
-        Self::check_crc_line(bytes, json_end, json, path)?;
-        let mut m: Manifest =
-            serde_json::from_str(json).map_err(|e| (0, format!("{p}: manifest does not parse: {e}")))?;
-        if m.version == 0 || m.version > MANIFEST_VERSION {
+        let Some(head) = bytes.get(..FIRST_TAG) else {
+            return Ok(ManifestFile::Unfinished(format!(
+                "cut short inside its first sector's tag ({} bytes): a crash stopped its write",
+                bytes.len()
+            )));
+        };
+        if &head[..4] != FRAME_MAGIC {
             return Err((
                 0,
+                format!("{p}: not a manifest: its first bytes are neither a JSON line nor the magic WMF3"),
+            ));
+        }
+        let crc = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes"));
+        if crc != crc32fast::hash(&head[..12]) {
+            return Err((4, format!("{p}: the first sector's tag (bytes 0..16) does not verify")));
+        }
+        let payload_len = u64::from_le_bytes(head[4..12].try_into().expect("8 bytes"));
+        let expected = framed_len(payload_len);
+        let len = bytes.len() as u64;
+        if len < expected {
+            return Ok(ManifestFile::Unfinished(format!(
+                "cut short: {len} of its {expected} bytes, a crash stopped its write"
+            )));
+        }
+        if len > expected {
+            return Err((
+                expected,
+                format!("{p}: {len} bytes, its first sector says {expected}: extended at byte {expected}"),
+            ));
+        }
+        // Sectors of zeros first: a crash's tear, whatever else is wrong.
+        for (i, sector) in bytes.chunks(SECTOR).enumerate() {
+            if sector.iter().all(|&b| b == 0) {
+                let at = i * SECTOR;
+                return Ok(ManifestFile::Unfinished(format!(
+                    "sector {i} (bytes {at}..{}) is zeros: a crash stopped its write",
+                    at + sector.len()
+                )));
+            }
+        }
+        let mut payload = Vec::with_capacity(payload_len as usize);
+        for (i, sector) in bytes.chunks(SECTOR).enumerate() {
+            if i == 0 {
+                payload.extend_from_slice(&sector[FIRST_TAG..]);
+                continue;
+            }
+            if sector.len() <= TAG || sector[..TAG] != sector_tag(i) {
+                let at = (i * SECTOR) as u64;
+                return Err((at, format!("{p}: the tag of sector {i} at byte {at} does not verify")));
+            }
+            payload.extend_from_slice(&sector[TAG..]);
+        }
+        Self::decode_payload(&payload, path, MANIFEST_VERSION, &payload_to_file).map(ManifestFile::Complete)
+    }
+
+    /// Decodes a payload: its version at most `newest`; `at` maps a
+    /// position in the payload to one in the file.
+    fn decode_payload(
+        bytes: &[u8],
+        path: &Path,
+        newest: u32,
+        at: &dyn Fn(u64) -> u64,
+    ) -> Result<Manifest, (u64, String)> {
+        let p = path.display();
+        let located = |(pos, e): (u64, String)| (at(pos), e);
+        let (json_end, json) = Self::json_line(bytes, path).map_err(located)?;
+        Self::check_crc_line(bytes, json_end, json, path).map_err(located)?;
+        let mut m: Manifest =
+            serde_json::from_str(json).map_err(|e| (at(0), format!("{p}: manifest does not parse: {e}")))?;
+        if m.version == 0 || m.version > newest {
+            let why = if m.version > MANIFEST_VERSION {
+                "written by a newer weir?"
+            } else {
+                "not in this file's framing"
+            };
+            return Err((
+                at(0),
                 format!(
-                    "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): written by a newer weir?",
+                    "{p}: manifest format version {} (this build reads 1 to {MANIFEST_VERSION}): {why}",
                     m.version
                 ),
             ));
         }
         let inline_start = json_end + 16;
         m.inline = bytes[inline_start..].to_vec();
-        m.check_inline_states(bytes, inline_start, path)?;
+        m.check_inline_states(bytes, inline_start, path, at)?;
         Ok(m)
     }
 
@@ -341,13 +512,25 @@ impl Manifest {
     /// Checks the inline task states (after the CRC line, from
     /// `inline_start` in `bytes`): each one's CRC, and that they account for
     /// every byte there.
-    fn check_inline_states(&self, bytes: &[u8], inline_start: usize, path: &Path) -> Result<(), (u64, String)> {
+    /// `at` maps a position in `bytes` to one in the file.
+    fn check_inline_states(
+        &self,
+        bytes: &[u8],
+        inline_start: usize,
+        path: &Path,
+        at_file: &dyn Fn(u64) -> u64,
+    ) -> Result<(), (u64, String)> {
         let p = path.display();
         let mut covered = 0u64;
         for t in &self.tasks {
             let Some(off) = t.inline_offset else { continue };
-            let at = (inline_start as u64).saturating_add(off);
-            let end = at.saturating_add(t.file.size);
+            let start = (inline_start as u64).saturating_add(off);
+            let at = at_file(start);
+            // The end of the range: one past its last byte's place.
+            let end = match t.file.size {
+                0 => at,
+                n => at_file(start.saturating_add(n - 1)).saturating_add(1),
+            };
             let frame = t.inline_frame(&self.inline).ok_or_else(|| {
                 (
                     at,
@@ -355,7 +538,7 @@ impl Manifest {
                         "{p}: inline state of task {}/{} at bytes {at}..{end} lies past the end ({} bytes): truncated",
                         t.group,
                         t.subtask,
-                        bytes.len()
+                        at_file(bytes.len() as u64)
                     ),
                 )
             })?;
@@ -374,10 +557,11 @@ impl Manifest {
             covered = covered.saturating_add(t.file.size);
         }
         if covered != self.inline.len() as u64 {
+            let at = at_file(inline_start as u64);
             return Err((
-                inline_start as u64,
+                at,
                 format!(
-                    "{p}: {} bytes after the CRC line (from byte {inline_start}), the inline states account for {covered}",
+                    "{p}: {} bytes after the CRC line (from byte {at}), the inline states account for {covered}",
                     self.inline.len()
                 ),
             ));
@@ -393,16 +577,18 @@ impl Manifest {
     /// before the manifest exists. A checkpoint of inline states only skips
     /// both: the manifest is then its only new file.
     ///
+    /// `prepared`: the coordinator made the checkpoint's folder and its
+    /// empty `MANIFEST` at the trigger and synced both entries
+    /// ([`prepare_checkpoint`]): the manifest is then written into that
+    /// file and made durable with one `fdatasync`, the only disk wait
+    /// after the sinks' own. Otherwise it is written the way of every other
+    /// file (temporary name, `fdatasync`, rename, the folder's and the
+    /// root's fsync).
+    ///
     /// This replaced one `syncfs(2)` for all task files: that also flushed
     /// everything else dirty on the filesystem (the memory-mapped state's
     /// working files, sinks' logs), 3-10 ms per checkpoint under load.
-    pub(crate) fn commit(
-        &self,
-        root: &Path,
-        task_files: bool,
-        shared: bool,
-        folder_synced: bool,
-    ) -> std::io::Result<()> {
+    pub(crate) fn commit(&self, root: &Path, task_files: bool, shared: bool, prepared: bool) -> std::io::Result<()> {
         let dir = checkpoint_dir(root, self.id);
         crate::storage::fault::hit("checkpoint.manifest.before")?;
         if task_files {
@@ -411,16 +597,53 @@ impl Manifest {
         if shared {
             sync_dir(&root.join(SHARED))?;
         }
-        write_durable(root, &dir, MANIFEST, &self.encode(), DirSync::Now)?;
-        if !folder_synced {
-            // The folder's own entry, unless the coordinator synced it
-            // after `create_checkpoint_dir` at the trigger (`write_durable`
-            // syncs the root itself when it had to create the folder).
+        let bytes = self.encode();
+        if prepared {
+            crate::storage::fault::hit("checkpoint.write.before")?;
+            let mut f = OpenOptions::new().write(true).open(dir.join(MANIFEST))?;
+            f.write_all(&bytes)?;
+            crate::storage::fault::hit("checkpoint.write.before-fsync")?;
+            // Data and size: the file's entry is durable since the trigger.
+            f.sync_data()?;
+        } else {
+            write_durable(root, &dir, MANIFEST, &bytes, DirSync::Now)?;
+            // The folder's own entry (`write_durable` syncs the root
+            // itself only when it had to create the folder).
             sync_dir(root)?;
         }
         crate::storage::fault::hit("checkpoint.manifest.after")?;
         Ok(())
     }
+}
+
+/// The bytes of a framed manifest whose payload has `payload` bytes.
+fn framed_len(payload: u64) -> u64 {
+    let first = (SECTOR - FIRST_TAG) as u64;
+    if payload <= first {
+        return FIRST_TAG as u64 + payload;
+    }
+    let rest = payload - first;
+    let per = (SECTOR - TAG) as u64;
+    let (full, part) = (rest / per, rest % per);
+    SECTOR as u64 + full * SECTOR as u64 + if part > 0 { TAG as u64 + part } else { 0 }
+}
+
+/// Where byte `pos` of a framed manifest's payload lies in its file.
+fn payload_to_file(pos: u64) -> u64 {
+    let first = (SECTOR - FIRST_TAG) as u64;
+    if pos < first {
+        return FIRST_TAG as u64 + pos;
+    }
+    let per = (SECTOR - TAG) as u64;
+    let rest = pos - first;
+    (1 + rest / per) * SECTOR as u64 + TAG as u64 + rest % per
+}
+
+/// The tag of sector `i` (not the first): never zero, and a single
+/// flipped bit can never make it zero.
+fn sector_tag(i: usize) -> [u8; TAG] {
+    let n = (i as u16).to_le_bytes();
+    [0xa5, 0x5a, n[0], n[1]]
 }
 
 /// Ids of the checkpoint folders under `root`, ascending (complete or not).
@@ -468,9 +691,21 @@ impl CheckFailed {
 
 /// [`read_manifest`], telling damaged bytes from I/O errors.
 pub(crate) fn read_manifest_located(root: &Path, id: u64) -> Result<Option<Manifest>, CheckFailed> {
+    match read_manifest_file(root, id)? {
+        Some(ManifestFile::Complete(m)) => Ok(Some(m)),
+        Some(ManifestFile::Unfinished(why)) => {
+            tracing::debug!(checkpoint = id, why = %why, "an unfinished manifest: the checkpoint is incomplete");
+            Ok(None)
+        }
+        None => Ok(None),
+    }
+}
+
+/// What checkpoint `id`'s manifest file holds; `None` if there is none.
+pub(crate) fn read_manifest_file(root: &Path, id: u64) -> Result<Option<ManifestFile>, CheckFailed> {
     let path = checkpoint_dir(root, id).join(MANIFEST);
     match vfs::read(&path) {
-        Ok(bytes) => Manifest::decode_located(&bytes, &path)
+        Ok(bytes) => Manifest::decode_file(&bytes, &path)
             .map(Some)
             .map_err(|(at, message)| CheckFailed {
                 message,
@@ -482,6 +717,32 @@ pub(crate) fn read_manifest_located(root: &Path, id: u64) -> Result<Option<Manif
             damaged: None,
         }),
     }
+}
+
+/// Why checkpoint `id` is incomplete, if it is: `Some` for a folder with
+/// no manifest or an unfinished one (see [`Manifest::decode`]), the
+/// reason; `None` for a complete checkpoint, and for one whose manifest
+/// is damaged or cannot be read: such a one is never taken for
+/// incomplete, so that a restore stops at it instead of silently
+/// skipping it.
+pub fn incomplete(root: &Path, id: u64) -> Option<String> {
+    match read_manifest_file(root, id) {
+        Ok(None) => Some("no MANIFEST".into()),
+        Ok(Some(ManifestFile::Unfinished(why))) => Some(format!("unfinished MANIFEST: {why}")),
+        Ok(Some(ManifestFile::Complete(_))) => None,
+        Err(e) => {
+            e.report_damage(&format!(
+                "read to tell whether checkpoint {id} is complete: taken for complete, so that a restore reads it again and stops if it does not verify"
+            ));
+            None
+        }
+    }
+}
+
+/// Whether checkpoint `id` has a manifest that is not unfinished (see
+/// [`incomplete`]).
+pub fn is_complete(root: &Path, id: u64) -> bool {
+    incomplete(root, id).is_none()
 }
 
 /// Checks every file of a manifest: present, of the recorded size, with the
@@ -735,19 +996,40 @@ mod tests {
         m
     }
 
+    /// Version 3 (framed) of [`manifest_with_inline`], its inline part
+    /// long enough for several sectors.
+    fn framed_with_inline(id: u64) -> Manifest {
+        let mut m = manifest_with_inline(id);
+        m.version = MANIFEST_VERSION;
+        let long: Vec<u8> = (0..1500u32).map(|i| (i % 7) as u8).collect();
+        m.tasks[1].file.size = long.len() as u64;
+        m.tasks[1].file.crc32 = crc32fast::hash(&long);
+        m.inline = [&m.inline[..11], &long[..]].concat();
+        m
+    }
+
     #[test]
     fn manifest_detects_every_flipped_byte_and_truncation() {
-        for m in [manifest(3), manifest_with_inline(4)] {
+        let mut framed_small = manifest(3);
+        framed_small.version = MANIFEST_VERSION;
+        for m in [
+            manifest(3),
+            manifest_with_inline(4),
+            framed_small,
+            framed_with_inline(5),
+        ] {
             let bytes = m.encode();
             let p = Path::new("M");
             assert_eq!(Manifest::decode(&bytes, p).unwrap(), m);
             // Every single-bit flip is refused, and the error's position is
             // at or before the flipped byte: the position is where the
             // damage may start, never past it (the storage simulator holds
-            // every reader to this).
+            // every reader to this). A flip is never taken for a crash's
+            // unfinished write.
             for (i, bit, b) in crate::fuzzing::bit_flips(&bytes) {
-                match Manifest::decode_located(&b, p) {
-                    Ok(_) => panic!("flip of bit {bit} at {i} accepted"),
+                match Manifest::decode_file(&b, p) {
+                    Ok(ManifestFile::Complete(_)) => panic!("flip of bit {bit} at {i} accepted"),
+                    Ok(ManifestFile::Unfinished(why)) => panic!("flip of bit {bit} at {i} taken for a tear: {why}"),
                     Err((at, e)) => assert!(at <= i as u64, "flip of bit {bit} at {i} located at {at}: {e}"),
                 }
             }
@@ -765,7 +1047,57 @@ mod tests {
         let mut m = manifest(3);
         m.version = MANIFEST_VERSION + 1;
         let e = Manifest::decode(&m.encode(), Path::new("M")).unwrap_err();
-        assert!(e.contains("format version 3") && e.contains("newer weir"), "{e}");
+        assert!(e.contains("format version 4") && e.contains("newer weir"), "{e}");
+    }
+
+    /// What a crash can leave of a framed manifest's write into its empty
+    /// file (each 512-byte sector written or not, the length old or new):
+    /// unfinished, never damage and never a complete manifest, unless
+    /// every sector was written.
+    #[test]
+    fn every_tear_of_a_framed_manifest_is_unfinished() {
+        let m = framed_with_inline(6);
+        let bytes = m.encode();
+        let sectors = bytes.len().div_ceil(SECTOR);
+        assert!(sectors >= 4, "{sectors} sectors");
+        let p = Path::new("M");
+        for mask in 0..(1u32 << sectors) {
+            let mut torn = bytes.clone();
+            for (i, sector) in torn.chunks_mut(SECTOR).enumerate() {
+                if mask & (1 << i) == 0 {
+                    sector.fill(0);
+                }
+            }
+            match Manifest::decode_file(&torn, p) {
+                Ok(ManifestFile::Complete(read)) => {
+                    assert_eq!(mask, (1 << sectors) - 1, "a torn write taken for whole");
+                    assert_eq!(read, m);
+                }
+                Ok(ManifestFile::Unfinished(_)) => assert_ne!(mask, (1 << sectors) - 1),
+                Err((_, e)) => panic!("sectors {mask:b} written: taken for damage: {e}"),
+            }
+        }
+        // The length old (empty) or cut short anywhere.
+        for len in 0..bytes.len() {
+            assert!(
+                matches!(Manifest::decode_file(&bytes[..len], p), Ok(ManifestFile::Unfinished(_))),
+                "cut at {len}"
+            );
+        }
+        assert!(Manifest::decode(&[], p).unwrap_err().contains("unfinished"));
+    }
+
+    #[test]
+    fn framing_positions_map_to_the_file() {
+        for payload in [0u64, 1, 495, 496, 497, 1003, 1004, 1005, 5000] {
+            let len = framed_len(payload);
+            if payload > 0 {
+                assert_eq!(payload_to_file(payload - 1) + 1, len, "payload {payload}");
+            }
+        }
+        assert_eq!(payload_to_file(0), 16);
+        assert_eq!(payload_to_file(496), 516);
+        assert_eq!(payload_to_file(1004), 1028);
     }
 
     #[test]

@@ -28,7 +28,7 @@ impl Coordinator {
         let acked_us = duration.as_micros() as u64;
         let (manifest, files_written) = self.manifest(id, &p, &acks, acked_us);
         let shared_written = acks.iter().any(|a| a.wrote_shared);
-        if let Err(e) = manifest.commit(&self.root, files_written, shared_written, p.folder_synced) {
+        if let Err(e) = manifest.commit(&self.root, files_written, shared_written, p.prepared) {
             // Put it back so that abort() accounts for it.
             self.pending.insert(
                 id,
@@ -38,7 +38,7 @@ impl Coordinator {
                     is_final: p.is_final,
                     acks: Vec::new(),
                     received: 0,
-                    folder_synced: p.folder_synced,
+                    prepared: p.prepared,
                 },
             );
             return self.abort(id, format!("writing the manifest failed: {e}"));
@@ -55,6 +55,7 @@ impl Coordinator {
         self.subsume_older(id);
         self.retain(id);
         self.collect_garbage();
+        self.prepare_ahead();
         Ok(())
     }
 

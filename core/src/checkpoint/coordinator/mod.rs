@@ -97,6 +97,10 @@ pub(crate) struct Coordinator {
     /// been fsynced since: no shared file may be deleted before it is
     /// ([`crate::checkpoint::storage::remove_checkpoint`] says why).
     root_sync_owed: bool,
+    /// The folder of the next checkpoint, made ahead once the last one
+    /// completed, and whether it was prepared (its empty manifest and both
+    /// entries synced): the trigger then waits for no disk.
+    ahead: Option<(u64, bool)>,
     stats: Arc<Mutex<CheckpointStats>>,
     job_start_ns: u64,
 }
@@ -137,6 +141,7 @@ impl Coordinator {
             shared_of: BTreeMap::new(),
             doomed: Vec::new(),
             root_sync_owed: false,
+            ahead: None,
             stats,
             job_start_ns: clock::now_ns(),
             relay: None,
@@ -236,6 +241,9 @@ impl Coordinator {
         for id in ids {
             self.pending.remove(&id);
             self.signals.abort(id);
+            let _ = self.remove_folder(id);
+        }
+        if let Some((id, _)) = self.ahead.take() {
             let _ = self.remove_folder(id);
         }
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = 0;

@@ -22,9 +22,11 @@ pub(super) struct Pending {
     /// Per task, its acknowledgement once received.
     pub(super) acks: Vec<Option<TaskAck>>,
     pub(super) received: usize,
-    /// Whether the checkpoint's folder was made and its entry synced at
-    /// the trigger, so that the manifest's commit need not sync the root.
-    pub(super) folder_synced: bool,
+    /// Whether the checkpoint's folder and empty manifest were made and
+    /// their entries synced at the trigger
+    /// ([`storage::prepare_checkpoint`]), so that the manifest's commit
+    /// is one write and one `fdatasync`.
+    pub(super) prepared: bool,
 }
 
 impl Coordinator {
@@ -32,7 +34,15 @@ impl Coordinator {
     /// makes it pending.
     pub(super) fn trigger(&mut self, now: Instant, is_final: bool) -> Result<(), CoordinatorError> {
         let id = self.next_id;
-        let created = self.create_folder(id)?;
+        let (created, prepared_ahead) = match self.ahead.take() {
+            Some((ahead, prepared)) if ahead == id => (true, prepared),
+            stale => {
+                if let Some((ahead, _)) = stale {
+                    let _ = self.remove_folder(ahead);
+                }
+                (self.create_folder(id)?, false)
+            }
+        };
         self.next_id += 1;
         self.last_trigger = now;
         self.final_triggered = is_final;
@@ -42,14 +52,16 @@ impl Coordinator {
         tracing::debug!(checkpoint = id, is_final, "triggering checkpoint");
         self.signals.trigger(id, clock::now_ns(), is_final);
         self.prime_relay();
-        // The folder's entry, synced while the barriers travel and the
-        // tasks snapshot (sinks sync their pre-commits meanwhile, so this
-        // journal commit often joins theirs): one disk wait fewer after the
-        // last acknowledgement. If the folder could not be made or synced,
-        // the manifest's commit syncs the root (and the first file written
-        // creates the folder). (Acknowledgements are handled on this
-        // thread, so none arrives before the checkpoint is pending below.)
-        let folder_synced = created && self.sync_new_folder(id);
+        // The folder's and the empty manifest's entries, synced ahead
+        // (`prepare_ahead`, after the last completion) or else now, while
+        // the barriers travel and the tasks snapshot: the manifest's commit
+        // is then one data sync after the last acknowledgement, where a
+        // rename would need two. If they could not be made or synced, the
+        // commit writes the manifest by rename and syncs the folders (and
+        // the first file written creates the folder). (Acknowledgements
+        // are handled on this thread, so none arrives before the
+        // checkpoint is pending below.)
+        let prepared = prepared_ahead || (created && self.prepare_folder(id));
         self.pending.insert(
             id,
             Pending {
@@ -58,11 +70,28 @@ impl Coordinator {
                 is_final,
                 acks: vec![None; self.tasks.len()],
                 received: 0,
-                folder_synced,
+                prepared,
             },
         );
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).in_progress = self.pending.len() as u64;
         Ok(())
+    }
+
+    /// Makes the next checkpoint's folder and prepares it, once the
+    /// coordinator has nothing else to do (after a completion, well before
+    /// the next trigger), so that the trigger waits for no disk: two folder
+    /// syncs at the trigger delayed the acknowledgements handled after
+    /// them. An error is left for the trigger to meet again (an existing
+    /// folder fails it there, naming it).
+    pub(super) fn prepare_ahead(&mut self) {
+        if self.ahead.is_some() || self.final_triggered {
+            return;
+        }
+        let id = self.next_id;
+        if storage::create_checkpoint_dir(&self.root, id).is_ok() {
+            let prepared = self.prepare_folder(id);
+            self.ahead = Some((id, prepared));
+        }
     }
 
     /// Makes checkpoint `id`'s folder, before the tasks hear of the id;
@@ -89,17 +118,17 @@ impl Coordinator {
         }
     }
 
-    /// Syncs the entry of checkpoint `id`'s new folder; false if that
-    /// failed.
-    fn sync_new_folder(&mut self, id: u64) -> bool {
-        match storage::sync_dir(&self.root) {
+    /// Makes checkpoint `id`'s empty manifest and syncs its entry and the
+    /// new folder's; false if that failed.
+    fn prepare_folder(&mut self, id: u64) -> bool {
+        match storage::prepare_checkpoint(&self.root, id) {
             Ok(()) => {
-                // The same sync made every earlier folder removal durable.
+                // The root's sync made every earlier folder removal durable.
                 self.root_sync_owed = false;
                 true
             }
             Err(e) => {
-                tracing::debug!(checkpoint = id, error = %e, "could not sync the new checkpoint folder's entry");
+                tracing::debug!(checkpoint = id, error = %e, "could not prepare the checkpoint's manifest");
                 false
             }
         }

@@ -156,6 +156,39 @@ fn a_checkpoint_completing_after_a_newer_one_is_subsumed() {
     assert_eq!(signals.aborted_after(0), vec![1], "the tasks are told 1 was aborted");
 }
 
+/// Once a checkpoint completes, the next one's folder is made and prepared
+/// ahead (its empty manifest: an incomplete checkpoint, never restored),
+/// so that the trigger waits for no disk; the trigger takes it, and a
+/// shutdown deletes one never triggered.
+#[test]
+fn the_next_folder_is_prepared_ahead_and_never_restored() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    let (mut c, signals, _) = coordinator(root, 1, |_| {});
+    c.trigger(Instant::now(), false).unwrap();
+    c.handle(ack(1, 0)).unwrap();
+    c.handle(ack(1, 1)).unwrap();
+    assert_eq!(signals.completed(), 1);
+    let next = storage::checkpoint_dir(root, 2);
+    assert_eq!(
+        std::fs::read(next.join(storage::MANIFEST)).unwrap(),
+        b"",
+        "made ahead, empty"
+    );
+    assert!(storage::incomplete(root, 2).is_some_and(|why| why.contains("empty")));
+    assert_eq!(recovery::completed_ids(root).unwrap(), vec![1]);
+    c.trigger(Instant::now(), false).unwrap();
+    assert_eq!(c.ahead, None, "the trigger took the folder made ahead");
+    c.handle(ack(2, 0)).unwrap();
+    c.handle(ack(2, 1)).unwrap();
+    assert_eq!(recovery::completed_ids(root).unwrap().last(), Some(&2));
+    assert_eq!(c.ahead, Some((3, true)));
+    c.shutdown(false);
+    assert!(!storage::checkpoint_dir(root, 3).exists(), "never triggered: deleted");
+    let restored = recovery::find(root, RestoreFrom::Latest, "fp", 1).unwrap().unwrap();
+    assert_eq!(restored.manifest.id, 2);
+}
+
 /// The coordinator's half of unique checkpoint ids (the job's half is
 /// in `tests/checkpoints.rs`): a checkpoint never writes into an
 /// existing folder. Ids start past every folder on disk, so one found
