@@ -4,7 +4,7 @@
 //! <dir>/
 //!   chk-0000000042/            one folder per checkpoint
 //!     task-003-001.state       task state of chain 3, subtask 1 (large ones only)
-//!     MANIFEST                 made empty at the trigger, written last: 42 is
+//!     MANIFEST                 made empty ahead, written last: 42 is
 //!                              complete once it holds a whole manifest
 //!   shared/                    files shared between checkpoints (state backend)
 //! ```
@@ -13,8 +13,8 @@
 //! renamed to its final name, and its folder fsynced, so a crash at any
 //! instant leaves either no file or the whole file. The manifest is written
 //! only after every file it names is durable, and differently: its file and
-//! folder are made, empty, when the checkpoint is triggered, and their
-//! entries synced while the tasks snapshot; completing the checkpoint is
+//! folder are made, empty, ahead of the checkpoint's trigger (after the
+//! previous one completed), and their entries synced; completing it is
 //! then one write into that file and one `fdatasync` (a temporary name and
 //! a rename would cost a second sync, of the folder, on the path to
 //! visible output). A crash during that write can leave the file empty,
@@ -216,10 +216,11 @@ pub(crate) fn create_checkpoint_dir(root: &Path, id: u64) -> std::io::Result<()>
 /// Makes checkpoint `id`'s folder (made by [`create_checkpoint_dir`])
 /// ready for its manifest's one-sync commit: creates its `MANIFEST`, empty,
 /// and syncs the folder and `root`, so that both entries are durable
-/// before the manifest is written. The coordinator calls it at the
-/// trigger, while the barriers travel and the tasks snapshot, off the path
-/// to visible output. An empty (or unfinished) manifest is an incomplete
-/// checkpoint, never restored.
+/// before the manifest is written. The coordinator calls it ahead of the
+/// trigger, once the previous checkpoint completed (or else at the
+/// trigger, while the barriers travel), off the path to visible output.
+/// An empty (or unfinished) manifest is an incomplete checkpoint, never
+/// restored.
 pub(crate) fn prepare_checkpoint(root: &Path, id: u64) -> std::io::Result<()> {
     let dir = checkpoint_dir(root, id);
     OpenOptions::new()
@@ -578,7 +579,7 @@ impl Manifest {
     /// both: the manifest is then its only new file.
     ///
     /// `prepared`: the coordinator made the checkpoint's folder and its
-    /// empty `MANIFEST` at the trigger and synced both entries
+    /// empty `MANIFEST` ahead and synced both entries
     /// ([`prepare_checkpoint`]): the manifest is then written into that
     /// file and made durable with one `fdatasync`, the only disk wait
     /// after the sinks' own. Otherwise it is written the way of every other
@@ -603,7 +604,7 @@ impl Manifest {
             let mut f = OpenOptions::new().write(true).open(dir.join(MANIFEST))?;
             f.write_all(&bytes)?;
             crate::storage::fault::hit("checkpoint.write.before-fsync")?;
-            // Data and size: the file's entry is durable since the trigger.
+            // Data and size: the file's entry is durable already.
             f.sync_data()?;
         } else {
             write_durable(root, &dir, MANIFEST, &bytes, DirSync::Now)?;

@@ -23,7 +23,7 @@ pub(super) struct Pending {
     pub(super) acks: Vec<Option<TaskAck>>,
     pub(super) received: usize,
     /// Whether the checkpoint's folder and empty manifest were made and
-    /// their entries synced at the trigger
+    /// their entries synced ahead or at the trigger
     /// ([`storage::prepare_checkpoint`]), so that the manifest's commit
     /// is one write and one `fdatasync`.
     pub(super) prepared: bool,
