@@ -117,12 +117,17 @@ fn list_inspect_verify_and_detect_corruption() {
     let garbage = storage::checkpoint_dir(dir, latest + 1);
     std::fs::create_dir(&garbage).unwrap();
     std::fs::write(garbage.join("task-000-000.state"), b"WEIRTSK1 half-written").unwrap();
+    // And one whose manifest a crash cut short: unfinished, incomplete too.
+    let torn = storage::checkpoint_dir(dir, latest + 2);
+    std::fs::create_dir(&torn).unwrap();
+    let whole = std::fs::read(storage::checkpoint_dir(dir, latest).join(storage::MANIFEST)).unwrap();
+    std::fs::write(torn.join(storage::MANIFEST), &whole[..whole.len() / 2]).unwrap();
 
     // list: a header and one line per folder.
     let (code, out, err) = checkpoints(&["list", d]);
     assert_eq!(code, 0, "{err}");
     let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines.len(), 1 + RETAINED + 1, "{out}");
+    assert_eq!(lines.len(), 1 + RETAINED + 2, "{out}");
     assert!(
         lines[0].contains("trigger (UTC)") && lines[0].contains("channel B"),
         "{out}"
@@ -141,7 +146,14 @@ fn list_inspect_verify_and_detect_corruption() {
         assert_eq!(f[8], state.to_string(), "{line}");
         assert_eq!(f[9], "0", "aligned: no channel state: {line}");
     }
-    let garbage_line = lines.last().unwrap();
+    let torn_line = lines.last().unwrap();
+    assert!(
+        torn_line.contains(&(latest + 2).to_string())
+            && torn_line.contains("incomplete")
+            && torn_line.contains("unfinished MANIFEST: cut short"),
+        "{torn_line}"
+    );
+    let garbage_line = lines[lines.len() - 2];
     assert!(
         garbage_line.contains(&(latest + 1).to_string()) && garbage_line.contains("incomplete"),
         "{out}"
@@ -197,6 +209,7 @@ fn list_inspect_verify_and_detect_corruption() {
     assert_eq!(code, 0, "{out}{err}");
     assert_eq!(out.lines().filter(|l| l.contains("  OK  ")).count(), RETAINED, "{out}");
     assert!(out.contains("incomplete (no MANIFEST): skipped"), "{out}");
+    assert!(out.contains("incomplete (unfinished MANIFEST: cut short"), "{out}");
 
     // Corrupt one byte of a task file's payload in the latest checkpoint,
     // and cut another task file of the oldest one.

@@ -139,7 +139,7 @@ fn list(dir: &Path) -> Result<(), CliError> {
                 m.tasks.iter().map(|t| t.state_bytes).sum::<u64>(),
                 m.tasks.iter().map(|t| t.channel_state_bytes).sum::<u64>(),
             ),
-            Folder::Incomplete(why) => format!("{id:>10}  {:<10}  ({why}: never restored)", "incomplete"),
+            Folder::Incomplete(why) => format!("{id:>10}  {:<10}  ({why}; never restored)", "incomplete"),
             Folder::BadManifest(e) => format!("{id:>10}  {:<10}  {e}", "corrupt"),
         };
         println!("{line}");
