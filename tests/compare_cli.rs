@@ -79,11 +79,11 @@ fn compare_writes_tables_json_and_plot() {
         "open-loop runs must all come first:\n{stderr}"
     );
     // Open loop: 8 rows at the base interval, 6 at the second; one failure
-    // per mode at one keyed stage (5) and at three (4: not dedup); closed
-    // loop: 13 runs in each of 2 rounds, round 1 of every run first.
+    // per mode at one keyed stage (5) and at three (5); closed loop: 13
+    // runs in each of 2 rounds, round 1 of every run first.
     assert_eq!(
         progress.len(),
-        8 + 6 + 9 + 2 * 13,
+        8 + 6 + 10 + 2 * 13,
         "one progress line per run:\n{stderr}"
     );
     // The counter counts to the number of runs announced, and no further.
@@ -140,10 +140,9 @@ fn compare_writes_tables_json_and_plot() {
         // One line in each table per interval the row ran at, and in the
         // failure table, for each mode's natural sink (the WAL sink for
         // exactly-once, the direct sink otherwise), one per keyed stage
-        // count (1 and 3), dedup at one stage only.
+        // count (1 and 3).
         let failure = match row {
             _ if row.ends_with("2pc-file") => 0,
-            "dedup·wal" => 1,
             _ => 2,
         };
         let expected = if exactly_once(row) { 4 } else { 2 } + failure;
@@ -189,15 +188,15 @@ fn compare_writes_tables_json_and_plot() {
         "what one failure costs",
         "dedup's failed subtask processed again after",
         "the two ways to exactly-once with the wal sink",
-        "- as the topology grows, keyed stages one after another",
-        "dedup ran at one stage only",
+        "- as the topology grows, keyed stages one after another, the failure in the last",
+        "dedup's, of the failed subtask alone,",
     ] {
         assert!(stdout.contains(s), "{s:?} missing:\n{stdout}");
     }
     let failure_svg = std::fs::read_to_string(results.join("failure.svg")).unwrap();
     assert!(failure_svg.contains("recovers alone"), "failure.svg: the dedup panel");
 
-    // JSON: 5 closed-loop-count, 8 closed-loop, 2 + 6 x 2 open-loop, 9
+    // JSON: 5 closed-loop-count, 8 closed-loop, 2 + 6 x 2 open-loop, 10
     // failure, 1 disk-probe.
     let json = std::fs::read_to_string(results.join("compare.json")).unwrap();
     let lines: Vec<serde_json::Value> = json.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
@@ -210,7 +209,7 @@ fn compare_writes_tables_json_and_plot() {
             of("failure"),
             of("disk-probe")
         ),
-        (5, 8, 14, 9, 1),
+        (5, 8, 14, 10, 1),
         "{json}"
     );
     assert_eq!(lines.last().unwrap()["run"], "disk-probe", "the disk probe comes last");
@@ -240,7 +239,6 @@ fn compare_writes_tables_json_and_plot() {
         assert_eq!(f["visible"]["gap_ms"].as_array().map(Vec::len), Some(2), "{r}");
         let stages = r["stages"].as_u64().unwrap();
         assert_eq!(r["row"].as_str().unwrap().ends_with(" ×3"), stages == 3, "{r}");
-        assert!(r["mode"] != "dedup" || stages == 1, "dedup at one stage only: {r}");
         if r["mode"] == "dedup" {
             let untouched = f["reprocessed"].as_array().unwrap().iter().filter(|v| *v == 0).count();
             assert!(untouched >= 1, "dedup: the other subtask reprocessed nothing: {r}");
@@ -462,9 +460,10 @@ fn fail_run(dir: &std::path::Path, mode: &str, extra: &[&str]) -> (std::process:
 }
 
 /// `weir bench --stages N`: keyed operators one after another, each behind
-/// its own exchange; the output stays exact through a failure in the first
-/// stage; the dedup mode, which takes one exchange only, refuses more and
-/// says why; a count out of range is a usage error.
+/// its own exchange; the output stays exact through a failure in the last
+/// stage, in a snapshot mode and in dedup (which aligns behind the second
+/// exchange and recovers the failed subtask alone); a count out of range is
+/// a usage error.
 #[test]
 fn bench_stages_chain_keyed_operators() {
     let dir = tempfile::tempdir().unwrap();
@@ -480,13 +479,23 @@ fn bench_stages_chain_keyed_operators() {
     assert_eq!(v["sink_records"], 200_000, "{v}");
     assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
     assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
-    let (out, _) = fail_run(dir.path(), "dedup", &["--stages", "2"]);
-    assert!(!out.status.success());
+    // Dedup behind a second exchange: the failed subtask of the last stage
+    // recovers alone, the output exact.
+    let (out, v) = fail_run(dir.path(), "dedup", &["--stages", "2", "--sink", "wal"]);
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains("exchanges after the first are not supported yet"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
     );
+    let v = v.expect("a JSON object");
+    assert_eq!(v["stages"], 2, "{v}");
+    assert!(
+        v["failure"]["reprocessed"].as_array().unwrap().iter().any(|r| r == 0),
+        "the healthy sink subtask never restarted: {v}"
+    );
+    assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
+    assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
     for bad in ["0", "9"] {
         let out = Command::new(env!("CARGO_BIN_EXE_weir"))
             .args(["bench", "--pipeline", "keyed", "--events", "1000", "--stages", bad])

@@ -229,6 +229,11 @@ pub struct Job {
     /// A `rebalance(2)` between the keyed operator and the sink, so that
     /// the keyed parallelism can change without the sink's.
     pub rebalance_sink: bool,
+    /// A keyed stage before the count, keyed by the record's value (so
+    /// that every count subtask reads from every one of its subtasks),
+    /// passing records on unchanged: the count then reads an exchange
+    /// written by a chain that reads rings itself.
+    pub second_stage: bool,
 }
 
 pub const BASE: Job = Job {
@@ -244,6 +249,7 @@ pub const BASE: Job = Job {
     extra_map: false,
     keyed: 2,
     rebalance_sink: false,
+    second_stage: false,
 };
 
 fn key_of(c: &GenContext, keys: u64) -> u64 {
@@ -301,12 +307,23 @@ pub fn run_with(
     if job.extra_map {
         stream = stream.map(|r: (u64, u64)| r).name("extra");
     }
-    let counted = stream
+    let mut stream = stream
         .map(move |r: (u64, u64)| {
             ch.tick();
             r
         })
-        .name("chaos")
+        .name("chaos");
+    if job.second_stage {
+        stream = stream
+            .key_by(|r: &(u64, u64)| r.1 % 7)
+            .parallelism(job.keyed)
+            .process(|_: &u64, seen: &mut u64, r: (u64, u64), out| {
+                *seen += 1;
+                out.emit(r);
+            })
+            .name("first-stage");
+    }
+    let counted = stream
         .key_by(|r: &(u64, u64)| r.0)
         .parallelism(job.keyed)
         .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {

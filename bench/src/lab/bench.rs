@@ -70,8 +70,9 @@ pub struct BenchArgs {
     /// Keyed job: keyed operators one after another (1 to 8), each behind
     /// an exchange by a key of its own, so that a record crosses subtasks
     /// at every stage: a larger topology, for what a failure costs as it
-    /// grows (the failure is injected in the first stage). The dedup mode
-    /// takes one exchange only and refuses more.
+    /// grows (the failure is injected in the last stage, the one chained
+    /// with the sink). Behind the second exchange on, dedup aligns barriers
+    /// (docs/design/dedup.md).
     #[arg(long, default_value_t = 1)]
     pub stages: usize,
     /// Keyed job: the keyed function panics once, on the record with this

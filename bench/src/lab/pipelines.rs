@@ -288,6 +288,37 @@ impl CountSink {
 /// Keyed operators one after another at most (`weir bench --stages`).
 pub const MAX_STAGES: usize = 8;
 
+/// One stage of the keyed job: a running sum of the values per key, each
+/// record emitted with its key's sum; with `probe`, the failure run's probe
+/// sees every record first.
+fn sum_stage<KF>(
+    keyed: weir_core::KeyedStream<Event, u64, KF>,
+    state: StateBackend,
+    probe: Option<Arc<crate::lab::failure::FailureProbe>>,
+) -> weir_core::Stream<Event>
+where
+    KF: Fn(&Event) -> u64 + Clone + Send + 'static,
+{
+    let running_sum = |_key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
+        *sum = sum.wrapping_add(e.value);
+        out.emit(Event { value: *sum, ..e });
+    };
+    match (state, probe) {
+        (StateBackend::Mapped, None) => keyed.process(running_sum),
+        (StateBackend::Heap, None) => keyed.process_heap(running_sum),
+        (state, Some(probe)) => {
+            let failing = move |key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
+                probe.on_record(e.seq);
+                running_sum(key, sum, e, out)
+            };
+            match state {
+                StateBackend::Mapped => keyed.process(failing),
+                StateBackend::Heap => keyed.process_heap(failing),
+            }
+        }
+    }
+}
+
 /// The key of stage `stage` (2 and up) of the keyed job: the record's key
 /// mixed with the stage (a multiply-xorshift), so that a record's subtask
 /// in one stage says nothing of its subtask in the next.
@@ -557,36 +588,18 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             .sink("count", sink),
         Kind::Keyed => {
             let slow_ns = spec.slow_ns;
-            let keyed = events.key_by(|e: &Event| e.key).parallelism(p);
-            let running_sum = |_key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
-                *sum = sum.wrapping_add(e.value);
-                out.emit(Event { value: *sum, ..e });
-            };
-            let mut summed = match (spec.state, spec.failure.clone()) {
-                (StateBackend::Mapped, None) => keyed.process(running_sum),
-                (StateBackend::Heap, None) => keyed.process_heap(running_sum),
-                // A failure run: the probe sees every record first.
-                (state, Some(probe)) => {
-                    let failing = move |key: &u64, sum: &mut u64, e: Event, out: &mut weir_core::Output<Event>| {
-                        probe.on_record(e.seq);
-                        running_sum(key, sum, e, out)
-                    };
-                    match state {
-                        StateBackend::Mapped => keyed.process(failing),
-                        StateBackend::Heap => keyed.process_heap(failing),
-                    }
-                }
-            }
-            .name("running-sum");
-            // Further stages: another exchange and running sum each, keyed
-            // differently so that every stage's records cross subtasks.
+            // One exchange and running sum per stage, keyed differently
+            // from the second on so that every stage's records cross
+            // subtasks. A failure run's probe sees every record of the
+            // last stage first: the stage chained with the sink, which
+            // dedup recovers alone (the snapshot modes restart the whole
+            // job wherever the failure is).
+            let last = |stage: usize| spec.failure.clone().filter(|_| stage == spec.stages);
+            let mut summed =
+                sum_stage(events.key_by(|e: &Event| e.key).parallelism(p), spec.state, last(1)).name("running-sum");
             for stage in 2..=spec.stages {
                 let keyed = summed.key_by(move |e: &Event| stage_key(e.key, stage)).parallelism(p);
-                summed = match spec.state {
-                    StateBackend::Mapped => keyed.process(running_sum),
-                    StateBackend::Heap => keyed.process_heap(running_sum),
-                }
-                .name(&format!("running-sum-{stage}"));
+                summed = sum_stage(keyed, spec.state, last(stage)).name(&format!("running-sum-{stage}"));
             }
             if slow_ns > 0 {
                 summed

@@ -203,6 +203,13 @@ pub(crate) struct TaskCheckpointing {
     pub(crate) generation: u64,
     /// `CheckpointConfig::dedup_backup_limit`.
     pub(crate) backup_limit: usize,
+    /// Dedup mode: an input of this task comes from a chain that reads
+    /// rings itself (behind an exchange after the first), which after a
+    /// restore interleaves its inputs anew and so does not replay the same
+    /// records in the same order. The task then aligns its barriers, as in
+    /// aligned mode: its snapshot holds nothing of any input past the
+    /// barrier, and a replay has nothing to drop by position.
+    pub(crate) align_inputs: bool,
 }
 
 impl TaskCheckpointing {

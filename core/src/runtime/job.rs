@@ -437,6 +437,7 @@ fn prepare(
                 pool: Arc::clone(pool),
                 generation: 0,
                 backup_limit: ckpt.map_or(crate::checkpoint::DEFAULT_DEDUP_BACKUP_LIMIT, |c| c.dedup_backup_limit),
+                align_inputs: fed_by_a_reading_chain(plan, g),
             });
         }
         if let Some(r) = restored {
@@ -573,7 +574,6 @@ fn restore_task(
 /// on a job thread.
 pub(crate) fn start(mut plan: Plan, config: RuntimeConfig) -> Result<JobHandle> {
     validate(&config)?;
-    validate_dedup(&plan, &config)?;
     let (groups, fingerprint) = graph_description(&plan);
     let metrics_addr = config.metrics_addr;
     let graph_info = graph_info(&plan, &config);
@@ -707,32 +707,16 @@ fn validate(config: &RuntimeConfig) -> Result<()> {
     config.restart.validate()
 }
 
-/// Dedup mode drops replayed records by their position in each channel,
-/// which needs producers that replay the same records in the same order
-/// after a restore: source chains do (from their offsets); a chain fed by
-/// several rings interleaves them anew and cannot.
-fn validate_dedup(plan: &Plan, config: &RuntimeConfig) -> Result<()> {
-    if !config
-        .checkpointing
-        .as_ref()
-        .is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup)
-    {
-        return Ok(());
-    }
-    for &(from, to) in &plan.edge_groups {
-        let producer = &plan.groups[from];
-        if producer.input_rings > 0 {
-            return Err(Error::InvalidPipeline(format!(
-                    "checkpoint mode dedup: the chain '{}' reads an exchange and feeds another ('{}'): dedup drops replayed \
-                     records by their position in a channel, which needs a producer that replays the \
-                     same records in the same order, a source chain; exchanges after the first are not \
-                     supported yet. Use the aligned or unaligned mode for this job",
-                    producer.ops.join(" -> "),
-                    plan.groups[to].ops.join(" -> ")
-            )));
-        }
-    }
-    Ok(())
+/// Whether chain `g` reads a ring written by a chain that reads rings
+/// itself: dedup mode aligns such a chain's barriers
+/// ([`TaskCheckpointing::align_inputs`]), since its producer, fed by several
+/// rings, interleaves them anew after a restore and cannot replay the same
+/// records in the same order, which dropping replayed records by position
+/// needs (a source chain replays from its offsets and can).
+fn fed_by_a_reading_chain(plan: &Plan, g: usize) -> bool {
+    plan.edge_groups
+        .iter()
+        .any(|&(from, to)| to == g && plan.groups[from].input_rings > 0)
 }
 
 /// The job graph as the metrics endpoint shows it.

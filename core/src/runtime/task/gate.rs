@@ -495,7 +495,7 @@ impl<T: Data> InputTask<T> {
                 self.start_unaligned(barrier, clock::now_ns(), ctx)
             }
             Gate::Idle => {
-                if mode == CheckpointMode::Aligned || barrier.is_final {
+                if Self::aligns(mode, ctx) || barrier.is_final {
                     self.inputs[i].blocked = true;
                 }
                 self.gate = Gate::Collecting {
@@ -519,12 +519,21 @@ impl<T: Data> InputTask<T> {
                     self.gate = Gate::Idle;
                     return self.start_unaligned(b, first, ctx);
                 }
-                if mode == CheckpointMode::Aligned || barrier.is_final {
+                if Self::aligns(mode, ctx) || barrier.is_final {
                     self.inputs[i].blocked = true;
                 }
                 self.complete_collecting(ctx)
             }
         }
+    }
+
+    /// Whether an input that delivered the barrier being collected waits
+    /// for the others: in aligned mode, and in dedup mode where an input's
+    /// producer cannot replay in the same order
+    /// ([`crate::checkpoint::signals::TaskCheckpointing::align_inputs`]).
+    fn aligns(mode: CheckpointMode, ctx: &TaskContext) -> bool {
+        mode == CheckpointMode::Aligned
+            || (mode == CheckpointMode::Dedup && ctx.ckpt.as_ref().is_some_and(|c| c.align_inputs))
     }
 
     /// Aligned / at-least-once: snapshot once every input delivered the barrier.

@@ -63,6 +63,7 @@ impl Harness {
             inline_max: DEFAULT_INLINE_STATE_MAX,
             generation: 0,
             backup_limit: crate::checkpoint::DEFAULT_DEDUP_BACKUP_LIMIT,
+            align_inputs: false,
             pool: Arc::new(
                 crate::checkpoint::spawner::SnapshotPool::new(
                     Arc::new(rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap()),
