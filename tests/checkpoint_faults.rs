@@ -21,7 +21,7 @@ use weir_core::{CheckpointMode, Error, RestartStrategy};
 /// Each point, how many hits to let pass first, and whether a checkpoint
 /// of inline states hits it: task files are written once per task per
 /// checkpoint (temporary name, fsync, rename), the manifest once per
-/// checkpoint, into the empty file made at the trigger (no rename).
+/// checkpoint, into the empty file made ahead of the trigger (no rename).
 const POINTS: &[(&str, u32, bool)] = &[
     ("checkpoint.write.before", 6, true),
     ("checkpoint.write.before-fsync", 7, true),

@@ -501,14 +501,15 @@ fn is_cleanup(i: &Injected, root: &Path) -> bool {
         return true;
     }
     let chk = root.join("chk");
-    // Preparing a checkpoint's folder at the trigger: its empty MANIFEST
-    // and the fsync of its folder (`storage::prepare_checkpoint`). If
-    // either fails, the manifest is written by rename as any other file,
-    // and its folder and `chk/` are synced after it (`Manifest::commit`,
-    // `prepared` false), whose failure declines the checkpoint. (An fsync
-    // of the folder is retried that way: the sim keeps unsynced folder
-    // operations until a later sync succeeds, as a journalling file system
-    // keeps metadata in its journal.)
+    // Preparing a checkpoint's folder ahead of its trigger: its empty
+    // MANIFEST and the fsync of its folder (`storage::prepare_checkpoint`).
+    // If either fails, the manifest is written by rename as any other
+    // file, and its folder and `chk/` are synced after it
+    // (`Manifest::commit`, `prepared` false), whose failure declines the
+    // checkpoint. The folder's fsync is then made again, as `chk/`'s always
+    // was after a failed sync at the trigger: a folder's entries live in
+    // the file system's journal, not in pages a failed writeback can drop,
+    // and the sim keeps unsynced folder operations until a sync succeeds.
     let in_chk_folder = i.path.parent() == Some(&*chk)
         && i.path
             .file_name()
