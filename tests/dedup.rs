@@ -15,9 +15,9 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{assert_exactly_once, assert_no_loss, run, Job, Row, Target, TxSink, BASE};
+use common::{assert_exactly_once, assert_no_loss, generator, run, running_count, Job, Row, Target, TxSink, BASE};
 use weir_core::{CheckpointConfig, CheckpointMode, Pipeline, RestartStrategy, RuntimeConfig};
-use weir_io::{GenContext, Generator, GeneratorConfig};
+use weir_io::{GenContext, Generator};
 
 /// How the keyed function of [`keyed_job`] fails.
 #[derive(Clone, Copy)]
@@ -53,12 +53,7 @@ fn keyed_job_with(job: Job, fault: Fault, down: Duration, backup: usize, dir: &s
     let sources_built: Arc<Vec<AtomicU32>> = Arc::new((0..job.sources).map(|_| AtomicU32::new(0)).collect());
     let failed = Arc::new(AtomicU64::new(0));
     let keys = job.keys;
-    let cfg = GeneratorConfig {
-        seed: 1,
-        events: Some(job.events),
-        rate: Some(job.rate),
-        start_ns: None,
-    };
+    let cfg = generator(job);
     let p = Pipeline::new("dedup-test");
     let built = sources_built.clone();
     let f = failed.clone();
@@ -288,5 +283,226 @@ fn a_second_exchange_under_dedup_aligns_and_stays_exact() {
         let out = run(job, dir.path());
         assert_eq!(out.restarts, 3, "{:?}", out.restart_errors);
         assert_exactly_once(job, &out.rows);
+    }
+}
+
+/// Dedup mode, 5 ms checkpoints, two workers, three restarts without delay.
+fn dedup_config(ring: usize, dir: &std::path::Path) -> RuntimeConfig {
+    RuntimeConfig {
+        workers: 2,
+        ring_capacity: ring,
+        checkpointing: Some(CheckpointConfig {
+            interval: Duration::from_millis(5),
+            timeout: Duration::from_secs(20),
+            ..CheckpointConfig::new(CheckpointMode::Dedup, dir)
+        }),
+        restart: RestartStrategy::FixedDelay {
+            attempts: 3,
+            delay: Duration::ZERO,
+        },
+        ..RuntimeConfig::default()
+    }
+}
+
+/// What [`two_stage_job`] built and ran.
+struct TwoStages {
+    result: weir_core::Result<weir_core::JobResult>,
+    rows: Vec<Row>,
+    /// Times each subtask of the count (with its sink), and each source,
+    /// was built.
+    counts_built: Vec<u32>,
+    sources_built: Vec<u32>,
+}
+
+/// A key the first stage of [`two_stage_job`] emits extra records under
+/// (with `marks`), which the checks leave out.
+const MARK: u64 = u64::MAX;
+
+/// Two sources, a first keyed stage (keyed by sequence number, so the
+/// second exchange is a real shuffle) that panics once on the record with
+/// sequence number `fail_at`, then the keyed running count into the
+/// transactional sink; dedup mode, 5 ms checkpoints. With `marks` the
+/// first stage is not deterministic: until its failure it also emits a
+/// record under [`MARK`] for every 64th record, and after it never.
+fn two_stage_job(job: Job, fail_at: u64, marks: bool, dir: &std::path::Path) -> TwoStages {
+    let target = Arc::new(Mutex::new(Target::default()));
+    let built = |n: usize| -> Arc<Vec<AtomicU32>> { Arc::new((0..n).map(|_| AtomicU32::new(0)).collect()) };
+    let (counts, sources) = (built(job.keyed), built(job.sources));
+    let failed = Arc::new(AtomicU64::new(0));
+    let keys = job.keys;
+    let cfg = generator(job);
+    let p = Pipeline::new("dedup-two-stages");
+    let (s, c) = (sources.clone(), counts.clone());
+    let t = target.clone();
+    let first = p
+        .source("fast", job.sources, move |i, n| {
+            s[i].fetch_add(1, Ordering::Relaxed);
+            Generator::new(cfg, i, n, move |c: GenContext| (c.random % keys, c.seq)).unwrap()
+        })
+        .key_by(|r: &(u64, u64)| r.1 % 13)
+        .parallelism(job.keyed)
+        .process_heap(move |_: &u64, seen: &mut u64, r: (u64, u64), out| {
+            if r.1 == fail_at && failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                panic!("injected failure at record {}", r.1)
+            }
+            *seen += 1;
+            if marks && r.1.is_multiple_of(64) && failed.load(Ordering::Relaxed) == 0 {
+                out.emit((MARK, r.1));
+            }
+            out.emit(r);
+        })
+        .name("first");
+    let keyed = first.key_by(|r: &(u64, u64)| r.0).parallelism(job.keyed);
+    running_count(keyed).sink("tx", move |i| {
+        c[i].fetch_add(1, Ordering::Relaxed);
+        TxSink::new(i, t.clone(), true)
+    });
+    let result = p.run(dedup_config(job.ring, dir)).and_then(|h| h.join());
+    let rows = std::mem::take(&mut target.lock().unwrap().rows);
+    let counted = |v: &[AtomicU32]| v.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    TwoStages {
+        result,
+        rows,
+        counts_built: counted(&counts),
+        sources_built: counted(&sources),
+    }
+}
+
+/// A subtask of a keyed stage that feeds another exchange fails once: it
+/// alone is built again, restored, and fed its backup; its exchange keeps
+/// its predecessor's rings and drops what the predecessor had already
+/// sent, so the count behind it reads on as if nothing failed. Nothing
+/// else is rebuilt, the restart history holds that one subtask restart,
+/// and the output is exact. Failures early (before most checkpoints) and
+/// late, so that the replay starts at a completed checkpoint and carries
+/// a few thousand records.
+#[test]
+fn a_failed_subtask_that_feeds_an_exchange_recovers_alone_and_the_output_stays_exact() {
+    for fail_at in [3_001, 41_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let ran = two_stage_job(JOB, fail_at, false, dir.path());
+        let result = ran.result.expect("the job recovers and finishes");
+        assert_exactly_once(JOB, &ran.rows);
+        let restarts = &result.metrics.checkpoints.restarts;
+        assert_eq!(restarts.len(), 1, "{restarts:?}");
+        let (operator, _) = restarts[0].subtask.clone().expect("a subtask restart, not the job's");
+        assert_eq!(operator, "first -> key_by");
+        assert!(
+            restarts[0]
+                .error
+                .contains(&format!("injected failure at record {fail_at}")),
+            "{}",
+            restarts[0].error
+        );
+        assert_eq!(ran.counts_built, vec![1; JOB.keyed], "the count is never rebuilt");
+        assert_eq!(ran.sources_built, vec![1; JOB.sources], "no source restarts");
+    }
+}
+
+/// A first stage that emits less after its failure than before (not
+/// deterministic): its replacement cannot emit again what its predecessor
+/// sent, its exchange sees that once the replay is over and fails the
+/// task, and the whole job restarts instead (from the latest completed
+/// checkpoint, where the count behind the second exchange aligns): the
+/// output stays exact, and the restart says why.
+#[test]
+fn a_producer_that_is_not_deterministic_restarts_the_whole_job_and_stays_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let ran = two_stage_job(JOB, 41_000, true, dir.path());
+    let result = ran.result.expect("the job restarts and finishes");
+    let rows: Vec<Row> = ran.rows.iter().copied().filter(|r| r.0 != MARK).collect();
+    assert_exactly_once(JOB, &rows);
+    let restarts = &result.metrics.checkpoints.restarts;
+    assert_eq!(restarts.len(), 2, "{restarts:?}");
+    assert!(restarts[0].subtask.is_some(), "first the subtask alone: {restarts:?}");
+    assert!(restarts[1].subtask.is_none(), "then the whole job: {restarts:?}");
+    assert!(restarts[1].error.contains("not deterministic"), "{}", restarts[1].error);
+    assert_eq!(ran.sources_built, vec![2; JOB.sources], "the whole job was built again");
+}
+
+/// The same with event time: the first stage is a tumbling window per key
+/// (1 s of event time, the records' sequence numbers as milliseconds),
+/// whose results go through a second exchange to a running count of
+/// windows and their records per key; one window result makes the stage
+/// fail once. The replacement starts from the restored checkpoint's event
+/// time and replays the watermarks it took since in their places, so its
+/// windows fire where its predecessor's did and its exchange drops exactly
+/// what was sent: every window reaches the count once (the running
+/// numbers of windows per key are 1..=n once each) and the records they
+/// hold add up to the input.
+#[test]
+fn a_failed_window_stage_recovers_alone_and_fires_where_it_did() {
+    use weir_core::time::WatermarkStrategy;
+    use weir_core::window::{Windowed, Windows};
+    for fail_window in [4_000i64, 37_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        let counts = Arc::new(AtomicU32::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let keys = JOB.keys;
+        let cfg = generator(JOB);
+        let p = Pipeline::new("dedup-windows");
+        let (t, c) = (target.clone(), counts.clone());
+        p.source("fast", JOB.sources, move |i, n| {
+            Generator::new(cfg, i, n, move |c: GenContext| (c.random % keys, c.seq as i64)).unwrap()
+        })
+        .assign_watermarks(WatermarkStrategy::bounded(50, |r: &(u64, i64)| r.1))
+        .key_by(|r: &(u64, i64)| r.0)
+        .parallelism(JOB.keyed)
+        .window(Windows::tumbling(1_000), |r: &(u64, i64)| r.1)
+        .process(|k: &u64, w, records: &[(u64, i64)], out: &mut Vec<(u64, i64, u64)>| {
+            out.push((*k, w.start, records.len() as u64))
+        })
+        .flat_map(move |w: Windowed<(u64, i64, u64), (u64, i64)>| match w {
+            Windowed::Result(r) => {
+                if r.0 == 1 && r.1 == fail_window && failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                    panic!("injected failure at window {}", r.1)
+                }
+                Some(r)
+            }
+            Windowed::Late(e) => panic!("late record {e:?} within the bound"),
+        })
+        .name("windows")
+        .key_by(|r: &(u64, i64, u64)| r.0)
+        .parallelism(JOB.keyed)
+        .process(move |k: &u64, st: &mut [u64; 2], (_, _, n): (u64, i64, u64), out| {
+            st[0] += 1;
+            st[1] += n;
+            out.emit((*k, st[0], st[1]));
+        })
+        .name("count")
+        .sink("tx", move |i| {
+            c.fetch_add(1, Ordering::Relaxed);
+            TxSink::new(i, t.clone(), true)
+        });
+        let result = p
+            .run(dedup_config(JOB.ring, dir.path()))
+            .and_then(|h| h.join())
+            .expect("the job recovers and finishes");
+        let restarts = &result.metrics.checkpoints.restarts;
+        assert_eq!(restarts.len(), 1, "{restarts:?}");
+        assert!(restarts[0].subtask.is_some(), "a subtask restart: {restarts:?}");
+        assert_eq!(
+            counts.load(Ordering::Relaxed),
+            JOB.keyed as u32,
+            "the count is never rebuilt"
+        );
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
+        let mut by_key: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+        for &(k, windows, records) in &rows {
+            by_key.entry(k).or_default().push((windows, records));
+        }
+        let mut total = 0;
+        for (k, mut seen) in by_key {
+            seen.sort();
+            let numbers: Vec<u64> = seen.iter().map(|s| s.0).collect();
+            assert_eq!(
+                numbers,
+                (1..=seen.len() as u64).collect::<Vec<_>>(),
+                "key {k}: windows once each"
+            );
+            total += seen.last().unwrap().1;
+        }
+        assert_eq!(total, JOB.events, "the windows hold every record once");
     }
 }

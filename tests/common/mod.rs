@@ -368,23 +368,38 @@ pub fn run_with(
 /// that add their own sink; [`expected`] and the checks below apply.
 pub fn keyed_counts(p: &Pipeline, job: Job) -> weir_core::Stream<Row> {
     let keys = job.keys;
-    let cfg = GeneratorConfig {
+    let cfg = generator(job);
+    let keyed = p
+        .source("fast", job.sources, move |i, n| {
+            Generator::new(cfg, i, n, move |c: GenContext| (key_of(&c, keys), c.seq)).unwrap()
+        })
+        .key_by(|r: &(u64, u64)| r.0);
+    running_count(keyed.parallelism(job.keyed))
+}
+
+/// The generator of `job`'s main source: seed 1, its events at its rate.
+pub fn generator(job: Job) -> GeneratorConfig {
+    GeneratorConfig {
         seed: 1,
         events: Some(job.events),
         rate: Some(job.rate),
         start_ns: None,
-    };
-    p.source("fast", job.sources, move |i, n| {
-        Generator::new(cfg, i, n, move |c: GenContext| (key_of(&c, keys), c.seq)).unwrap()
-    })
-    .key_by(|r: &(u64, u64)| r.0)
-    .parallelism(job.keyed)
-    .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
-        st[0] += 1;
-        st[1] = st[1].wrapping_add(v);
-        out.emit((*k, st[0], st[1]));
-    })
-    .name("count")
+    }
+}
+
+/// Per key, the running count and sum of the values (state in the
+/// memory-mapped backend), named `count`: the rows the checks below expect.
+pub fn running_count<KF>(keyed: weir_core::KeyedStream<(u64, u64), u64, KF>) -> weir_core::Stream<Row>
+where
+    KF: Fn(&(u64, u64)) -> u64 + Clone + Send + 'static,
+{
+    keyed
+        .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
+            st[0] += 1;
+            st[1] = st[1].wrapping_add(v);
+            out.emit((*k, st[0], st[1]));
+        })
+        .name("count")
 }
 
 /// A sink's line for a [`Row`]: `key,count,sum`.

@@ -21,7 +21,7 @@ use crate::operators::stateless::{Filter, FlatMap, Map, SinkTail};
 use crate::runtime::collector::Collector;
 use crate::runtime::config::RuntimeConfig;
 use crate::runtime::job::JobHandle;
-use crate::runtime::output::{HashOutput, RebalanceOutput};
+use crate::runtime::output::{HashOutput, OutputKeep, RebalanceOutput};
 use crate::runtime::plan::{BuildCtx, ChainFn, ChainGroup, EdgeId, Plan};
 use crate::runtime::sink::Sink;
 use crate::runtime::source::Source;
@@ -458,11 +458,15 @@ impl<T: Send + 'static> Stream<T> {
     }
 
     /// Closes this chain into an exchange edge to `to` subtasks; `tail(ctx,
-    /// edge, i)` builds the chain's end for subtask `i`.
+    /// edge, i)` builds the chain's end for subtask `i`. With `rebuildable`
+    /// (the tail can take over a failed predecessor's outboxes when
+    /// [`BuildCtx::resuming`]), a chain that reads rings can have one
+    /// subtask built again, for a dedup recovery of that subtask alone.
     fn close_into_edge(
         mut self,
         to: usize,
-        mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Box<dyn Collector<T>> + Send + 'static,
+        rebuildable: bool,
+        mut tail: impl FnMut(&mut BuildCtx, EdgeId, usize) -> Result<Box<dyn Collector<T>>> + Send + 'static,
     ) -> EdgeId {
         self.guard.disarm();
         let graph = self.graph.clone();
@@ -477,19 +481,27 @@ impl<T: Send + 'static> Stream<T> {
         });
         let p = self.parallelism;
         let mut chain = std::mem::replace(&mut self.chain, Box::new(|_, _, _| unreachable!("chain moved")));
+        // Built whole per attempt, and one subtask again for a dedup
+        // recovery: both from the job thread, one at a time.
+        let one = Arc::new(Mutex::new(move |ctx: &mut BuildCtx, i: usize| {
+            let t = tail(ctx, edge, i)?;
+            chain(ctx, i, t)
+        }));
+        let again = Arc::clone(&one);
         let group = ChainGroup {
             ops: std::mem::take(&mut self.ops),
             parallelism: p,
             input_rings: self.input_rings,
             build: Box::new(move |ctx| {
-                (0..p)
-                    .map(|i| {
-                        let t = tail(ctx, edge, i);
-                        chain(ctx, i, t)
-                    })
-                    .collect()
+                let mut build = one.lock().unwrap_or_else(|e| e.into_inner());
+                (0..p).map(|i| (*build)(ctx, i)).collect()
             }),
-            rebuild: None,
+            rebuild: (rebuildable && self.input_rings > 0).then(|| {
+                Box::new(move |ctx: &mut BuildCtx, i: usize| {
+                    let mut build = again.lock().unwrap_or_else(|e| e.into_inner());
+                    (*build)(ctx, i)
+                }) as crate::runtime::plan::SubtaskBuild
+            }),
         };
         let index = self.push_group(&mut g, group);
         debug_assert_eq!(index, from_group);
@@ -551,11 +563,13 @@ impl<T: Send + 'static> Stream<T> {
         let mut input_rings = 0;
         for s in std::iter::once(self).chain(others) {
             input_rings += s.parallelism;
-            edges.push(s.close_into_edge(parallelism, move |ctx, edge, i| {
-                Box::new(RebalanceOutput {
+            // Round-robin output is not built again for a dedup recovery:
+            // a failure of a chain that feeds it restarts the whole job.
+            edges.push(s.close_into_edge(parallelism, false, move |ctx, edge, i| {
+                Ok(Box::new(RebalanceOutput {
                     outboxes: ctx.producers::<T>(edge, i),
                     next: i % parallelism,
-                })
+                }))
             }));
         }
         let edges_in = edges.clone();
@@ -647,14 +661,36 @@ where
             // it, so that a panic in it is blamed on `key_by`.
             let key_op = upstream.ops.len();
             upstream.ops.push("key_by".to_string());
-            edges.push(upstream.close_into_edge(q, move |ctx, edge, i| {
+            // Dedup mode: each subtask's exchange leaves its outboxes here
+            // when it fails, for its replacement (a chain that reads rings
+            // recovers alone; see `HashOutput`).
+            let keeps: Vec<OutputKeep<T>> = (0..upstream.parallelism).map(|_| OutputKeep::default()).collect();
+            let reads_rings = upstream.input_rings > 0;
+            edges.push(upstream.close_into_edge(q, true, move |ctx, edge, i| {
                 let maxp = ctx.max_parallelism;
-                Box::new(HashOutput::new(
-                    ctx.producers::<T>(edge, i),
-                    up_key.clone(),
-                    maxp,
-                    key_op,
-                ))
+                if let Some(checkpoint) = ctx.resuming {
+                    let out = HashOutput::resumed(keeps[i].clone(), checkpoint, up_key.clone(), maxp, key_op).map_err(
+                        |e| {
+                            Error::Restore(format!(
+                                "subtask {i} cannot recover alone ({e}); the whole job restarts"
+                            ))
+                        },
+                    )?;
+                    return Ok(Box::new(out) as Box<dyn Collector<T>>);
+                }
+                let out = HashOutput::new(ctx.producers::<T>(edge, i), up_key.clone(), maxp, key_op);
+                // A new attempt: what an earlier one left goes.
+                *keeps[i].lock().unwrap_or_else(|p| p.into_inner()) = None;
+                let dedup = ctx
+                    .config
+                    .checkpointing
+                    .as_ref()
+                    .is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup);
+                Ok(if dedup && reads_rings {
+                    Box::new(out.keeping(keeps[i].clone())) as Box<dyn Collector<T>>
+                } else {
+                    Box::new(out)
+                })
             }));
         }
         (graph, p, q, key_fn, edges)

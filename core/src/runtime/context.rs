@@ -49,6 +49,13 @@ pub(crate) struct TaskContext {
     /// Set by the task when its turn ended on full output (backpressure);
     /// cleared by the worker before each turn.
     pub(crate) output_blocked: bool,
+    /// Dedup mode: a recovered task is being fed its predecessor's backup
+    /// again (set by the input task while it replays).
+    pub(crate) replaying_backup: bool,
+    /// Set with a task's error when recovering the task alone cannot be
+    /// exact (a replacement that did not emit again what its predecessor
+    /// had): the whole job restarts instead.
+    pub(crate) restart_whole_job: bool,
     /// Where the task's time went, ns: accounted by the worker per turn
     /// (see `job::TurnClock`), published with the counters.
     pub(crate) busy_ns: u64,
@@ -99,6 +106,8 @@ impl TaskContext {
             last_barrier: 0,
             parker: None,
             output_blocked: false,
+            replaying_backup: false,
+            restart_whole_job: false,
             busy_ns: 0,
             backpressured_ns: 0,
             idle_ns: 0,

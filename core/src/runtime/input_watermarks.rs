@@ -74,6 +74,11 @@ impl InputWatermarks {
         self.update()
     }
 
+    /// Whether channel `i` ended.
+    pub(crate) fn has_ended(&self, i: usize) -> bool {
+        self.ended[i]
+    }
+
     /// Channel `i` ended.
     pub(crate) fn on_end(&mut self, i: usize) -> WatermarkUpdate {
         self.ended[i] = true;

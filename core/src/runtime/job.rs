@@ -1128,6 +1128,7 @@ impl JobRun {
         };
         let mut ctx = BuildCtx::new(self.config.clone(), &self.plan, running.parkers.clone())
             .with_state_root(running.state_root.join(format!("recovery-{task}-{failures}")));
+        ctx.resuming = Some(checkpoint);
         let rebuild = self.plan.groups[g]
             .rebuild
             .as_mut()
@@ -1447,6 +1448,9 @@ fn recover_alone(placed: &mut Placed, message: String) -> bool {
     let Some(ck) = placed.ctx.ckpt.clone() else {
         return false;
     };
+    if placed.ctx.restart_whole_job {
+        return false;
+    }
     // Before its inputs (and backup) are taken out.
     let replayable_from = placed.task.replayable_from();
     let Some(inputs) = placed.task.take_inputs() else {

@@ -54,6 +54,14 @@ pub(crate) struct Outbox<T> {
     /// A same-worker channel's empty boxes, for batches handed over by
     /// reference (`None` across workers: [`Self::same_worker`]).
     pool: Option<BatchPool<T>>,
+    /// Records this outbox took since it was made (staged, written straight
+    /// in or handed over): counted per batch, never per record on the fast
+    /// paths. A dedup recovery of the producer alone suppresses what its
+    /// predecessor emitted ([`HashOutput::resumed`]).
+    emitted: u64,
+    /// The largest watermark staged (not [`crate::watermark::IDLE`]): a
+    /// recovered producer, replaying, never sends an older one again.
+    wm_sent: i64,
 }
 
 impl<T> Outbox<T> {
@@ -81,6 +89,8 @@ impl<T> Outbox<T> {
             ring,
             wake,
             pool,
+            emitted: 0,
+            wm_sent: crate::watermark::MIN_WATERMARK,
         }
     }
 
@@ -135,6 +145,7 @@ impl<T> Outbox<T> {
             .expect("slots() promised n free slots and only this producer writes");
         let moved = chunk.fill_from_iter(batch.drain(..n).map(Message::Data));
         debug_assert_eq!(moved, n, "the drain yields exactly n records");
+        self.emitted += n as u64;
         if let Some(w) = &self.wake {
             w.wake();
         }
@@ -157,6 +168,7 @@ impl<T> Outbox<T> {
         if part.is_empty() {
             return;
         }
+        self.emitted += part.len() as u64;
         let mut boxed = self
             .pool
             .as_mut()
@@ -174,6 +186,7 @@ impl<T> Outbox<T> {
     /// Stages every record of `records`, in order, leaving it empty.
     #[inline]
     fn stage_records(&mut self, records: &mut Vec<T>) {
+        self.emitted += records.len() as u64;
         self.staged.reserve(records.len());
         self.staged.extend(records.drain(..).map(Message::Data));
     }
@@ -183,18 +196,25 @@ impl<T> Outbox<T> {
         if !is_data_like(&m) {
             self.controls += 1;
         }
+        if matches!(m, Message::Data(_)) {
+            self.emitted += 1;
+        }
         self.staged.push(m);
     }
 
     /// Stages a record: [`Self::stage`] without the control check.
     #[inline(always)]
     pub(crate) fn stage_data(&mut self, record: T) {
+        self.emitted += 1;
         self.staged.push(Message::Data(record));
     }
 
     /// Stages a watermark; one right behind another replaces it, so
     /// watermarks never pile up behind a backpressured ring.
     pub(crate) fn stage_watermark(&mut self, wm: i64) {
+        if wm != crate::watermark::IDLE {
+            self.wm_sent = self.wm_sent.max(wm);
+        }
         match self.staged.last_mut() {
             Some(Message::Watermark(last)) => *last = wm,
             _ => self.staged.push(Message::Watermark(wm)),
@@ -484,7 +504,34 @@ macro_rules! exchange_control {
     };
 }
 
+/// What a failed producer's exchange leaves for its replacement when the
+/// producer recovers alone (dedup mode): its outboxes, with the rings and
+/// whatever they still hold staged, and how many records each outbox had
+/// taken at each of the producer's snapshots since the latest completed
+/// checkpoint ([`HashOutput::resumed`]).
+pub(crate) struct KeptOutput<T> {
+    outboxes: Vec<Outbox<T>>,
+    marks: Vec<(u64, Vec<u64>)>,
+}
+
+/// Where a [`HashOutput`] leaves its [`KeptOutput`] when it is dropped: one
+/// per producer subtask, made per attempt of the job (dedup mode only).
+pub(crate) type OutputKeep<T> = Arc<std::sync::Mutex<Option<KeptOutput<T>>>>;
+
 /// Hash-partitioned exchange (`key_by`).
+///
+/// In dedup mode a producer that reads rings (a keyed stage feeding another
+/// exchange) recovers alone: its replacement, restored from the latest
+/// completed checkpoint `c`, is fed again what its predecessor took since
+/// its snapshot `c`, in the same order, and so emits the same records in
+/// the same order, given deterministic operators. The consumers already
+/// took part of that output; the replacement's exchange keeps the
+/// predecessor's outboxes (rings, staged records) and drops, per outbox,
+/// the first records it emits, as many as the predecessor had emitted
+/// there since its snapshot `c` (`suppress`): the consumers read on as if
+/// nothing failed. Counting is per batch on the fast paths
+/// ([`Outbox::emitted`]); the suppressing path, record by record, runs only
+/// while a replacement replays.
 pub(crate) struct HashOutput<T, K, KF> {
     outboxes: Vec<Outbox<T>>,
     key_fn: KF,
@@ -499,7 +546,30 @@ pub(crate) struct HashOutput<T, K, KF> {
     /// A batch split over two targets, for a target on this worker to take
     /// its part by reference (empty between batches).
     split: [Vec<T>; 2],
+    /// Dedup mode: where this exchange's outboxes go when it is dropped (a
+    /// failure of its task), for the task's replacement.
+    keep: Option<OutputKeep<T>>,
+    /// Dedup mode: records each outbox had taken at each snapshot since the
+    /// latest completed checkpoint (and at the start: checkpoint 0, or the
+    /// one restored from). Bounded by the checkpoints in flight.
+    marks: Vec<(u64, Vec<u64>)>,
+    /// A replacement: per outbox, the records still to drop (its
+    /// predecessor emitted them), and whether any are.
+    suppress: Vec<u64>,
+    suppressing: bool,
     _k: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<T, K, KF> Drop for HashOutput<T, K, KF> {
+    fn drop(&mut self) {
+        if let Some(keep) = self.keep.take() {
+            let kept = KeptOutput {
+                outboxes: std::mem::take(&mut self.outboxes),
+                marks: std::mem::take(&mut self.marks),
+            };
+            *keep.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
+        }
+    }
 }
 
 impl<T, K, KF> HashOutput<T, K, KF> {
@@ -522,8 +592,98 @@ impl<T, K, KF> HashOutput<T, K, KF> {
             route_shift: (q >= 2 && q.is_power_of_two() && max_parallelism.is_power_of_two())
                 .then(|| 64 - q.trailing_zeros()),
             split: [Vec::new(), Vec::new()],
+            keep: None,
+            marks: Vec::new(),
+            suppress: Vec::new(),
+            suppressing: false,
             _k: std::marker::PhantomData,
         }
+    }
+
+    /// Dedup mode: leaves the outboxes in `keep` when dropped, and marks
+    /// the records taken at each snapshot.
+    pub(crate) fn keeping(mut self, keep: OutputKeep<T>) -> Self {
+        self.marks = vec![(0, vec![0; self.outboxes.len()])];
+        self.keep = Some(keep);
+        self
+    }
+
+    /// The exchange of a replacement for a failed producer, restored from
+    /// checkpoint `checkpoint`: on its predecessor's outboxes (taken from
+    /// `keep`), dropping what the predecessor emitted since its snapshot
+    /// `checkpoint`. An error when nothing was kept (the failed chain's
+    /// drop did not finish) or no snapshot `checkpoint` was marked: the
+    /// task cannot recover alone then, and the whole job restarts.
+    pub(crate) fn resumed(
+        keep: OutputKeep<T>,
+        checkpoint: u64,
+        key_fn: KF,
+        max_parallelism: usize,
+        op: usize,
+    ) -> Result<Self, String> {
+        let kept = keep
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .ok_or("the failed task's exchange left no outboxes")?;
+        let Some((_, at)) = kept.marks.iter().find(|(id, _)| *id == checkpoint) else {
+            return Err(format!(
+                "the failed task's exchange marked no snapshot for checkpoint {checkpoint} (it marked {:?})",
+                kept.marks.iter().map(|m| m.0).collect::<Vec<_>>()
+            ));
+        };
+        let suppress: Vec<u64> = kept.outboxes.iter().zip(at).map(|(o, at)| o.emitted - at).collect();
+        let marks = vec![(checkpoint, at.clone())];
+        let mut out = Self::new(kept.outboxes, key_fn, max_parallelism, op);
+        out.suppressing = suppress.iter().any(|&n| n > 0);
+        out.suppress = suppress;
+        out.marks = marks;
+        out.keep = Some(keep);
+        Ok(out)
+    }
+
+    /// Records the outboxes have taken, per outbox.
+    fn emitted(&self) -> Vec<u64> {
+        self.outboxes.iter().map(|o| o.emitted).collect()
+    }
+
+    /// The error of a replacement that did not emit again everything its
+    /// predecessor had (`when`: what came instead).
+    fn diverged(&self, when: &str) -> BoxError {
+        format!(
+            "{when}, but the recovered task had yet to emit {:?} records on its output channels that its \
+             failed predecessor had emitted from the same input: its operators are not deterministic \
+             (processing time, randomness, iteration order), so dedup cannot recover it alone; the whole \
+             job restarts",
+            self.suppress
+        )
+        .into()
+    }
+
+    /// Routes `batch` record by record, dropping what [`Self::suppress`]
+    /// says the predecessor emitted.
+    #[cold]
+    fn collect_suppressed(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError>
+    where
+        K: Hash,
+        KF: Fn(&T) -> K,
+    {
+        if !ctx.replaying_backup {
+            ctx.restart_whole_job = true;
+            return Err(self.diverged("new input came after the replay"));
+        }
+        let maxp = self.max_parallelism;
+        for record in batch.drain(..) {
+            let k = self.routes[key_group(stable_hash(&(self.key_fn)(&record)), maxp)] as usize;
+            if self.suppress[k] > 0 {
+                self.suppress[k] -= 1;
+            } else {
+                self.outboxes[k].stage_data(record);
+            }
+        }
+        self.suppressing = self.suppress.iter().any(|&n| n > 0);
+        flush_all(&mut self.outboxes);
+        Ok(())
     }
 }
 
@@ -532,6 +692,9 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.count_out::<T>(batch.len());
         ctx.current_op = self.op;
+        if self.suppressing {
+            return self.collect_suppressed(batch, ctx);
+        }
         let maxp = self.max_parallelism;
         let (routes, outboxes) = (&self.routes[..], &mut self.outboxes[..]);
         debug_assert_eq!(routes.len(), maxp);
@@ -594,7 +757,61 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         flush_all(&mut self.outboxes);
         Ok(())
     }
-    exchange_control!();
+    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
+        Ok(flush_all(&mut self.outboxes))
+    }
+    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.suppressing {
+            ctx.restart_whole_job = true;
+            return Err(self.diverged("the input ended"));
+        }
+        self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
+        flush_all(&mut self.outboxes);
+        Ok(())
+    }
+    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.suppressing {
+            ctx.restart_whole_job = true;
+            return Err(self.diverged(&format!("checkpoint {}'s barrier came", barrier.id)));
+        }
+        if self.keep.is_some() {
+            let emitted = self.emitted();
+            self.marks.push((barrier.id, emitted));
+        }
+        forward_barrier(&mut self.outboxes, barrier, snap)
+    }
+    fn notify(&mut self, notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        // What a replacement may be restored from: the latest completed
+        // checkpoint's mark, and those after it.
+        match notice {
+            Notice::Complete(n) => self.marks.retain(|m| m.0 >= n),
+            Notice::Abort(n) => self.marks.retain(|m| m.0 != n),
+        }
+        Ok(())
+    }
+    fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        if self.keep.is_some() && self.marks.iter().all(|m| m.0 != r.checkpoint) {
+            // A whole-job restore: this attempt starts at the checkpoint.
+            let emitted = self.emitted();
+            self.marks = vec![(r.checkpoint, emitted)];
+        }
+        restore_outboxes(&mut self.outboxes, r)
+    }
+    fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        for o in &mut self.outboxes {
+            // A replacement replaying: what its predecessor sent (an idle
+            // marker, an older watermark) is not sent again.
+            if (self.suppressing && wm == crate::watermark::IDLE) || (wm != crate::watermark::IDLE && wm < o.wm_sent) {
+                continue;
+            }
+            o.stage_watermark(wm);
+        }
+        flush_all(&mut self.outboxes);
+        Ok(())
+    }
+    fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        Ok(())
+    }
 }
 
 /// The most targets [`stage_routed`] stages for at once (arrays on the
@@ -637,6 +854,7 @@ fn stage_routed<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: impl F
         // SAFETY: the `added[k]` slots past the old length were written
         // above, in order.
         unsafe { o.staged.set_len(o.staged.len() + added[k]) };
+        o.emitted += added[k] as u64;
     }
 }
 
@@ -652,7 +870,10 @@ fn stage_routed_two<T>(outboxes: &mut [Outbox<T>], batch: &mut Vec<T>, route: im
     let [o0, o1] = outboxes else {
         panic!("{} targets, not two", outboxes.len())
     };
+    let before = (o0.staged.len(), o1.staged.len());
     split_two(&mut o0.staged, &mut o1.staged, batch, route, Message::Data);
+    o0.emitted += (o0.staged.len() - before.0) as u64;
+    o1.emitted += (o1.staged.len() - before.1) as u64;
 }
 
 /// Moves every record of `batch` to the end of `v0` or `v1` by

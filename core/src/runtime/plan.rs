@@ -39,8 +39,9 @@ pub(crate) struct ChainGroup {
     /// Input rings of each subtask (0 for a source chain).
     pub(crate) input_rings: usize,
     pub(crate) build: GroupBuild,
-    /// Chains that end in a sink and read input rings: one subtask built
-    /// again (they hold no ring that another task reads).
+    /// Chains that read input rings and end in a sink or a hash exchange:
+    /// one subtask built again (a hash exchange's end takes over its failed
+    /// predecessor's outboxes, [`BuildCtx::resuming`]).
     pub(crate) rebuild: Option<SubtaskBuild>,
 }
 
@@ -78,6 +79,10 @@ pub(crate) struct BuildCtx {
     stores: usize,
     rings: HashMap<EdgeId, Box<dyn Any + Send>>,
     pub(crate) max_parallelism: usize,
+    /// A dedup recovery of one subtask alone, restored from this
+    /// checkpoint: the chain's end takes over its failed predecessor's
+    /// outboxes instead of making rings.
+    pub(crate) resuming: Option<u64>,
 }
 
 impl BuildCtx {
@@ -105,6 +110,7 @@ impl BuildCtx {
             stores: 0,
             rings: HashMap::new(),
             max_parallelism: plan.max_parallelism,
+            resuming: None,
         }
     }
 
@@ -247,6 +253,7 @@ mod tests {
             stores: 0,
             rings: HashMap::new(),
             max_parallelism: crate::state::key_groups::DEFAULT_MAX_PARALLELISM,
+            resuming: None,
         }
     }
 

@@ -554,7 +554,13 @@ impl<T: Data> InputTask<T> {
         // at-least-once mode, whose inputs went on past the barrier (their
         // watermarks from after it would make the replayed records late);
         // event time then starts again from the beginning after a restore.
-        if Self::mode(ctx).is_some_and(|m| m.snapshots_at_barrier()) {
+        // Dedup's inputs went on past the barrier too, but what they
+        // delivered until the snapshot is in the state and is dropped from
+        // any replay (positions), so event time at the snapshot is the
+        // state's: a replacement recovering alone replays the watermarks
+        // taken since from there, and its event-time operators fire where
+        // they did.
+        if Self::mode(ctx).is_some_and(|m| m.snapshots_at_barrier() || m == CheckpointMode::Dedup) {
             snap.state.input_event_time = Some(self.watermarks.checkpoint());
         }
         if Self::mode(ctx) == Some(CheckpointMode::Dedup) {

@@ -241,11 +241,12 @@ pub(crate) struct InputTask<T> {
 }
 
 /// The input side of a failed dedup task, moved into its replacement: the
-/// rings with what they hold, the backup, the inputs' event time.
+/// rings with what they hold, and the backup. (Not the inputs' event time:
+/// the replacement starts from the restored checkpoint's and replays the
+/// watermarks in the backup.)
 struct Transplant<T> {
     inputs: Vec<Inbox<T>>,
     backup: Option<Box<Backup>>,
-    watermarks: InputWatermarks,
     /// Replayed records still to drop (after an earlier whole-job
     /// restore): the restored state holds them too.
     skips: Vec<u64>,
@@ -598,6 +599,22 @@ impl<T: Data> InputTask<T> {
         }
         if replay.records.is_empty() && replay.marks.is_empty() {
             self.replay = None;
+            self.end_replay(ctx)?;
+        }
+        Ok(())
+    }
+
+    /// The replay is over: inputs that had ended before a dedup recovery
+    /// end for event time now. End-of-stream follows the final barrier,
+    /// which is aligned on every input, so it came after every record the
+    /// replay fed, as here.
+    fn end_replay(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+        ctx.replaying_backup = false;
+        for i in 0..self.inputs.len() {
+            if self.inputs[i].ended && !self.watermarks.has_ended(i) {
+                let update = self.watermarks.on_end(i);
+                forward_watermark(&mut *self.chain, update, ctx)?;
+            }
         }
         Ok(())
     }
@@ -695,7 +712,6 @@ impl<T: Data> Task for InputTask<T> {
         Some(Box::new(Transplant {
             inputs: std::mem::take(&mut self.inputs),
             backup: self.backup.take(),
-            watermarks: std::mem::replace(&mut self.watermarks, InputWatermarks::new(0)),
             skips: std::mem::take(&mut self.skips),
         }))
     }
@@ -721,7 +737,9 @@ impl<T: Data> Task for InputTask<T> {
         }
         let again = backup.since::<T>(checkpoint)?;
         self.inputs = t.inputs;
-        self.watermarks = t.watermarks;
+        // Event time stays the restored checkpoint's (as at its snapshot):
+        // the replay hands on the watermarks taken since, in their places,
+        // so that event-time operators fire where they did.
         self.open_inputs = self.inputs.iter().filter(|i| !i.ended).count();
         self.skips = t.skips;
         ctx.last_barrier = self
@@ -746,6 +764,10 @@ impl<T: Data> Task for InputTask<T> {
             replay.records.push_back(record);
         }
         self.replay = (!replay.records.is_empty() || !replay.marks.is_empty()).then(|| Box::new(replay));
+        ctx.replaying_backup = self.replay.is_some();
+        if self.replay.is_none() {
+            self.end_replay(ctx)?;
+        }
         self.backup = Some(backup);
         Ok(())
     }
