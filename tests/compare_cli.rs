@@ -188,7 +188,7 @@ fn compare_writes_tables_json_and_plot() {
         "what one failure costs",
         "dedup's failed subtask processed again after",
         "the two ways to exactly-once with the wal sink",
-        "- as the topology grows, keyed stages one after another, the failure in the last",
+        "- as the topology grows, keyed stages one after another, the failure in the first",
         "dedup's, of the failed subtask alone,",
     ] {
         assert!(stdout.contains(s), "{s:?} missing:\n{stdout}");
@@ -460,10 +460,12 @@ fn fail_run(dir: &std::path::Path, mode: &str, extra: &[&str]) -> (std::process:
 }
 
 /// `weir bench --stages N`: keyed operators one after another, each behind
-/// its own exchange; the output stays exact through a failure in the last
+/// its own exchange; the output stays exact through a failure in the first
 /// stage, in a snapshot mode and in dedup (which aligns behind the second
-/// exchange and recovers the failed subtask alone); a count out of range is
-/// a usage error.
+/// exchange and recovers the failed subtask alone, its exchange dropping
+/// what its predecessor had sent, so no sink subtask receives a record
+/// twice), and in dedup's last stage (`--fail-stage`); a count out of
+/// range is a usage error.
 #[test]
 fn bench_stages_chain_keyed_operators() {
     let dir = tempfile::tempdir().unwrap();
@@ -479,8 +481,8 @@ fn bench_stages_chain_keyed_operators() {
     assert_eq!(v["sink_records"], 200_000, "{v}");
     assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
     assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
-    // Dedup behind a second exchange: the failed subtask of the last stage
-    // recovers alone, the output exact.
+    // Dedup behind a second exchange: the failed subtask of the first
+    // stage recovers alone, and no sink subtask receives a record twice.
     let (out, v) = fail_run(dir.path(), "dedup", &["--stages", "2", "--sink", "wal"]);
     assert!(
         out.status.success(),
@@ -491,11 +493,40 @@ fn bench_stages_chain_keyed_operators() {
     let v = v.expect("a JSON object");
     assert_eq!(v["stages"], 2, "{v}");
     assert!(
+        v["failure"]["reprocessed"].as_array().unwrap().iter().all(|r| r == 0),
+        "a first-stage failure under dedup redoes nothing at the sinks: {v}"
+    );
+    assert!(
+        v["failure"]["processing_again_ms"].is_number(),
+        "the replacement's first record: {v}"
+    );
+    assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
+    assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
+    // The last stage, chained with the sink: the failed sink subtask alone
+    // receives again what it took since the checkpoint.
+    let (out, v) = fail_run(
+        dir.path(),
+        "dedup",
+        &["--stages", "2", "--fail-stage", "2", "--sink", "wal"],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v = v.expect("a JSON object");
+    assert!(
         v["failure"]["reprocessed"].as_array().unwrap().iter().any(|r| r == 0),
         "the healthy sink subtask never restarted: {v}"
     );
     assert_eq!(v["failure"]["output"]["missing"], 0, "{v}");
     assert_eq!(v["failure"]["output"]["duplicated"], 0, "{v}");
+    let out = Command::new(env!("CARGO_BIN_EXE_weir"))
+        .args(["bench", "--pipeline", "keyed", "--stages", "2", "--fail-stage", "3"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--fail-stage 3: the job has keyed stages 1 to 2"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for bad in ["0", "9"] {
         let out = Command::new(env!("CARGO_BIN_EXE_weir"))
             .args(["bench", "--pipeline", "keyed", "--events", "1000", "--stages", bad])

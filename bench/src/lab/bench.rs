@@ -70,9 +70,9 @@ pub struct BenchArgs {
     /// Keyed job: keyed operators one after another (1 to 8), each behind
     /// an exchange by a key of its own, so that a record crosses subtasks
     /// at every stage: a larger topology, for what a failure costs as it
-    /// grows (the failure is injected in the last stage, the one chained
-    /// with the sink). Behind the second exchange on, dedup aligns barriers
-    /// (docs/design/dedup.md).
+    /// grows (the failure is injected in the first stage by default, see
+    /// `--fail-stage`). Behind the second exchange on, dedup aligns
+    /// barriers (docs/design/dedup.md).
     #[arg(long, default_value_t = 1)]
     pub stages: usize,
     /// Keyed job: the keyed function panics once, on the record with this
@@ -86,6 +86,10 @@ pub struct BenchArgs {
     /// exactly-once mode, fails the run).
     #[arg(long)]
     pub fail_at_record: Option<u64>,
+    /// With `--fail-at-record`: the keyed stage whose function fails (1:
+    /// the first, farthest from the sink; at most `--stages`).
+    #[arg(long, default_value_t = 1)]
+    pub fail_stage: usize,
     /// Checkpoints in flight at once.
     #[arg(long, default_value_t = 1)]
     pub max_concurrent_checkpoints: usize,
@@ -310,6 +314,12 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
             )));
         }
     }
+    if !(1..=args.stages).contains(&args.fail_stage) {
+        return Err(CliError::Usage(format!(
+            "--fail-stage {}: the job has keyed stages 1 to {} (--stages)",
+            args.fail_stage, args.stages
+        )));
+    }
     let cores = weir_core::available_cores();
     let sweep = if args.parallelism.is_empty() {
         vec![cores]
@@ -338,7 +348,7 @@ pub fn run(args: &BenchArgs) -> Result<Vec<BenchResult>, CliError> {
                 let ms = args
                     .rate
                     .map_or(usize::MAX, |r| (events as f64 / r * 1e3) as usize * 2 + 10_000);
-                crate::lab::failure::FailureProbe::new(at, parallelism, ms)
+                crate::lab::failure::FailureProbe::in_stage(at, args.fail_stage, parallelism, ms)
             }),
         };
         if args.checkpoint_interval_ms == 0 {

@@ -166,7 +166,7 @@ pub struct CompareArgs {
     pub results: PathBuf,
     /// Keyed job: the failure runs' topologies, in keyed stages one after
     /// another (`weir bench --stages`), each 1 to 8; the failure is in the
-    /// last stage.
+    /// first stage (the farthest from the sink).
     #[arg(long, value_delimiter = ',', default_values_t = [1usize, 3])]
     pub failure_stages: Vec<usize>,
     /// Also run the keyed count from Kafka topic to topic (`weir bench
@@ -1620,7 +1620,7 @@ fn print_failure_table(m: &Measured, plan: &Plan) {
 /// What the failure runs say of the topology: per mode, processing again
 /// and the longest visible gap at each stage count (a snapshot mode
 /// restarts the whole job, so more stages mean more tasks to stop, restore
-/// and start; dedup recovers the failed subtask of the last stage alone),
+/// and start; dedup recovers the failed subtask of the first stage alone),
 /// and whether each grew. `None` with one stage count.
 fn topology_line(m: &Measured) -> Option<String> {
     let mut stages: Vec<usize> = m.failures.iter().map(|f| f.stages).collect();
@@ -1668,7 +1668,7 @@ fn topology_line(m: &Measured) -> Option<String> {
         _ => "dedup's was not measured at both".to_string(),
     };
     Some(format!(
-        "- as the topology grows, keyed stages one after another, the failure in the last, processing again \
+        "- as the topology grows, keyed stages one after another, the failure in the first, processing again \
          after it: {}; {verdict}, {dedup}",
         parts.join("; ")
     ))

@@ -80,6 +80,9 @@ pub const VISIBLE_HORIZON_MS: u64 = 1_000;
 pub struct FailureProbe {
     /// The record whose processing panics (once).
     pub at_record: u64,
+    /// The keyed stage whose function panics (1: the first; a job with
+    /// fewer stages fails in its last).
+    pub stage: usize,
     fired: AtomicBool,
     failed_ns: AtomicU64,
     rebuilt_ns: AtomicU64,
@@ -111,11 +114,18 @@ pub struct FailureProbe {
 }
 
 impl FailureProbe {
-    /// A probe for a failure at record `at_record`, with a timeline of
-    /// `subtasks` sink subtasks over `ms` milliseconds (both capped).
+    /// A probe for a failure at record `at_record` in the first keyed
+    /// stage, with a timeline of `subtasks` sink subtasks over `ms`
+    /// milliseconds (both capped).
     pub fn new(at_record: u64, subtasks: usize, ms: usize) -> Arc<Self> {
+        Self::in_stage(at_record, 1, subtasks, ms)
+    }
+
+    /// [`Self::new`], the failure in keyed stage `stage` (from 1).
+    pub fn in_stage(at_record: u64, stage: usize, subtasks: usize, ms: usize) -> Arc<Self> {
         let ms = ms.min(MAX_TIMELINE_MS);
         Arc::new(FailureProbe {
+            stage: stage.max(1),
             start_ns: clock::now_ns(),
             timeline: (0..subtasks.min(MAX_SUBTASKS))
                 .map(|_| (0..ms).map(|_| AtomicU64::new(0)).collect())
@@ -153,13 +163,20 @@ impl FailureProbe {
     }
 
     /// Called by the keyed function for every record: panics on the chosen
-    /// one the first time, and notes the first record the restarted
-    /// attempt processes. (Records the other subtasks process between the
-    /// panic and the job's stop belong to the failed attempt.)
-    #[inline]
+    /// one the first time, and notes the first record processed after the
+    /// rebuild (by any subtask: [`FailingFn`] tells a rebuilt subtask's
+    /// records from those of the subtasks that kept running).
+    #[cfg(test)]
     pub fn on_record(&self, seq: u64) {
+        self.on_record_from(seq, self.rebuilt_ns.load(Ordering::Acquire) != 0);
+    }
+
+    /// [`Self::on_record`] from an instance that was (`rebuilt`) or was not
+    /// built after the failure.
+    #[inline]
+    fn on_record_from(&self, seq: u64, rebuilt: bool) {
         if self.fired.load(Ordering::Relaxed) {
-            if self.resumed_ns.load(Ordering::Relaxed) == 0 && self.rebuilt_ns.load(Ordering::Acquire) != 0 {
+            if rebuilt && self.resumed_ns.load(Ordering::Relaxed) == 0 {
                 self.mark_resumed();
             }
             return;
@@ -185,6 +202,17 @@ impl FailureProbe {
                 self.at_record
             );
         }
+    }
+
+    /// The failing stage's function was cloned for a subtask being built:
+    /// after the failure, that is the failed subtask's replacement (dedup)
+    /// or the restarted attempt; true then.
+    fn on_stage_built(&self) -> bool {
+        if self.failed_ns.load(Ordering::Acquire) == 0 {
+            return false;
+        }
+        self.on_sink_built();
+        true
     }
 
     /// The sink factory made a sink: after the failure, that is the
@@ -559,9 +587,74 @@ impl FailureReport {
     }
 }
 
+/// One instance of the failing keyed function's hold on the probe.
+///
+/// The runtime clones a keyed function for every subtask it builds, at
+/// every build: a clone made after the failure belongs to a rebuilt
+/// subtask (the failed one's replacement under dedup, every subtask of the
+/// restarted job in the snapshot modes), and its first record marks the
+/// failed path processing again. Under dedup the subtasks that kept
+/// running never mark it: they were built before the failure.
+#[derive(Debug)]
+pub struct FailingFn {
+    probe: Arc<FailureProbe>,
+    rebuilt: bool,
+}
+
+impl FailingFn {
+    /// The handle the job's function is built with (before any failure).
+    pub fn new(probe: Arc<FailureProbe>) -> Self {
+        FailingFn { probe, rebuilt: false }
+    }
+
+    /// Called by the keyed function for every record (see
+    /// [`FailureProbe::on_record`]).
+    #[inline]
+    pub fn on_record(&self, seq: u64) {
+        self.probe.on_record_from(seq, self.rebuilt);
+    }
+}
+
+impl Clone for FailingFn {
+    fn clone(&self) -> Self {
+        FailingFn {
+            probe: self.probe.clone(),
+            rebuilt: self.probe.on_stage_built(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Under dedup only the failed subtask is built again: records of the
+    /// subtasks that kept running (instances made before the failure) do
+    /// not count as the failed path processing again; the replacement's
+    /// first does, and its building marks the restart.
+    #[test]
+    fn only_an_instance_built_after_the_failure_marks_the_resume() {
+        let p = FailureProbe::new(5, 2, 10);
+        let plan = FailingFn::new(p.clone());
+        let healthy = plan.clone();
+        let failing = plan.clone();
+        assert!(!healthy.rebuilt && !failing.rebuilt);
+        let panicked = std::panic::catch_unwind(|| failing.on_record(5));
+        assert!(panicked.is_err(), "record 5 panics");
+        healthy.on_record(6);
+        assert!(p.report(2).unwrap().restarted_ms.is_none(), "nothing rebuilt yet");
+        assert!(
+            p.report(2).unwrap().processing_again_ms.is_none(),
+            "the healthy subtask is not the failed path"
+        );
+        let replacement = plan.clone();
+        assert!(replacement.rebuilt);
+        healthy.on_record(7);
+        assert!(p.report(2).unwrap().processing_again_ms.is_none());
+        replacement.on_record(3);
+        let r = p.report(2).unwrap();
+        assert!(r.restarted_ms.is_some() && r.processing_again_ms.is_some());
+    }
 
     #[test]
     fn the_chosen_record_panics_once_and_the_next_one_marks_the_resume() {
@@ -594,8 +687,10 @@ mod tests {
         p.on_record(1);
         let failed = p.failed_ns.load(Ordering::Relaxed);
         // Late by 2 ms: not caught up; then on time. Subtask 0's gap spans
-        // the restart: from its batch at 3,000 ns to the next one.
-        p.on_batch(0, failed + 10, failed + 10 - 2 * CAUGHT_UP_NS, 1);
+        // the restart: from its batch at 3,000 ns to the next one. (The
+        // clock may count from the process's start: within 2 ms of it the
+        // first batch's schedule is unknown, 0, and does not count either.)
+        p.on_batch(0, failed + 10, (failed + 10).saturating_sub(2 * CAUGHT_UP_NS), 1);
         p.on_batch(0, failed + 20, failed + 19, 1);
         p.on_abandoned(1, 42);
         let r = p.report(2).unwrap();

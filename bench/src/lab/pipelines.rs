@@ -294,7 +294,7 @@ pub const MAX_STAGES: usize = 8;
 fn sum_stage<KF>(
     keyed: weir_core::KeyedStream<Event, u64, KF>,
     state: StateBackend,
-    probe: Option<Arc<crate::lab::failure::FailureProbe>>,
+    probe: Option<crate::lab::failure::FailingFn>,
 ) -> weir_core::Stream<Event>
 where
     KF: Fn(&Event) -> u64 + Clone + Send + 'static,
@@ -590,16 +590,22 @@ pub fn build(spec: &Spec, start_ns: u64, totals: &Totals) -> Pipeline {
             let slow_ns = spec.slow_ns;
             // One exchange and running sum per stage, keyed differently
             // from the second on so that every stage's records cross
-            // subtasks. A failure run's probe sees every record of the
-            // last stage first: the stage chained with the sink, which
-            // dedup recovers alone (the snapshot modes restart the whole
-            // job wherever the failure is).
-            let last = |stage: usize| spec.failure.clone().filter(|_| stage == spec.stages);
+            // subtasks. A failure run's probe sees every record of its
+            // stage (`weir bench --fail-stage`, the first by default: the
+            // farthest from the sink, whose output every later stage
+            // reads). Dedup recovers the failed subtask alone in any stage;
+            // the snapshot modes restart the whole job wherever it is.
+            let failing = |stage: usize| {
+                spec.failure
+                    .clone()
+                    .filter(|f| stage == f.stage.min(spec.stages))
+                    .map(crate::lab::failure::FailingFn::new)
+            };
             let mut summed =
-                sum_stage(events.key_by(|e: &Event| e.key).parallelism(p), spec.state, last(1)).name("running-sum");
+                sum_stage(events.key_by(|e: &Event| e.key).parallelism(p), spec.state, failing(1)).name("running-sum");
             for stage in 2..=spec.stages {
                 let keyed = summed.key_by(move |e: &Event| stage_key(e.key, stage)).parallelism(p);
-                summed = sum_stage(keyed, spec.state, last(stage)).name(&format!("running-sum-{stage}"));
+                summed = sum_stage(keyed, spec.state, failing(stage)).name(&format!("running-sum-{stage}"));
             }
             if slow_ns > 0 {
                 summed
