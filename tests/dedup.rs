@@ -286,7 +286,8 @@ fn a_second_exchange_under_dedup_aligns_and_stays_exact() {
     }
 }
 
-/// Dedup mode, 5 ms checkpoints, two workers, three restarts without delay.
+/// Dedup mode with deterministic operators (producers recover alone), 5 ms
+/// checkpoints, two workers, three restarts without delay.
 fn dedup_config(ring: usize, dir: &std::path::Path) -> RuntimeConfig {
     RuntimeConfig {
         workers: 2,
@@ -294,6 +295,7 @@ fn dedup_config(ring: usize, dir: &std::path::Path) -> RuntimeConfig {
         checkpointing: Some(CheckpointConfig {
             interval: Duration::from_millis(5),
             timeout: Duration::from_secs(20),
+            dedup_deterministic: true,
             ..CheckpointConfig::new(CheckpointMode::Dedup, dir)
         }),
         restart: RestartStrategy::FixedDelay {
@@ -302,6 +304,31 @@ fn dedup_config(ring: usize, dir: &std::path::Path) -> RuntimeConfig {
         },
         ..RuntimeConfig::default()
     }
+}
+
+/// The transactional sink into `target`, counting its builds in `built`.
+fn counted_tx(
+    target: &Arc<Mutex<Target>>,
+    built: &Arc<AtomicU32>,
+) -> impl FnMut(usize) -> TxSink<Row> + Send + 'static {
+    let (t, b) = (target.clone(), built.clone());
+    move |i| {
+        b.fetch_add(1, Ordering::Relaxed);
+        TxSink::new(i, t.clone(), true)
+    }
+}
+
+/// Runs `p` to its end in dedup mode ([`dedup_config`]) and checks that
+/// its history holds one restart, of one subtask alone; the operator chain
+/// that restarted.
+fn recovers_alone_once(p: Pipeline, dir: &std::path::Path) -> String {
+    let result = p
+        .run(dedup_config(JOB.ring, dir))
+        .and_then(|h| h.join())
+        .expect("the job recovers and finishes");
+    let restarts = &result.metrics.checkpoints.restarts;
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    restarts[0].subtask.clone().expect("a subtask restart, not the job's").0
 }
 
 /// What [`two_stage_job`] built and ran.
@@ -314,17 +341,12 @@ struct TwoStages {
     sources_built: Vec<u32>,
 }
 
-/// A key the first stage of [`two_stage_job`] emits extra records under
-/// (with `marks`), which the checks leave out.
-const MARK: u64 = u64::MAX;
-
 /// Two sources, a first keyed stage (keyed by sequence number, so the
 /// second exchange is a real shuffle) that panics once on the record with
 /// sequence number `fail_at`, then the keyed running count into the
-/// transactional sink; dedup mode, 5 ms checkpoints. With `marks` the
-/// first stage is not deterministic: until its failure it also emits a
-/// record under [`MARK`] for every 64th record, and after it never.
-fn two_stage_job(job: Job, fail_at: u64, marks: bool, dir: &std::path::Path) -> TwoStages {
+/// transactional sink; dedup mode, 5 ms checkpoints ([`dedup_config`]),
+/// with `deterministic` as `CheckpointConfig::dedup_deterministic`.
+fn two_stage_job(job: Job, fail_at: u64, deterministic: bool, dir: &std::path::Path) -> TwoStages {
     let target = Arc::new(Mutex::new(Target::default()));
     let built = |n: usize| -> Arc<Vec<AtomicU32>> { Arc::new((0..n).map(|_| AtomicU32::new(0)).collect()) };
     let (counts, sources) = (built(job.keyed), built(job.sources));
@@ -346,9 +368,6 @@ fn two_stage_job(job: Job, fail_at: u64, marks: bool, dir: &std::path::Path) -> 
                 panic!("injected failure at record {}", r.1)
             }
             *seen += 1;
-            if marks && r.1.is_multiple_of(64) && failed.load(Ordering::Relaxed) == 0 {
-                out.emit((MARK, r.1));
-            }
             out.emit(r);
         })
         .name("first");
@@ -357,7 +376,11 @@ fn two_stage_job(job: Job, fail_at: u64, marks: bool, dir: &std::path::Path) -> 
         c[i].fetch_add(1, Ordering::Relaxed);
         TxSink::new(i, t.clone(), true)
     });
-    let result = p.run(dedup_config(job.ring, dir)).and_then(|h| h.join());
+    let mut config = dedup_config(job.ring, dir);
+    if let Some(c) = &mut config.checkpointing {
+        c.dedup_deterministic = deterministic;
+    }
+    let result = p.run(config).and_then(|h| h.join());
     let rows = std::mem::take(&mut target.lock().unwrap().rows);
     let counted = |v: &[AtomicU32]| v.iter().map(|a| a.load(Ordering::Relaxed)).collect();
     TwoStages {
@@ -380,7 +403,7 @@ fn two_stage_job(job: Job, fail_at: u64, marks: bool, dir: &std::path::Path) -> 
 fn a_failed_subtask_that_feeds_an_exchange_recovers_alone_and_the_output_stays_exact() {
     for fail_at in [3_001, 41_000] {
         let dir = tempfile::tempdir().unwrap();
-        let ran = two_stage_job(JOB, fail_at, false, dir.path());
+        let ran = two_stage_job(JOB, fail_at, true, dir.path());
         let result = ran.result.expect("the job recovers and finishes");
         assert_exactly_once(JOB, &ran.rows);
         let restarts = &result.metrics.checkpoints.restarts;
@@ -399,24 +422,19 @@ fn a_failed_subtask_that_feeds_an_exchange_recovers_alone_and_the_output_stays_e
     }
 }
 
-/// A first stage that emits less after its failure than before (not
-/// deterministic): its replacement cannot emit again what its predecessor
-/// sent, its exchange sees that once the replay is over and fails the
-/// task, and the whole job restarts instead (from the latest completed
-/// checkpoint, where the count behind the second exchange aligns): the
-/// output stays exact, and the restart says why.
+/// Without `CheckpointConfig::dedup_deterministic` a task that feeds an
+/// exchange does not recover alone (its exchange would drop by count what
+/// its predecessor sent, exact only for deterministic operators): its
+/// failure restarts the whole job, and the output stays exact.
 #[test]
-fn a_producer_that_is_not_deterministic_restarts_the_whole_job_and_stays_exact() {
+fn without_deterministic_operators_a_producer_s_failure_restarts_the_whole_job() {
     let dir = tempfile::tempdir().unwrap();
-    let ran = two_stage_job(JOB, 41_000, true, dir.path());
+    let ran = two_stage_job(JOB, 41_000, false, dir.path());
     let result = ran.result.expect("the job restarts and finishes");
-    let rows: Vec<Row> = ran.rows.iter().copied().filter(|r| r.0 != MARK).collect();
-    assert_exactly_once(JOB, &rows);
+    assert_exactly_once(JOB, &ran.rows);
     let restarts = &result.metrics.checkpoints.restarts;
-    assert_eq!(restarts.len(), 2, "{restarts:?}");
-    assert!(restarts[0].subtask.is_some(), "first the subtask alone: {restarts:?}");
-    assert!(restarts[1].subtask.is_none(), "then the whole job: {restarts:?}");
-    assert!(restarts[1].error.contains("not deterministic"), "{}", restarts[1].error);
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert!(restarts[0].subtask.is_none(), "the whole job: {restarts:?}");
     assert_eq!(ran.sources_built, vec![2; JOB.sources], "the whole job was built again");
 }
 
@@ -442,7 +460,6 @@ fn a_failed_window_stage_recovers_alone_and_fires_where_it_did() {
         let keys = JOB.keys;
         let cfg = generator(JOB);
         let p = Pipeline::new("dedup-windows");
-        let (t, c) = (target.clone(), counts.clone());
         p.source("fast", JOB.sources, move |i, n| {
             Generator::new(cfg, i, n, move |c: GenContext| (c.random % keys, c.seq as i64)).unwrap()
         })
@@ -471,17 +488,8 @@ fn a_failed_window_stage_recovers_alone_and_fires_where_it_did() {
             out.emit((*k, st[0], st[1]));
         })
         .name("count")
-        .sink("tx", move |i| {
-            c.fetch_add(1, Ordering::Relaxed);
-            TxSink::new(i, t.clone(), true)
-        });
-        let result = p
-            .run(dedup_config(JOB.ring, dir.path()))
-            .and_then(|h| h.join())
-            .expect("the job recovers and finishes");
-        let restarts = &result.metrics.checkpoints.restarts;
-        assert_eq!(restarts.len(), 1, "{restarts:?}");
-        assert!(restarts[0].subtask.is_some(), "a subtask restart: {restarts:?}");
+        .sink("tx", counted_tx(&target, &counts));
+        recovers_alone_once(p, dir.path());
         assert_eq!(
             counts.load(Ordering::Relaxed),
             JOB.keyed as u32,
@@ -504,5 +512,42 @@ fn a_failed_window_stage_recovers_alone_and_fires_where_it_did() {
             total += seen.last().unwrap().1;
         }
         assert_eq!(total, JOB.events, "the windows hold every record once");
+    }
+}
+
+/// The count fails once and feeds a round-robin exchange (`rebalance`) to
+/// the sink: it alone is built again, its exchange starts from its cursor
+/// at the restored snapshot and drops what its predecessor had sent, so the
+/// sink's subtasks see each row once; nothing else is rebuilt.
+#[test]
+fn a_failed_subtask_that_feeds_a_rebalance_recovers_alone_and_the_output_stays_exact() {
+    for fail_at in [2_999, 43_000] {
+        let dir = tempfile::tempdir().unwrap();
+        let target = Arc::new(Mutex::new(Target::default()));
+        let sinks = Arc::new(AtomicU32::new(0));
+        let failed = Arc::new(AtomicU64::new(0));
+        let keys = JOB.keys;
+        let cfg = generator(JOB);
+        let p = Pipeline::new("dedup-rebalance");
+        p.source("fast", JOB.sources, move |i, n| {
+            Generator::new(cfg, i, n, move |c: GenContext| (c.random % keys, c.seq)).unwrap()
+        })
+        .key_by(|r: &(u64, u64)| r.0)
+        .parallelism(JOB.keyed)
+        .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
+            if v == fail_at && failed.fetch_add(1, Ordering::Relaxed) == 0 {
+                panic!("injected failure at record {v}")
+            }
+            st[0] += 1;
+            st[1] = st[1].wrapping_add(v);
+            out.emit((*k, st[0], st[1]));
+        })
+        .name("count")
+        .rebalance(2)
+        .sink("tx", counted_tx(&target, &sinks));
+        assert_eq!(recovers_alone_once(p, dir.path()), "count");
+        assert_eq!(sinks.load(Ordering::Relaxed), 2, "the sinks are never rebuilt");
+        let rows = std::mem::take(&mut target.lock().unwrap().rows);
+        assert_exactly_once(JOB, &rows);
     }
 }

@@ -513,6 +513,9 @@ fn start_job(
         checkpointing: args.mode.checkpoint_mode().map(|m| CheckpointConfig {
             interval: Duration::from_millis(args.checkpoint_interval_ms),
             restore: RestoreFrom::Latest,
+            // weir run's keyed count is deterministic: under dedup a failed
+            // subtask recovers alone in any stage.
+            dedup_deterministic: true,
             ..CheckpointConfig::new(m, checkpoint_dir)
         }),
         restart: RestartStrategy::FixedDelay {

@@ -556,6 +556,9 @@ pub fn runtime_config(
             interval: Duration::from_millis(interval_ms),
             restore: weir_core::RestoreFrom::Nothing,
             retained: 1,
+            // The benchmark's operators are deterministic: under dedup a
+            // failed subtask recovers alone in any keyed stage.
+            dedup_deterministic: true,
             ..CheckpointConfig::new(m, dir)
         }),
         ..RuntimeConfig::default()

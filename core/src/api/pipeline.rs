@@ -452,6 +452,7 @@ impl<T: Send + 'static> Stream<T> {
                     (*build)(ctx, i)
                 }) as crate::runtime::plan::SubtaskBuild
             }),
+            feeds_exchange: false,
         };
         let graph = self.graph.clone();
         self.push_group(&mut graph.borrow_mut(), group);
@@ -502,6 +503,7 @@ impl<T: Send + 'static> Stream<T> {
                     (*build)(ctx, i)
                 }) as crate::runtime::plan::SubtaskBuild
             }),
+            feeds_exchange: true,
         };
         let index = self.push_group(&mut g, group);
         debug_assert_eq!(index, from_group);
@@ -563,13 +565,17 @@ impl<T: Send + 'static> Stream<T> {
         let mut input_rings = 0;
         for s in std::iter::once(self).chain(others) {
             input_rings += s.parallelism;
-            // Round-robin output is not built again for a dedup recovery:
-            // a failure of a chain that feeds it restarts the whole job.
-            edges.push(s.close_into_edge(parallelism, false, move |ctx, edge, i| {
-                Ok(Box::new(RebalanceOutput {
-                    outboxes: ctx.producers::<T>(edge, i),
-                    next: i % parallelism,
-                }))
+            let keeps = OutputKeeps::new(s.parallelism, s.input_rings > 0);
+            edges.push(s.close_into_edge(parallelism, true, move |ctx, edge, i| {
+                if let Some(checkpoint) = ctx.resuming {
+                    let out = RebalanceOutput::resumed(keeps.slot(i), checkpoint).map_err(|e| keeps.cannot(i, e))?;
+                    return Ok(Box::new(out) as Box<dyn Collector<T>>);
+                }
+                let out = RebalanceOutput::new(ctx.producers::<T>(edge, i), i % parallelism);
+                Ok(match keeps.fresh(ctx, i) {
+                    Some(keep) => Box::new(out.keeping(keep)) as Box<dyn Collector<T>>,
+                    None => Box::new(out),
+                })
             }));
         }
         let edges_in = edges.clone();
@@ -579,6 +585,50 @@ impl<T: Send + 'static> Stream<T> {
         });
         // The exchange's consumer side is the head of the new chain.
         Stream::new(graph, parallelism, vec![name.to_string()], input_rings, edges_in, chain)
+    }
+}
+
+/// Dedup mode: where each subtask of a chain that ends in an exchange
+/// leaves its outboxes when it fails, for its replacement (a chain that
+/// reads rings recovers alone: `crate::runtime::output_ledger`). One slot
+/// per subtask, emptied at every new attempt.
+struct OutputKeeps<T> {
+    slots: Vec<OutputKeep<T>>,
+    /// The chain reads rings (a source chain never recovers alone).
+    reads_rings: bool,
+}
+
+impl<T> OutputKeeps<T> {
+    fn new(subtasks: usize, reads_rings: bool) -> Self {
+        OutputKeeps {
+            slots: (0..subtasks).map(|_| OutputKeep::default()).collect(),
+            reads_rings,
+        }
+    }
+
+    /// Subtask `i`'s slot, for its replacement's exchange.
+    fn slot(&self, i: usize) -> OutputKeep<T> {
+        self.slots[i].clone()
+    }
+
+    /// A new attempt's subtask `i`: what an earlier attempt left goes; its
+    /// slot if its exchange keeps its outboxes (dedup mode with
+    /// deterministic operators, a chain that reads rings).
+    fn fresh(&self, ctx: &BuildCtx, i: usize) -> Option<OutputKeep<T>> {
+        *self.slots[i].lock().unwrap_or_else(|p| p.into_inner()) = None;
+        let keeps = ctx
+            .config
+            .checkpointing
+            .as_ref()
+            .is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup && c.dedup_deterministic);
+        (keeps && self.reads_rings).then(|| self.slot(i))
+    }
+
+    /// The error of a replacement whose exchange could not be resumed.
+    fn cannot(&self, i: usize, why: String) -> Error {
+        Error::Restore(format!(
+            "subtask {i} cannot recover alone ({why}); the whole job restarts"
+        ))
     }
 }
 
@@ -661,35 +711,18 @@ where
             // it, so that a panic in it is blamed on `key_by`.
             let key_op = upstream.ops.len();
             upstream.ops.push("key_by".to_string());
-            // Dedup mode: each subtask's exchange leaves its outboxes here
-            // when it fails, for its replacement (a chain that reads rings
-            // recovers alone; see `HashOutput`).
-            let keeps: Vec<OutputKeep<T>> = (0..upstream.parallelism).map(|_| OutputKeep::default()).collect();
-            let reads_rings = upstream.input_rings > 0;
+            let keeps = OutputKeeps::new(upstream.parallelism, upstream.input_rings > 0);
             edges.push(upstream.close_into_edge(q, true, move |ctx, edge, i| {
                 let maxp = ctx.max_parallelism;
                 if let Some(checkpoint) = ctx.resuming {
-                    let out = HashOutput::resumed(keeps[i].clone(), checkpoint, up_key.clone(), maxp, key_op).map_err(
-                        |e| {
-                            Error::Restore(format!(
-                                "subtask {i} cannot recover alone ({e}); the whole job restarts"
-                            ))
-                        },
-                    )?;
+                    let out = HashOutput::resumed(keeps.slot(i), checkpoint, up_key.clone(), maxp, key_op)
+                        .map_err(|e| keeps.cannot(i, e))?;
                     return Ok(Box::new(out) as Box<dyn Collector<T>>);
                 }
                 let out = HashOutput::new(ctx.producers::<T>(edge, i), up_key.clone(), maxp, key_op);
-                // A new attempt: what an earlier one left goes.
-                *keeps[i].lock().unwrap_or_else(|p| p.into_inner()) = None;
-                let dedup = ctx
-                    .config
-                    .checkpointing
-                    .as_ref()
-                    .is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup);
-                Ok(if dedup && reads_rings {
-                    Box::new(out.keeping(keeps[i].clone())) as Box<dyn Collector<T>>
-                } else {
-                    Box::new(out)
+                Ok(match keeps.fresh(ctx, i) {
+                    Some(keep) => Box::new(out.keeping(keep)) as Box<dyn Collector<T>>,
+                    None => Box::new(out),
                 })
             }));
         }

@@ -142,6 +142,22 @@ pub struct CheckpointConfig {
     /// meanwhile restarts the whole job (still exactly-once). Default
     /// 64 MiB ([`DEFAULT_DEDUP_BACKUP_LIMIT`]).
     pub dedup_backup_limit: usize,
+    /// Dedup mode only: the job's operators are deterministic, so a task
+    /// that feeds another exchange (a keyed stage before a `key_by`, a stage
+    /// before `rebalance` or `union`) may recover alone too: its
+    /// replacement replays its backup and its exchange drops, per output
+    /// channel, as many records as its predecessor had sent. That is exact
+    /// only if the replay emits the same records in the same order as the
+    /// failed run: operators must not depend on processing time
+    /// (processing-time timers), randomness, or the iteration order of
+    /// unordered maps in what they emit. A replay found to emit fewer
+    /// records restarts the whole job, but one that emits different records
+    /// is not caught. Off (the default), such a task's failure restarts the
+    /// whole job, which is exact whatever the operators do; a task that
+    /// ends in a sink recovers alone either way
+    /// (docs/design/dedup.md, "A failed producer: its exchange drops what
+    /// was sent").
+    pub dedup_deterministic: bool,
 }
 
 /// Shortest accepted checkpoint interval: below it, barriers would be
@@ -179,6 +195,7 @@ impl CheckpointConfig {
             restore: RestoreFrom::Latest,
             inline_state_max: DEFAULT_INLINE_STATE_MAX,
             dedup_backup_limit: DEFAULT_DEDUP_BACKUP_LIMIT,
+            dedup_deterministic: false,
         }
     }
 

@@ -459,8 +459,12 @@ fn prepare(
             parallelism: group.parallelism,
             message: format!("could not open: {e}"),
         })?;
-        let recoverable =
-            ckpt.is_some_and(|c| c.mode == crate::checkpoint::CheckpointMode::Dedup) && group.rebuild.is_some();
+        // Dedup: a chain that feeds an exchange recovers alone only when the
+        // user says its operators are deterministic (its exchange drops by
+        // count what its predecessor sent).
+        let recoverable = ckpt.is_some_and(|c| {
+            c.mode == crate::checkpoint::CheckpointMode::Dedup && (!group.feeds_exchange || c.dedup_deterministic)
+        }) && group.rebuild.is_some();
         out.push(Placed {
             task,
             ctx,

@@ -24,6 +24,7 @@ pub(crate) mod message;
 pub(crate) mod metrics;
 pub(crate) mod observe;
 pub(crate) mod output;
+pub(crate) mod output_ledger;
 pub(crate) mod plan;
 pub(crate) mod sink;
 pub(crate) mod source;

@@ -25,6 +25,8 @@ use crate::error::BoxError;
 use crate::runtime::collector::{Collector, Notice, RestoreCtx};
 use crate::runtime::context::TaskContext;
 use crate::runtime::message::{Barrier, BatchPool, Message};
+use crate::runtime::output_ledger::Ledger;
+pub(crate) use crate::runtime::output_ledger::OutputKeep;
 use crate::state::key_groups::{key_group, stable_hash, subtask_for_key_group};
 use crate::threads::idle::Parker;
 
@@ -57,7 +59,7 @@ pub(crate) struct Outbox<T> {
     /// Records this outbox took since it was made (staged, written straight
     /// in or handed over): counted per batch, never per record on the fast
     /// paths. A dedup recovery of the producer alone suppresses what its
-    /// predecessor emitted ([`HashOutput::resumed`]).
+    /// predecessor emitted ([`Ledger`]).
     emitted: u64,
     /// The largest watermark staged (not [`crate::watermark::IDLE`]): a
     /// recovered producer, replaying, never sends an older one again.
@@ -92,6 +94,18 @@ impl<T> Outbox<T> {
             emitted: 0,
             wm_sent: crate::watermark::MIN_WATERMARK,
         }
+    }
+
+    /// Records this outbox took since it was made.
+    #[inline]
+    pub(crate) fn emitted(&self) -> u64 {
+        self.emitted
+    }
+
+    /// The largest watermark staged on this outbox.
+    #[inline]
+    pub(crate) fn wm_sent(&self) -> i64 {
+        self.wm_sent
     }
 
     /// The consumer runs on the producer's worker (only such channels
@@ -466,15 +480,18 @@ fn restore_outboxes<T: Data>(outboxes: &mut [Outbox<T>], r: &RestoreCtx<'_>) -> 
     Ok(())
 }
 
-/// The control methods shared by the exchanges (types with an `outboxes`
-/// field): flush every outbox, end-of-stream and barriers on every outbox,
-/// nothing to commit, output channel state to restore.
+/// The control methods shared by the exchanges (types with `outboxes` and
+/// `ledger` fields and a `cursor()` method): flush every outbox,
+/// end-of-stream and barriers on every outbox, nothing to commit, output
+/// channel state to restore; in dedup mode the ledger marks each snapshot
+/// and checks a replacement's replay ([`Ledger`]).
 macro_rules! exchange_control {
     () => {
         fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
             Ok(flush_all(&mut self.outboxes))
         }
-        fn finish(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
+            self.ledger.on_finish(ctx)?;
             self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
             flush_all(&mut self.outboxes);
             Ok(())
@@ -483,18 +500,27 @@ macro_rules! exchange_control {
             &mut self,
             barrier: Barrier,
             snap: &mut TaskSnapshot,
-            _ctx: &mut TaskContext,
+            ctx: &mut TaskContext,
         ) -> Result<(), BoxError> {
+            let cursor = self.cursor();
+            self.ledger.on_barrier(barrier.id, &self.outboxes, cursor, ctx)?;
             forward_barrier(&mut self.outboxes, barrier, snap)
         }
-        fn notify(&mut self, _notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+        fn notify(&mut self, notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            self.ledger.on_notice(notice);
             Ok(())
         }
         fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            let cursor = self.cursor();
+            self.ledger.on_restore(r.checkpoint, &self.outboxes, cursor);
             restore_outboxes(&mut self.outboxes, r)
         }
         fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-            self.outboxes.iter_mut().for_each(|o| o.stage_watermark(wm));
+            for o in &mut self.outboxes {
+                if self.ledger.sends_watermark(wm, o) {
+                    o.stage_watermark(wm);
+                }
+            }
             flush_all(&mut self.outboxes);
             Ok(())
         }
@@ -504,34 +530,10 @@ macro_rules! exchange_control {
     };
 }
 
-/// What a failed producer's exchange leaves for its replacement when the
-/// producer recovers alone (dedup mode): its outboxes, with the rings and
-/// whatever they still hold staged, and how many records each outbox had
-/// taken at each of the producer's snapshots since the latest completed
-/// checkpoint ([`HashOutput::resumed`]).
-pub(crate) struct KeptOutput<T> {
-    outboxes: Vec<Outbox<T>>,
-    marks: Vec<(u64, Vec<u64>)>,
-}
-
-/// Where a [`HashOutput`] leaves its [`KeptOutput`] when it is dropped: one
-/// per producer subtask, made per attempt of the job (dedup mode only).
-pub(crate) type OutputKeep<T> = Arc<std::sync::Mutex<Option<KeptOutput<T>>>>;
-
-/// Hash-partitioned exchange (`key_by`).
-///
-/// In dedup mode a producer that reads rings (a keyed stage feeding another
-/// exchange) recovers alone: its replacement, restored from the latest
-/// completed checkpoint `c`, is fed again what its predecessor took since
-/// its snapshot `c`, in the same order, and so emits the same records in
-/// the same order, given deterministic operators. The consumers already
-/// took part of that output; the replacement's exchange keeps the
-/// predecessor's outboxes (rings, staged records) and drops, per outbox,
-/// the first records it emits, as many as the predecessor had emitted
-/// there since its snapshot `c` (`suppress`): the consumers read on as if
-/// nothing failed. Counting is per batch on the fast paths
-/// ([`Outbox::emitted`]); the suppressing path, record by record, runs only
-/// while a replacement replays.
+/// Hash-partitioned exchange (`key_by`). In dedup mode its [`Ledger`] lets
+/// a producer that reads rings recover alone: the suppressing path, record
+/// by record, runs only while a replacement replays; the fast paths pay one
+/// branch per batch.
 pub(crate) struct HashOutput<T, K, KF> {
     outboxes: Vec<Outbox<T>>,
     key_fn: KF,
@@ -546,29 +548,14 @@ pub(crate) struct HashOutput<T, K, KF> {
     /// A batch split over two targets, for a target on this worker to take
     /// its part by reference (empty between batches).
     split: [Vec<T>; 2],
-    /// Dedup mode: where this exchange's outboxes go when it is dropped (a
-    /// failure of its task), for the task's replacement.
-    keep: Option<OutputKeep<T>>,
-    /// Dedup mode: records each outbox had taken at each snapshot since the
-    /// latest completed checkpoint (and at the start: checkpoint 0, or the
-    /// one restored from). Bounded by the checkpoints in flight.
-    marks: Vec<(u64, Vec<u64>)>,
-    /// A replacement: per outbox, the records still to drop (its
-    /// predecessor emitted them), and whether any are.
-    suppress: Vec<u64>,
-    suppressing: bool,
+    /// Dedup mode: what lets the task recover alone.
+    ledger: Ledger<T>,
     _k: std::marker::PhantomData<fn() -> K>,
 }
 
 impl<T, K, KF> Drop for HashOutput<T, K, KF> {
     fn drop(&mut self) {
-        if let Some(keep) = self.keep.take() {
-            let kept = KeptOutput {
-                outboxes: std::mem::take(&mut self.outboxes),
-                marks: std::mem::take(&mut self.marks),
-            };
-            *keep.lock().unwrap_or_else(|p| p.into_inner()) = Some(kept);
-        }
+        self.ledger.leave(&mut self.outboxes);
     }
 }
 
@@ -592,28 +579,25 @@ impl<T, K, KF> HashOutput<T, K, KF> {
             route_shift: (q >= 2 && q.is_power_of_two() && max_parallelism.is_power_of_two())
                 .then(|| 64 - q.trailing_zeros()),
             split: [Vec::new(), Vec::new()],
-            keep: None,
-            marks: Vec::new(),
-            suppress: Vec::new(),
-            suppressing: false,
+            ledger: Ledger::default(),
             _k: std::marker::PhantomData,
         }
+    }
+
+    /// The round-robin cursor the ledger marks: none here.
+    fn cursor(&self) -> usize {
+        0
     }
 
     /// Dedup mode: leaves the outboxes in `keep` when dropped, and marks
     /// the records taken at each snapshot.
     pub(crate) fn keeping(mut self, keep: OutputKeep<T>) -> Self {
-        self.marks = vec![(0, vec![0; self.outboxes.len()])];
-        self.keep = Some(keep);
+        self.ledger = Ledger::keeping(keep, self.outboxes.len(), 0);
         self
     }
 
     /// The exchange of a replacement for a failed producer, restored from
-    /// checkpoint `checkpoint`: on its predecessor's outboxes (taken from
-    /// `keep`), dropping what the predecessor emitted since its snapshot
-    /// `checkpoint`. An error when nothing was kept (the failed chain's
-    /// drop did not finish) or no snapshot `checkpoint` was marked: the
-    /// task cannot recover alone then, and the whole job restarts.
+    /// `checkpoint`, on its predecessor's outboxes ([`Ledger::resume`]).
     pub(crate) fn resumed(
         keep: OutputKeep<T>,
         checkpoint: u64,
@@ -621,67 +605,29 @@ impl<T, K, KF> HashOutput<T, K, KF> {
         max_parallelism: usize,
         op: usize,
     ) -> Result<Self, String> {
-        let kept = keep
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-            .ok_or("the failed task's exchange left no outboxes")?;
-        let Some((_, at)) = kept.marks.iter().find(|(id, _)| *id == checkpoint) else {
-            return Err(format!(
-                "the failed task's exchange marked no snapshot for checkpoint {checkpoint} (it marked {:?})",
-                kept.marks.iter().map(|m| m.0).collect::<Vec<_>>()
-            ));
-        };
-        let suppress: Vec<u64> = kept.outboxes.iter().zip(at).map(|(o, at)| o.emitted - at).collect();
-        let marks = vec![(checkpoint, at.clone())];
-        let mut out = Self::new(kept.outboxes, key_fn, max_parallelism, op);
-        out.suppressing = suppress.iter().any(|&n| n > 0);
-        out.suppress = suppress;
-        out.marks = marks;
-        out.keep = Some(keep);
+        let (outboxes, _, ledger) = Ledger::resume(keep, checkpoint)?;
+        let mut out = Self::new(outboxes, key_fn, max_parallelism, op);
+        out.ledger = ledger;
         Ok(out)
     }
 
-    /// Records the outboxes have taken, per outbox.
-    fn emitted(&self) -> Vec<u64> {
-        self.outboxes.iter().map(|o| o.emitted).collect()
-    }
-
-    /// The error of a replacement that did not emit again everything its
-    /// predecessor had (`when`: what came instead).
-    fn diverged(&self, when: &str) -> BoxError {
-        format!(
-            "{when}, but the recovered task had yet to emit {:?} records on its output channels that its \
-             failed predecessor had emitted from the same input: its operators are not deterministic \
-             (processing time, randomness, iteration order), so dedup cannot recover it alone; the whole \
-             job restarts",
-            self.suppress
-        )
-        .into()
-    }
-
-    /// Routes `batch` record by record, dropping what [`Self::suppress`]
-    /// says the predecessor emitted.
+    /// Routes `batch` record by record, dropping what the ledger says the
+    /// predecessor emitted.
     #[cold]
     fn collect_suppressed(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError>
     where
         K: Hash,
         KF: Fn(&T) -> K,
     {
-        if !ctx.replaying_backup {
-            ctx.restart_whole_job = true;
-            return Err(self.diverged("new input came after the replay"));
-        }
+        self.ledger.check_replaying(ctx)?;
         let maxp = self.max_parallelism;
         for record in batch.drain(..) {
             let k = self.routes[key_group(stable_hash(&(self.key_fn)(&record)), maxp)] as usize;
-            if self.suppress[k] > 0 {
-                self.suppress[k] -= 1;
-            } else {
+            if !self.ledger.drops(k) {
                 self.outboxes[k].stage_data(record);
             }
         }
-        self.suppressing = self.suppress.iter().any(|&n| n > 0);
+        self.ledger.settle();
         flush_all(&mut self.outboxes);
         Ok(())
     }
@@ -692,7 +638,7 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.count_out::<T>(batch.len());
         ctx.current_op = self.op;
-        if self.suppressing {
+        if self.ledger.suppressing {
             return self.collect_suppressed(batch, ctx);
         }
         let maxp = self.max_parallelism;
@@ -757,61 +703,7 @@ impl<T: Data, K: Hash, KF: Fn(&T) -> K + Send> Collector<T> for HashOutput<T, K,
         flush_all(&mut self.outboxes);
         Ok(())
     }
-    fn flush(&mut self, _ctx: &mut TaskContext) -> Result<bool, BoxError> {
-        Ok(flush_all(&mut self.outboxes))
-    }
-    fn finish(&mut self, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        if self.suppressing {
-            ctx.restart_whole_job = true;
-            return Err(self.diverged("the input ended"));
-        }
-        self.outboxes.iter_mut().for_each(|o| o.stage(Message::End));
-        flush_all(&mut self.outboxes);
-        Ok(())
-    }
-    fn barrier(&mut self, barrier: Barrier, snap: &mut TaskSnapshot, ctx: &mut TaskContext) -> Result<(), BoxError> {
-        if self.suppressing {
-            ctx.restart_whole_job = true;
-            return Err(self.diverged(&format!("checkpoint {}'s barrier came", barrier.id)));
-        }
-        if self.keep.is_some() {
-            let emitted = self.emitted();
-            self.marks.push((barrier.id, emitted));
-        }
-        forward_barrier(&mut self.outboxes, barrier, snap)
-    }
-    fn notify(&mut self, notice: Notice, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        // What a replacement may be restored from: the latest completed
-        // checkpoint's mark, and those after it.
-        match notice {
-            Notice::Complete(n) => self.marks.retain(|m| m.0 >= n),
-            Notice::Abort(n) => self.marks.retain(|m| m.0 != n),
-        }
-        Ok(())
-    }
-    fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        if self.keep.is_some() && self.marks.iter().all(|m| m.0 != r.checkpoint) {
-            // A whole-job restore: this attempt starts at the checkpoint.
-            let emitted = self.emitted();
-            self.marks = vec![(r.checkpoint, emitted)];
-        }
-        restore_outboxes(&mut self.outboxes, r)
-    }
-    fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        for o in &mut self.outboxes {
-            // A replacement replaying: what its predecessor sent (an idle
-            // marker, an older watermark) is not sent again.
-            if (self.suppressing && wm == crate::watermark::IDLE) || (wm != crate::watermark::IDLE && wm < o.wm_sent) {
-                continue;
-            }
-            o.stage_watermark(wm);
-        }
-        flush_all(&mut self.outboxes);
-        Ok(())
-    }
-    fn tick(&mut self, _ctx: &mut TaskContext) -> Result<(), BoxError> {
-        Ok(())
-    }
+    exchange_control!();
 }
 
 /// The most targets [`stage_routed`] stages for at once (arrays on the
@@ -941,23 +833,69 @@ fn split_two<T, M>(
 
 /// Round-robin exchange (`rebalance`, `union`): record `i` of this subtask
 /// goes to target `(start + i) mod q`, where `start` differs per subtask so
-/// that small inputs still spread.
+/// that small inputs still spread. In dedup mode its [`Ledger`] marks the
+/// cursor with the counts, so that a replacement, starting from the cursor
+/// at the restored snapshot, routes its replay where its predecessor did.
 pub(crate) struct RebalanceOutput<T> {
-    pub(crate) outboxes: Vec<Outbox<T>>,
-    pub(crate) next: usize,
+    outboxes: Vec<Outbox<T>>,
+    next: usize,
+    ledger: Ledger<T>,
+}
+
+impl<T> Drop for RebalanceOutput<T> {
+    fn drop(&mut self) {
+        self.ledger.leave(&mut self.outboxes);
+    }
+}
+
+impl<T> RebalanceOutput<T> {
+    /// Round-robin over `outboxes`, starting at `start`.
+    pub(crate) fn new(outboxes: Vec<Outbox<T>>, start: usize) -> Self {
+        let next = start % outboxes.len().max(1);
+        RebalanceOutput {
+            outboxes,
+            next,
+            ledger: Ledger::default(),
+        }
+    }
+
+    /// Dedup mode: see [`HashOutput::keeping`].
+    pub(crate) fn keeping(mut self, keep: OutputKeep<T>) -> Self {
+        self.ledger = Ledger::keeping(keep, self.outboxes.len(), self.next);
+        self
+    }
+
+    /// A replacement's exchange: see [`HashOutput::resumed`].
+    pub(crate) fn resumed(keep: OutputKeep<T>, checkpoint: u64) -> Result<Self, String> {
+        let (outboxes, next, ledger) = Ledger::resume(keep, checkpoint)?;
+        Ok(RebalanceOutput { outboxes, next, ledger })
+    }
+
+    fn cursor(&self) -> usize {
+        self.next
+    }
 }
 
 impl<T: Data> Collector<T> for RebalanceOutput<T> {
     #[inline]
     fn collect(&mut self, batch: &mut Vec<T>, ctx: &mut TaskContext) -> Result<(), BoxError> {
         ctx.count_out::<T>(batch.len());
+        let suppressing = self.ledger.suppressing;
+        if suppressing {
+            self.ledger.check_replaying(ctx)?;
+        }
         let q = self.outboxes.len();
         for record in batch.drain(..) {
-            self.outboxes[self.next].stage(Message::Data(record));
+            if !(suppressing && self.ledger.drops(self.next)) {
+                self.outboxes[self.next].stage(Message::Data(record));
+            }
             self.next += 1;
             if self.next == q {
                 self.next = 0;
             }
+        }
+        if suppressing {
+            self.ledger.settle();
         }
         flush_all(&mut self.outboxes);
         Ok(())
@@ -1444,10 +1382,7 @@ mod tests {
         use crate::checkpoint::snapshot::TaskSnapshot;
         let (mut ctx, _) = TaskContext::for_test("x", 0, 0);
         let (p, mut c) = rtrb::RingBuffer::new(RESERVED_SLOTS + 2);
-        let mut out = RebalanceOutput {
-            outboxes: vec![Outbox::new(p, 8)],
-            next: 0,
-        };
+        let mut out = RebalanceOutput::new(vec![Outbox::new(p, 8)], 0);
         out.collect(&mut vec![1u64, 2, 3, 4], &mut ctx).unwrap();
         out.watermark(10, &mut ctx).unwrap();
         out.collect(&mut vec![5], &mut ctx).unwrap();
@@ -1467,10 +1402,7 @@ mod tests {
         assert_eq!(got[..3], [Message::Data(1), Message::Data(2), Message::Barrier(b)]);
 
         let (p, mut c) = rtrb::RingBuffer::new(64);
-        let mut restored = RebalanceOutput::<u64> {
-            outboxes: vec![Outbox::new(p, 8)],
-            next: 0,
-        };
+        let mut restored = RebalanceOutput::<u64>::new(vec![Outbox::new(p, 8)], 0);
         let rc = RestoreCtx {
             own: Some(&snap.state),
             all: std::slice::from_ref(&snap.state),

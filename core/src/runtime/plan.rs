@@ -43,6 +43,9 @@ pub(crate) struct ChainGroup {
     /// one subtask built again (a hash exchange's end takes over its failed
     /// predecessor's outboxes, [`BuildCtx::resuming`]).
     pub(crate) rebuild: Option<SubtaskBuild>,
+    /// The chain ends in an exchange (other tasks read its rings): it
+    /// recovers alone only with `CheckpointConfig::dedup_deterministic`.
+    pub(crate) feeds_exchange: bool,
 }
 
 /// A complete job graph, ready to be instantiated (once per attempt).

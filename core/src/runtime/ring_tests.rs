@@ -611,7 +611,7 @@ fn rebalance_exchange_across_threads_round_robins_without_loss() {
     let sender = thread::spawn(move || {
         let start = Instant::now();
         let (mut ctx, _) = test_ctx(0);
-        let mut out = RebalanceOutput { outboxes, next: 1 };
+        let mut out = RebalanceOutput::new(outboxes, 1);
         let mut sizes = Lcg(42);
         let mut batch = Vec::new();
         let mut seq = 0;

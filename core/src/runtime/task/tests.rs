@@ -45,10 +45,7 @@ impl Harness {
             inboxes.push(Inbox::new(c, None, None));
         }
         let (p, output) = RingBuffer::new(256);
-        let chain = RebalanceOutput {
-            outboxes: vec![Outbox::new(p, 64)],
-            next: 0,
-        };
+        let chain = RebalanceOutput::new(vec![Outbox::new(p, 64)], 0);
         let task = InputTask::new(inboxes, Box::new(chain), 64);
         let (mut ctx, _) = TaskContext::for_test("test", n, 64);
         let signals = Arc::new(Signals::new(mode, alignment_timeout_ns, 0, 1));
