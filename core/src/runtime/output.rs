@@ -511,9 +511,13 @@ macro_rules! exchange_control {
             Ok(())
         }
         fn restore(&mut self, r: &RestoreCtx<'_>, _ctx: &mut TaskContext) -> Result<(), BoxError> {
+            if self.ledger.is_replacement() {
+                return Ok(());
+            }
+            restore_outboxes(&mut self.outboxes, r)?;
             let cursor = self.cursor();
             self.ledger.on_restore(r.checkpoint, &self.outboxes, cursor);
-            restore_outboxes(&mut self.outboxes, r)
+            Ok(())
         }
         fn watermark(&mut self, wm: i64, _ctx: &mut TaskContext) -> Result<(), BoxError> {
             for o in &mut self.outboxes {

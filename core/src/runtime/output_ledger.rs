@@ -67,6 +67,9 @@ pub(crate) struct Ledger<T> {
     suppress: Vec<u64>,
     /// Any of `suppress` is not 0: the exchange routes record by record.
     pub(crate) suppressing: bool,
+    /// A replacement's ledger: its outboxes hold what its predecessor
+    /// staged, and it restores no output channel state into them.
+    replacement: bool,
 }
 
 impl<T> Default for Ledger<T> {
@@ -76,6 +79,7 @@ impl<T> Default for Ledger<T> {
             marks: Vec::new(),
             suppress: Vec::new(),
             suppressing: false,
+            replacement: false,
         }
     }
 }
@@ -128,6 +132,7 @@ impl<T> Ledger<T> {
             marks: vec![mark],
             suppressing: suppress.iter().any(|&n| n > 0),
             suppress,
+            replacement: true,
         };
         Ok((kept.outboxes, cursor, ledger))
     }
@@ -228,10 +233,17 @@ impl<T> Ledger<T> {
         }
     }
 
-    /// The task was restored from `checkpoint` (a whole-job restore; a
-    /// replacement has its mark already): this attempt starts there.
+    /// A replacement's exchange: restored with its task, it takes no output
+    /// channel state (its outboxes are its predecessor's, with what it
+    /// staged) and keeps its mark.
+    pub(crate) fn is_replacement(&self) -> bool {
+        self.replacement
+    }
+
+    /// The task was restored from `checkpoint` (a whole-job restore), with
+    /// any output channel state staged: this attempt starts there.
     pub(crate) fn on_restore(&mut self, checkpoint: u64, outboxes: &[Outbox<T>], cursor: usize) {
-        if self.keep.is_some() && self.marks.iter().all(|m| m.checkpoint != checkpoint) {
+        if self.keep.is_some() {
             self.marks = vec![Mark {
                 checkpoint,
                 emitted: emitted(outboxes),

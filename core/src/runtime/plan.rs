@@ -39,8 +39,8 @@ pub(crate) struct ChainGroup {
     /// Input rings of each subtask (0 for a source chain).
     pub(crate) input_rings: usize,
     pub(crate) build: GroupBuild,
-    /// Chains that read input rings and end in a sink or a hash exchange:
-    /// one subtask built again (a hash exchange's end takes over its failed
+    /// Chains that read input rings and end in a sink or an exchange: one
+    /// subtask built again (an exchange's end takes over its failed
     /// predecessor's outboxes, [`BuildCtx::resuming`]).
     pub(crate) rebuild: Option<SubtaskBuild>,
     /// The chain ends in an exchange (other tasks read its rings): it

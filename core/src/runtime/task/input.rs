@@ -763,11 +763,10 @@ impl<T: Data> Task for InputTask<T> {
             replay.ids.push((input, position));
             replay.records.push_back(record);
         }
-        self.replay = (!replay.records.is_empty() || !replay.marks.is_empty()).then(|| Box::new(replay));
-        ctx.replaying_backup = self.replay.is_some();
-        if self.replay.is_none() {
-            self.end_replay(ctx)?;
-        }
+        // Even an empty replay is fed at the first poll, once the chain is
+        // open: its end applies the ends of input (`end_replay`).
+        self.replay = Some(Box::new(replay));
+        ctx.replaying_backup = true;
         self.backup = Some(backup);
         Ok(())
     }
