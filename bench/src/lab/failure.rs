@@ -317,6 +317,12 @@ impl FailureProbe {
         self.failed_ns.store(clock::now_ns(), Ordering::Release);
     }
 
+    /// Every record made visible within the timeline (tests).
+    #[cfg(test)]
+    pub(crate) fn visible_total_for_test(&self) -> u64 {
+        self.visible.iter().map(|n| n.load(Ordering::Relaxed)).sum()
+    }
+
     /// A sink subtask's attempt ended without finishing, having received
     /// `records` since its last completed checkpoint.
     pub fn on_abandoned(&self, subtask: usize, records: u64) {
