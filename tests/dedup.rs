@@ -551,3 +551,113 @@ fn a_failed_subtask_that_feeds_a_rebalance_recovers_alone_and_the_output_stays_e
         assert_exactly_once(JOB, &rows);
     }
 }
+
+/// A sink whose replacement's restore waits until the other sink subtask
+/// has taken `more` records since: it passes only if the replacement is
+/// restored while the worker runs on (both subtasks share one worker).
+struct RestoresBeside {
+    inner: TxSink<Row>,
+    subtask: usize,
+    /// Records each subtask's sink took.
+    taken: Arc<Vec<AtomicU64>>,
+    replacement: bool,
+    more: u64,
+}
+
+impl weir_core::Sink<Row> for RestoresBeside {
+    fn write(&mut self, batch: &mut Vec<Row>, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), weir_core::BoxError> {
+        self.taken[self.subtask].fetch_add(batch.len() as u64, Ordering::Relaxed);
+        self.inner.write(batch, ctx)
+    }
+    fn finish(&mut self, ctx: &mut weir_core::SinkContext<'_>) -> Result<(), weir_core::BoxError> {
+        self.inner.finish(ctx)
+    }
+    fn pre_commit(&mut self, checkpoint: u64) -> Result<Vec<u8>, weir_core::BoxError> {
+        self.inner.pre_commit(checkpoint)
+    }
+    fn commit(&mut self, checkpoint: u64) -> Result<(), weir_core::BoxError> {
+        self.inner.commit(checkpoint)
+    }
+    fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), weir_core::BoxError> {
+        if self.replacement {
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            if name.starts_with("weir-worker") {
+                return Err(format!("the replacement was restored on its worker ({name})").into());
+            }
+            let other = &self.taken[1 - self.subtask];
+            let from = other.load(Ordering::Relaxed);
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while other.load(Ordering::Relaxed) < from + self.more {
+                if std::time::Instant::now() > deadline {
+                    return Err(
+                        "the other subtask took nothing while this one was restored: its worker stalled".into(),
+                    );
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        self.inner.restore(checkpoint, state)
+    }
+}
+
+/// The failed subtask's old chain is dropped and its replacement restored
+/// on the job thread: the other keyed subtask, on the same worker, goes on
+/// taking records meanwhile (its rings are large enough that the sources
+/// never wait on the failed one's), and the output stays exact.
+#[test]
+fn a_replacement_is_restored_while_its_worker_runs_the_other_subtasks() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = Job {
+        events: 60_000,
+        rate: 200_000.0,
+        ring: 16_384,
+        ..JOB
+    };
+    let target = Arc::new(Mutex::new(Target::default()));
+    let taken: Arc<Vec<AtomicU64>> = Arc::new((0..2).map(|_| AtomicU64::new(0)).collect());
+    let built: Arc<Vec<AtomicU32>> = Arc::new((0..2).map(|_| AtomicU32::new(0)).collect());
+    let failed = Arc::new(AtomicU64::new(0));
+    let keys = job.keys;
+    let cfg = generator(job);
+    let p = Pipeline::new("dedup-restore-beside");
+    let (t, tk, b) = (target.clone(), taken.clone(), built.clone());
+    p.source("fast", 2, move |i, n| {
+        Generator::new(cfg, i, n, move |c: GenContext| (c.random % keys, c.seq)).unwrap()
+    })
+    .key_by(|r: &(u64, u64)| r.0)
+    .parallelism(2)
+    .process(move |k: &u64, st: &mut [u64; 2], (_, v): (u64, u64), out| {
+        if v == 10_000 && failed.fetch_add(1, Ordering::Relaxed) == 0 {
+            panic!("injected failure at record {v}");
+        }
+        st[0] += 1;
+        st[1] = st[1].wrapping_add(v);
+        out.emit((*k, st[0], st[1]));
+    })
+    .name("count")
+    .sink("tx", move |i| RestoresBeside {
+        inner: TxSink::new(i, t.clone(), true),
+        subtask: i,
+        taken: tk.clone(),
+        replacement: b[i].fetch_add(1, Ordering::Relaxed) > 0,
+        more: 500,
+    });
+    let config = RuntimeConfig {
+        workers: 1,
+        ..dedup_config(job.ring, dir.path())
+    };
+    let result = p
+        .run(config)
+        .and_then(|h| h.join())
+        .expect("the job recovers and finishes");
+    let restarts = &result.metrics.checkpoints.restarts;
+    assert_eq!(restarts.len(), 1, "{restarts:?}");
+    assert!(
+        restarts[0].subtask.is_some(),
+        "a subtask restart, not the job's: {restarts:?}"
+    );
+    let built: Vec<u32> = built.iter().map(|a| a.load(Ordering::Relaxed)).collect();
+    assert_eq!(built.iter().sum::<u32>(), 3, "one sink subtask built again: {built:?}");
+    let rows = std::mem::take(&mut target.lock().unwrap().rows);
+    assert_exactly_once(job, &rows);
+}

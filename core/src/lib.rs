@@ -62,6 +62,7 @@ pub use checkpoint::{
 pub use data::Data;
 pub use error::{BoxError, Error, Result};
 pub use operators::keyed::Output;
+pub use runtime::carry;
 pub use runtime::config::{
     available_cores, default_state_dir, RuntimeConfig, MAX_BATCH_SIZE, MAX_RING_CAPACITY, MAX_WORKERS,
     MIN_RING_CAPACITY,

@@ -420,7 +420,9 @@ pub fn seeds(dir: &Path) -> Result<Vec<weir_core::fuzzing::Seed>, String> {
     ));
     // Markers: after one commit, and after three (both slots used).
     let path = dir.join("committed");
-    let mut marker = crate::wal::Marker::open(path.clone()).map_err(|e| e.to_string())?.0;
+    let mut marker = crate::wal::Marker::read(path.clone(), true)
+        .map_err(|e| e.to_string())?
+        .0;
     for epoch in 1..=3u64 {
         let pos = codec::WalPos {
             seg: SEG,

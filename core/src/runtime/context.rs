@@ -84,6 +84,22 @@ impl TaskContext {
         counters: Arc<TaskCounters>,
         registry: Arc<MetricsRegistry>,
     ) -> Self {
+        let (latency, visible) = (
+            LatencyRecorder::new(&registry.latency),
+            LatencyRecorder::new(&registry.visible),
+        );
+        Self::with_recorders(subtask, parallelism, ops, counters, registry, latency, visible)
+    }
+
+    fn with_recorders(
+        subtask: usize,
+        parallelism: usize,
+        ops: Arc<[String]>,
+        counters: Arc<TaskCounters>,
+        registry: Arc<MetricsRegistry>,
+        latency: LatencyRecorder,
+        visible: LatencyRecorder,
+    ) -> Self {
         TaskContext {
             subtask,
             parallelism,
@@ -94,8 +110,8 @@ impl TaskContext {
             bytes_in: 0,
             bytes_out: 0,
             turn_now_ns: None,
-            latency: LatencyRecorder::new(&registry.latency),
-            visible: LatencyRecorder::new(&registry.visible),
+            latency,
+            visible,
             visible_tap: None,
             counters,
             registry,
@@ -112,6 +128,26 @@ impl TaskContext {
             backpressured_ns: 0,
             idle_ns: 0,
         }
+    }
+
+    /// A context of the same subtask for restoring its replacement off its
+    /// worker (dedup recovery): the same names, counters, checkpointing and
+    /// parker, its latency recorders detached
+    /// ([`LatencyRecorder::detached`]: a registered one would wait for
+    /// the hub's reader, on the failed task's worker).
+    pub(crate) fn for_restore(&self) -> TaskContext {
+        let mut ctx = TaskContext::with_recorders(
+            self.subtask,
+            self.parallelism,
+            self.ops.clone(),
+            self.counters.clone(),
+            self.registry.clone(),
+            LatencyRecorder::detached(),
+            LatencyRecorder::detached(),
+        );
+        ctx.ckpt = self.ckpt.clone();
+        ctx.parker = self.parker.clone();
+        ctx
     }
 
     /// The clock, read at most once per scheduling turn.

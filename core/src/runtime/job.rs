@@ -32,6 +32,7 @@ use crate::checkpoint::storage::ManifestGroup;
 use crate::checkpoint::{CheckpointConfig, CheckpointStats, RestartRecord, RestoreFrom};
 use crate::clock;
 use crate::error::{Error, Result};
+use crate::runtime::carry;
 use crate::runtime::collector::RestoreCtx;
 use crate::runtime::config::RuntimeConfig;
 use crate::runtime::context::TaskContext;
@@ -96,6 +97,9 @@ struct Attempt {
     job_thread: Thread,
     /// Per worker: replacements of its failed tasks (dedup recovery).
     mail: Vec<Mailbox>,
+    /// Failed tasks (dedup recovery) handed to the job thread, which drops
+    /// each and restores its replacement off the worker.
+    failed_tasks: Mutex<Vec<FailedTask>>,
     /// The failure must not restart the job: a subtask that recovers
     /// alone spent its restart attempts.
     final_failure: AtomicBool,
@@ -111,17 +115,29 @@ struct Mailbox {
     items: Mutex<Vec<Replacement>>,
 }
 
-/// A failed task's replacement, built on the job thread; the worker
-/// restores it, gives it the failed task's inputs, and runs it.
+/// A task that failed under dedup, handed by its worker to the job thread
+/// with a context like its own: the job thread drops the chain (its
+/// sink's threads stop, its files close) and restores the replacement in
+/// that context, so that neither stalls the worker's other tasks.
+struct FailedTask {
+    /// Global index of the task.
+    task: usize,
+    chain: Box<dyn Task>,
+    /// A fresh context of the same subtask (its restore runs in it).
+    ctx: TaskContext,
+}
+
+/// A failed task's replacement, built and restored on the job thread; the
+/// worker gives it the failed task's inputs and runs it.
 struct Replacement {
     /// Global index of the task it replaces.
     task: usize,
     built: Box<dyn Task>,
-    /// The checkpoint it restores from (`None`: none completed yet).
-    restored: Option<Arc<Restored>>,
+    /// What its restore set in its context: the checkpoint notified, the
+    /// last barrier (`None`: no checkpoint completed yet, not restored).
+    restored: Option<(u64, u64)>,
     checkpoint: u64,
     generation: u64,
-    max_parallelism: usize,
     /// Feed the backup one record at a time ([`Task::resume_inputs`]).
     one_by_one: bool,
 }
@@ -308,9 +324,8 @@ struct Placed {
     ctx: TaskContext,
     /// Where the task's time is accounted up to (clock ns).
     mark_ns: u64,
-    /// Global index of the task and its chain.
+    /// Global index of the task.
     global: usize,
-    group: usize,
     /// Dedup mode, a chain that can be built again alone: a failure
     /// recovers this task alone instead of failing the attempt.
     recoverable: bool,
@@ -470,7 +485,6 @@ fn prepare(
             ctx,
             mark_ns: 0,
             global: k,
-            group: g,
             recoverable,
             held: None,
         });
@@ -915,6 +929,7 @@ impl JobRun {
             workers: Mutex::new(Vec::new()),
             job_thread: thread::current(),
             mail: (0..prepared.parkers.len()).map(|_| Mailbox::default()).collect(),
+            failed_tasks: Mutex::new(Vec::new()),
             final_failure: AtomicBool::new(false),
             delays: self.shared.delays.clone(),
         });
@@ -1066,6 +1081,30 @@ impl JobRun {
     ) -> Result<()> {
         let info = &running.infos[task];
         let (g, i) = (info.group, info.subtask);
+        // The failed chain first: its sink's threads must stop and its
+        // files close before anything else (its replacement's restore
+        // reads them). Dropped here, not on its worker: a sink that waits
+        // for its I/O threads would stall the worker's other tasks.
+        let failed = {
+            let mut f = attempt.failed_tasks.lock().unwrap_or_else(|p| p.into_inner());
+            let k = f.iter().position(|t| t.task == task);
+            k.map(|k| f.swap_remove(k))
+        };
+        let Some(FailedTask {
+            chain,
+            ctx: mut task_ctx,
+            ..
+        }) = failed
+        else {
+            debug_assert!(false, "task {task} failed, but its worker handed nothing over");
+            return Err(Error::Restore(format!(
+                "task {task} failed, but its worker handed nothing over to recover it alone"
+            )));
+        };
+        let mut carried = carry::Carried::default();
+        // A panic while dropping the failed chain must not take the job
+        // thread down with it.
+        let _ = catch_unwind(AssertUnwindSafe(|| carried.enter(move || drop(chain))));
         let failures = {
             let n = self.task_failures.entry(task).or_insert(0);
             *n += 1;
@@ -1137,7 +1176,18 @@ impl JobRun {
             .rebuild
             .as_mut()
             .expect("only tasks of rebuildable chains recover alone");
-        let built = rebuild(&mut ctx, i)?;
+        let mut built = rebuild(&mut ctx, i)?;
+        // Restored here, in a context of its own (the worker's other tasks
+        // run on meanwhile); what the restore set is carried over.
+        let restored = match &restored {
+            Some(r) => {
+                carried
+                    .enter(|| restore_task(&mut *built, &mut task_ctx, r, g, parallelism, self.plan.max_parallelism))?;
+                Some((task_ctx.notified, task_ctx.last_barrier))
+            }
+            None => None,
+        };
+        drop(task_ctx);
         self.record_restart(RestartRecord {
             attempt: failures,
             error: format!("operator '{operator}' subtask {i}: {message}{on_record}"),
@@ -1155,7 +1205,6 @@ impl JobRun {
                 restored,
                 checkpoint,
                 generation,
-                max_parallelism: self.plan.max_parallelism,
                 // After a failure in a replay, the next one names the record.
                 one_by_one: failures >= 2,
             });
@@ -1416,7 +1465,7 @@ fn worker_main(
                 Err(payload) => Some(panic_message(&*payload)),
             };
             if let Some(message) = failure {
-                if placed.recoverable && recover_alone(placed, message.clone()) {
+                if placed.recoverable && recover_alone(placed, message.clone(), attempt) {
                     i += 1;
                     continue;
                 }
@@ -1445,10 +1494,10 @@ fn worker_main(
 }
 
 /// Dedup mode: a recoverable task failed with `message`. Takes its inputs
-/// out, drops it (its sink's threads and files must be gone before its
-/// replacement restores), and asks the job thread for a replacement; false
-/// if the task cannot recover alone.
-fn recover_alone(placed: &mut Placed, message: String) -> bool {
+/// out, hands the failed chain to the job thread (which drops it, then
+/// builds and restores its replacement: see [`FailedTask`]), and asks for
+/// the replacement; false if the task cannot recover alone.
+fn recover_alone(placed: &mut Placed, message: String, attempt: &Attempt) -> bool {
     let Some(ck) = placed.ctx.ckpt.clone() else {
         return false;
     };
@@ -1461,10 +1510,19 @@ fn recover_alone(placed: &mut Placed, message: String) -> bool {
         return false;
     };
     let record = placed.task.failing_record();
-    let failed = std::mem::replace(&mut placed.task, Box::new(Failed));
-    // A panic while dropping the failed chain must not take the worker
-    // down with it.
-    let _ = catch_unwind(AssertUnwindSafe(move || drop(failed)));
+    let chain = std::mem::replace(&mut placed.task, Box::new(Failed));
+    // The job thread drops it and restores its replacement in a context
+    // like this one (see `FailedTask`).
+    let ctx = placed.ctx.for_restore();
+    attempt
+        .failed_tasks
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(FailedTask {
+            task: placed.global,
+            chain,
+            ctx,
+        });
     placed.held = Some(inputs);
     ck.send(Event::TaskFailed {
         task: placed.global,
@@ -1488,15 +1546,9 @@ fn install_replacements(tasks: &mut [Placed], attempt: &Attempt, w: usize) {
         let mut task = r.built;
         let ctx = &mut placed.ctx;
         let installed = (|| -> Result<()> {
-            if let Some(restored) = &r.restored {
-                restore_task(
-                    &mut *task,
-                    ctx,
-                    restored,
-                    placed.group,
-                    ctx.parallelism,
-                    r.max_parallelism,
-                )?;
+            if let Some((notified, last_barrier)) = r.restored {
+                ctx.notified = notified;
+                ctx.last_barrier = last_barrier;
             }
             if let Some(ck) = &mut ctx.ckpt {
                 ck.generation = r.generation;

@@ -8,12 +8,14 @@
 //!   a chain) and [`context`] (what a task knows about itself);
 //! - [`output`] and [`message`]: what a chain hands to rings, and in what
 //!   format; [`source`] and [`sink`]: the contracts of the two ends;
+//! - [`carry`]: what a failed sink leaves its replacement in a dedup recovery;
 //! - [`config`], [`metrics`], [`observe`]: settings, counters, the endpoint;
 //!   [`delays`]: how long the machine kept the workers from their loops.
 //!
 //! Uses the checkpoint, state, thread and storage layers below it; the
 //! operators and the API above it use it.
 
+pub mod carry;
 pub(crate) mod collector;
 pub(crate) mod config;
 pub(crate) mod context;

@@ -19,6 +19,7 @@
 //! sink waits for the commit in progress.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use weir_core::io_thread::{IoHandler, Ticket};
 use weir_core::{clock, BoxError, SyncJob};
@@ -77,6 +78,24 @@ pub(super) struct Closed {
     pub(super) sync: Ticket,
 }
 
+/// How far a committer got: what it published, and its last durable
+/// record. A failed instance leaves it to its replacement's restore in the
+/// same process ([`weir_core::carry`]), which then reads the log from
+/// `published` on instead of from the record (up to
+/// [`RECORD_INTERVAL_MS`] of log), once it agrees with the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Progress {
+    /// Every epoch through this one is published (visible), the record of
+    /// it not necessarily durable.
+    pub(super) published: Committed,
+    /// The last record known durable.
+    pub(super) recorded: Committed,
+}
+
+/// The committer's [`Progress`], shared with its sink (set once it
+/// started).
+pub(super) type SharedProgress = Arc<Mutex<Option<Progress>>>;
+
 /// Everything a commit touches: the target (which records the commit),
 /// the log (read).
 #[derive(Debug)]
@@ -96,23 +115,57 @@ pub(super) struct Committer<G> {
     reader: LogReader,
     /// Publishes done (one per chunk of a commit).
     publishes: u64,
+    /// `committed` and `recorded`, for the sink.
+    progress: SharedProgress,
 }
 
 impl<G: EpochTarget> Committer<G> {
     /// A committer for the log in `dir` into `target` (opened), which
-    /// records `committed`.
-    pub(super) fn new(dir: PathBuf, subtask: usize, target: G, committed: Committed) -> Self {
-        Committer {
+    /// records `committed`; it keeps `progress` up to date.
+    pub(super) fn new(dir: PathBuf, subtask: usize, target: G, committed: Committed, progress: SharedProgress) -> Self {
+        Self::resume(
             dir,
             subtask,
             target,
-            committed,
-            recorded: committed,
+            Progress {
+                published: committed,
+                recorded: committed,
+            },
+            progress,
+        )
+    }
+
+    /// [`Committer::new`] for a restore that continues where a failed
+    /// instance of this process left ([`Progress`]): epochs through
+    /// `at.published` are published, their record durable only through
+    /// `at.recorded`; the target is told, so that its next record makes
+    /// them durable ([`EpochTarget::resume_unrecorded`]).
+    pub(super) fn resume(dir: PathBuf, subtask: usize, mut target: G, at: Progress, progress: SharedProgress) -> Self {
+        if at.published != at.recorded {
+            target.resume_unrecorded(at.published);
+        }
+        let c = Committer {
+            dir,
+            subtask,
+            target,
+            committed: at.published,
+            recorded: at.recorded,
             recorded_ns: clock::now_ns(),
-            oldest_seg: committed.pos.seg,
+            oldest_seg: at.recorded.pos.seg,
             reader: LogReader::default(),
             publishes: 0,
-        }
+            progress,
+        };
+        c.share();
+        c
+    }
+
+    /// Tells the sink how far this committer got.
+    fn share(&self) {
+        *self.progress.lock().unwrap_or_else(|p| p.into_inner()) = Some(Progress {
+            published: self.committed,
+            recorded: self.recorded,
+        });
     }
 
     /// Commits `epochs` (closed, in log order, the first starting at the
@@ -153,6 +206,7 @@ impl<G: EpochTarget> Committer<G> {
                 published.extend(self.target.publish(value)?);
                 self.committed = value;
                 self.publishes += 1;
+                self.share();
                 if !G::LAZY_RECORD || self.record_due() {
                     self.record()?;
                 }
@@ -178,6 +232,7 @@ impl<G: EpochTarget> Committer<G> {
         if self.recorded != self.committed {
             self.target.sync_record()?;
             self.recorded = self.committed;
+            self.share();
         }
         self.recorded_ns = clock::now_ns();
         self.delete_segments_before(self.recorded.pos.seg)
@@ -313,6 +368,7 @@ pub(super) struct Fresh<G> {
     pub(super) subtask: usize,
     /// Not opened yet.
     pub(super) target: Option<G>,
+    pub(super) progress: SharedProgress,
 }
 
 /// The committer thread of one WAL sink subtask: owns the [`Committer`]
@@ -348,7 +404,13 @@ impl<G: EpochTarget> CommitIo<G> {
                 off: codec::SEGMENT_HEADER_BYTES as u64,
             },
         };
-        Ok(Committer::new(f.dir.clone(), f.subtask, target, start))
+        Ok(Committer::new(
+            f.dir.clone(),
+            f.subtask,
+            target,
+            start,
+            f.progress.clone(),
+        ))
     }
 }
 

@@ -127,8 +127,17 @@ pub(crate) fn decode_marker(bytes: &[u8]) -> std::result::Result<Decoded, (u64, 
 }
 
 impl Marker {
-    /// Reads the marker at `path`; `None` if there is none yet.
+    /// Reads the marker at `path` and makes it durable; `None` if there is
+    /// none yet.
+    #[cfg(test)]
     pub(crate) fn open(path: PathBuf) -> Result<(Self, Option<Committed>)> {
+        Self::read(path, true)
+    }
+
+    /// [`Marker::open`], the marker made durable first only with `sync`:
+    /// without, for a caller that knows this process wrote it durably
+    /// (see [`super::target::EpochTarget::open_again`]).
+    pub(crate) fn read(path: PathBuf, sync: bool) -> Result<(Self, Option<Committed>)> {
         let mut bytes = Vec::new();
         match File::open(&path) {
             Ok(mut f) => {
@@ -143,7 +152,9 @@ impl Marker {
                 // it, counts output as committed), so it is made durable
                 // first. Its folder entry: the caller synced the folder
                 // (`create_dir_durable` syncs one that exists, too).
-                f.sync_data().ctx("fsync commit marker", &path)?;
+                if sync {
+                    f.sync_data().ctx("fsync commit marker", &path)?;
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Ok((

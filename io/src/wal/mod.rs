@@ -128,7 +128,7 @@ use crate::fsutil::{create_dir_durable, fault, remove_if_exists, sync_dir};
 use crate::latency::{StampRuns, Visible};
 use crate::{Error, Result};
 use codec::{SinkState, WalPos, SEGMENT_HEADER_BYTES};
-use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh};
+use commit::{Closed, CommitIo, CommitReply, CommitRequest, Committer, Fresh, Progress, SharedProgress};
 pub(crate) use log::LogReader;
 use log::{list_segments, segment_path, LogIo, LogReply, LogRequest};
 #[cfg(feature = "fuzzing")]
@@ -241,6 +241,10 @@ pub struct WalRecovery {
     pub checkpoint: u64,
     /// The epoch the commit marker recorded before the restore.
     pub committed_before: u64,
+    /// In a dedup recovery, the epoch through which the failed instance it
+    /// replaces had published (its record not durable yet): the restore
+    /// read the log from there on, not from the marker's record.
+    pub resumed_from: Option<u64>,
     /// Epochs committed (again) by the restore.
     pub recommitted_epochs: Vec<u64>,
     /// Records in them.
@@ -726,7 +730,27 @@ pub struct WalSink<T, F, E, G: EpochTarget = FileTarget> {
     /// `None` until restored or started fresh.
     run: Option<Running<G>>,
     recovery: Option<WalRecovery>,
+    /// How far the committer thread got, for a replacement of this
+    /// instance ([`Drop`]).
+    progress: SharedProgress,
     _records: PhantomData<fn(&T)>,
+}
+
+/// The threads stop (the commit in progress ends first); then, for a
+/// target whose record is lazy, how far this instance published is left
+/// to its replacement, if it is dropped in a dedup recovery
+/// ([`weir_core::carry`]): the replacement's restore reads the log from
+/// there instead of from the durable record.
+impl<T, F, E, G: EpochTarget> Drop for WalSink<T, F, E, G> {
+    fn drop(&mut self) {
+        self.run = None;
+        if G::LAZY_RECORD {
+            let progress = *self.progress.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(p) = progress {
+                weir_core::carry::leave(&subtask_log_dir(&self.config, self.subtask), p);
+            }
+        }
+    }
 }
 
 /// Makes a WAL sink subtask's [`EpochTarget`], not opened yet; called
@@ -777,6 +801,7 @@ where
             make_target,
             run: None,
             recovery: None,
+            progress: SharedProgress::default(),
             _records: PhantomData,
         }
     }
@@ -881,6 +906,7 @@ where
                     dir: dir.clone(),
                     subtask: self.subtask,
                     target: Some((self.make_target)()),
+                    progress: self.progress.clone(),
                 }),
                 0,
             ),
@@ -942,12 +968,18 @@ where
     }
 
     /// Creates the log folder and opens a target, which says what it
-    /// records as committed (for a restore, on its own thread).
-    fn prepare(&self) -> Result<(G, Option<Committed>)> {
+    /// records as committed (for a restore, on its own thread). `again`:
+    /// an earlier instance of this process started on these folders (it
+    /// left its [`Progress`]), so they exist durably already.
+    fn prepare(&self, again: bool) -> Result<(G, Option<Committed>)> {
         self.config.validate()?;
-        create_dir_durable(&self.log_dir())?;
         let mut target = (self.make_target)();
-        let committed = target.open()?;
+        let committed = if again {
+            target.open_again()?
+        } else {
+            create_dir_durable(&self.log_dir())?;
+            target.open()?
+        };
         Ok((target, committed))
     }
 
@@ -984,17 +1016,44 @@ where
             checkpoint: n,
             reason,
         };
-        let (target, committed) = self.prepare()?;
+        // A failed instance of this subtask, dropped in this process just
+        // before (a dedup recovery), left how far it published since its
+        // durable record (`Progress`).
+        let left = if G::LAZY_RECORD {
+            weir_core::carry::take::<Progress>(&self.log_dir())
+        } else {
+            None
+        };
+        let (mut target, committed) = self.prepare(left.is_some())?;
         let dir = self.log_dir();
-        let committed = committed.unwrap_or(Committed {
-            epoch: 0,
-            pos: WalPos {
-                seg: 1,
-                off: SEGMENT_HEADER_BYTES as u64,
-            },
+        let mut committed = default_committed(committed);
+        // What the failed instance left: the log is read from where it
+        // published through (a few epochs), not from the durable record
+        // (up to RECORD_INTERVAL_MS of log: 20 ms of reading under load),
+        // once it agrees with the disk: the same durable record, the
+        // target showing its newest epoch, within the checkpoint.
+        // Otherwise, as after a crash, from the record.
+        let mut newest_output = target.newest_output().unwrap_or(0);
+        let resumed = left.filter(|p| {
+            p.recorded == committed
+                && p.published.epoch >= committed.epoch
+                && p.published.pos >= committed.pos
+                && p.published.epoch <= n
+                && p.published.pos <= st.end
+                && newest_output >= p.published.epoch
         });
+        if left.is_some() && resumed.is_none() {
+            // It does not agree: the target is opened as after a crash
+            // (the marker made durable before anything relies on it).
+            tracing::warn!(subtask = self.subtask, left = ?left, on_disk = ?committed,
+                "what the failed WAL sink instance left does not agree with its log folder; restoring from the disk alone");
+            let (t, c) = self.prepare(false)?;
+            (target, committed) = (t, default_committed(c));
+            newest_output = target.newest_output().unwrap_or(0);
+        }
+        let from = resumed.map_or(committed, |p| p.published);
         // A lazy record may lag the output: the newest visible epoch counts too.
-        let newest = committed.epoch.max(target.newest_output().unwrap_or(0));
+        let newest = committed.epoch.max(newest_output);
         if newest > n {
             return Err(Error::TargetAhead {
                 sink: target.kind(),
@@ -1039,14 +1098,14 @@ where
         // Payload bytes per closed epoch, for the target's adoption below.
         let mut bytes: Vec<u64> = Vec::new();
         let mut records = 0u64;
-        reader.read_range(&dir, self.subtask as u32, committed.pos, st.end, |tag, payload, end| {
+        reader.read_range(&dir, self.subtask as u32, from.pos, st.end, |tag, payload, end| {
             records += 1;
             let grew = match closed.back_mut() {
                 Some(c) if c.tag == tag => {
                     c.end = end;
                     false
                 }
-                last if tag > committed.epoch && tag <= n && last.as_ref().is_none_or(|c| c.tag < tag) => {
+                last if tag > from.epoch && tag <= n && last.as_ref().is_none_or(|c| c.tag < tag) => {
                     closed.push_back(Closed {
                         tag,
                         end,
@@ -1065,7 +1124,7 @@ where
                         at,
                         format!(
                             "epoch {tag} out of order: expected epochs {} to {n} in order",
-                            committed.epoch + 1
+                            from.epoch + 1
                         ),
                     ));
                 }
@@ -1097,6 +1156,7 @@ where
         let mut report = WalRecovery {
             checkpoint: n,
             committed_before: committed.epoch,
+            resumed_from: resumed.map(|p| p.published.epoch),
             discarded_records: tail_records,
             discarded_bytes: end_len - st.end.off,
             torn_tail: stopped.map(|s| (end_path.clone(), s.offset)),
@@ -1145,9 +1205,17 @@ where
                 report.adopted_epochs += 1;
             }
         }
-        let mut committer = Committer::new(dir, self.subtask, target, committed);
-        // Durable before the job goes on: the restore's record does not lag.
-        report.recommitted_epochs = committer.commit(n, &closed, true)?;
+        let mut committer = match resumed {
+            Some(p) => Committer::resume(dir, self.subtask, target, p, self.progress.clone()),
+            None => Committer::new(dir, self.subtask, target, committed, self.progress.clone()),
+        };
+        // Durable before the job goes on: the restore's record does not
+        // lag. Continuing a failed instance of this process, lazy as its
+        // would have been: a crash before the committer records leaves
+        // the durable record, from which a restore publishes again (the
+        // log up to the checkpoint is durable, its tail cut off durably
+        // above).
+        report.recommitted_epochs = committer.commit(n, &closed, resumed.is_none())?;
         report.recommitted_records = records;
         Ok((committer, st.end, report))
     }
@@ -1289,6 +1357,17 @@ where
     fn restore(&mut self, checkpoint: u64, state: &[u8]) -> Result<(), BoxError> {
         self.restore_from(checkpoint, state)
     }
+}
+
+/// What a marker records, or the start of the log if it records nothing.
+fn default_committed(recorded: Option<Committed>) -> Committed {
+    recorded.unwrap_or(Committed {
+        epoch: 0,
+        pos: WalPos {
+            seg: 1,
+            off: SEGMENT_HEADER_BYTES as u64,
+        },
+    })
 }
 
 /// The folder of subtask logs of `config` (for tools and tests).
@@ -1466,6 +1545,87 @@ mod tests {
             assert_eq!(r.adopted_epochs, redone.len() - rewritten, "{r:?}");
             assert_eq!(output(dir.path()), (0..300).collect::<Vec<_>>());
             assert_eq!(again.committed_epoch(), 3);
+        }
+    }
+
+    /// A dedup recovery: the failed instance is dropped and its
+    /// replacement restored in one `Carried` scope, as the job thread does.
+    /// The replacement reads the log from where its predecessor published
+    /// (epoch 3), not from the lazy record (none yet), commits only the
+    /// checkpoint's last epoch, cuts off the tail, and its next record
+    /// makes the published epochs durable. What was left is checked
+    /// against the disk: with epoch 3's file gone, the restore reads from
+    /// the record instead and writes it again. Restored from checkpoint 3,
+    /// which its predecessor published in full, it commits nothing, and
+    /// its record still becomes durable.
+    #[test]
+    fn a_replacement_in_a_dedup_recovery_continues_where_its_predecessor_published() {
+        use weir_core::carry::Carried;
+        for (file_gone, at) in [(false, 4u64), (true, 4), (false, 3)] {
+            let dir = tempfile::tempdir().unwrap();
+            // Large segments: the record stays lazy (RECORD_INTERVAL_MS).
+            let cfg = WalSinkConfig {
+                segment_bytes: 1 << 20,
+                ..config(dir.path())
+            };
+            let mut h = Harness::new(0, 1);
+            let mut sink = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+            let mut states = vec![Vec::new()];
+            for e in 1..=3u64 {
+                h.write_sink(&mut sink, &mut ((e - 1) * 100..e * 100).collect())
+                    .unwrap();
+                states.push(sink.pre_commit(e).unwrap());
+                sink.commit(e).unwrap();
+            }
+            // Published, not recorded (`wait_idle` would record).
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while output(dir.path()).len() < 300 {
+                assert!(std::time::Instant::now() < deadline, "epochs 1-3 not published");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            // Checkpoint 4 completes after the failure: its epoch is not
+            // published; records of epoch 5 follow it in the log.
+            h.write_sink(&mut sink, &mut (300..400).collect()).unwrap();
+            states.push(sink.pre_commit(4).unwrap());
+            h.write_sink(&mut sink, &mut (400..450).collect()).unwrap();
+            let state = states[at as usize].clone();
+            let mut recovery = Carried::default();
+            recovery.enter(|| drop(sink));
+            if file_gone {
+                std::fs::remove_file(dir.path().join("out/part-000-000000003.csv")).unwrap();
+            }
+            let mut again = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+            recovery.enter(|| again.restore(at, &state)).unwrap();
+            let r = again.last_recovery().unwrap().clone();
+            assert!(r.committed_before < 3, "the record lagged: {r:?}");
+            if file_gone {
+                assert_eq!(r.resumed_from, None, "{r:?}");
+                let redone: Vec<u64> = (r.committed_before + 1..=at).collect();
+                assert_eq!(r.recommitted_epochs, redone, "{r:?}");
+                // Those still shown are adopted; epoch 3 is written again.
+                assert_eq!(r.adopted_epochs, redone.len() - 2, "{r:?}");
+            } else {
+                assert_eq!(r.resumed_from, Some(3), "{r:?}");
+                let (epochs, records) = if at == 4 { (vec![4], 100) } else { (vec![], 0) };
+                assert_eq!(r.recommitted_epochs, epochs, "{r:?}");
+                assert_eq!(r.recommitted_records, records, "only epochs after 3 were read: {r:?}");
+            }
+            // What followed the checkpoint's end in the log is cut off.
+            assert!(r.discarded_records <= 150, "{r:?}");
+            let rows = (0..at * 100).collect::<Vec<_>>();
+            assert_eq!(output(dir.path()), rows);
+            // The end records the commit durably: the marker says `at`.
+            let mut b = Harness::new(0, 1);
+            b.finish_sink(&mut again).unwrap();
+            let marker = subtask_log_dir(&cfg, 0).join("committed");
+            assert_eq!(marker::Marker::open(marker).unwrap().1.map(|c| c.epoch), Some(at));
+            // Outside a recovery nothing is carried: a new process's
+            // restore from the same checkpoint adopts what is there.
+            drop(again);
+            let mut fresh = WalSink::new(cfg.clone(), 0, line, |_: &u64| 0);
+            fresh.restore(at, &state).unwrap();
+            assert_eq!(fresh.last_recovery().unwrap().resumed_from, None);
+            assert_eq!(output(dir.path()), rows);
         }
     }
 

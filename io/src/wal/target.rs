@@ -120,6 +120,17 @@ pub trait EpochTarget: Send + 'static {
     /// this subtask. Called once, first.
     fn open(&mut self) -> Result<Option<Committed>>;
 
+    /// [`EpochTarget::open`] for a restore that continues a failed
+    /// instance of this process (see [`weir_core::carry`]), which opened
+    /// this target before and made every record it wrote durable: what
+    /// `open` creates or syncs is durable already. Only if what the
+    /// instance left agrees with the record read here does the restore go
+    /// on with this target; otherwise it opens a new one with `open`. The
+    /// default opens it as `open` does.
+    fn open_again(&mut self) -> Result<Option<Committed>> {
+        self.open()
+    }
+
     /// Starts the output of epoch `epoch`.
     fn begin(&mut self, epoch: u64) -> Result<()>;
 
@@ -157,6 +168,14 @@ pub trait EpochTarget: Send + 'static {
     fn adopt(&mut self, _epoch: u64, _bytes: u64) -> Result<bool> {
         Ok(false)
     }
+
+    /// For a restore that continues a failed instance of this process
+    /// (see [`weir_core::carry`]): that instance published every epoch
+    /// through `committed`, and its record of them is not durable; the
+    /// next [`EpochTarget::sync_record`] must make it so (for files: the
+    /// folder fsync for their renames, and the marker). Only for a target
+    /// with [`EpochTarget::LAZY_RECORD`]; the default does nothing.
+    fn resume_unrecorded(&mut self, _committed: Committed) {}
 
     /// The newest epoch of this subtask whose output the target showed
     /// when it was opened, whatever its record says (`None`: none, or the
@@ -230,6 +249,16 @@ impl FileTarget {
         }
     }
 
+    /// Removes its temporaries, finds its newest visible epoch, reads the
+    /// marker (made durable first with `sync`).
+    fn open_files(&mut self, sync: bool) -> Result<Option<Committed>> {
+        super::commit::remove_temporaries(&self.target, &self.suffix, self.subtask)?;
+        self.newest_output = fsutil::newest_visible_part(&self.target, &self.suffix, self.subtask)?;
+        let (marker, committed) = Marker::read(self.marker_path.clone(), sync)?;
+        self.marker = Some(marker);
+        Ok(committed)
+    }
+
     fn write_out(&mut self) -> Result<()> {
         let (_, file, temp) = self.current.as_mut().expect("writing inside an epoch");
         file.write_all(&self.out).ctx("write", temp)?;
@@ -252,11 +281,13 @@ impl EpochTarget for FileTarget {
 
     fn open(&mut self) -> Result<Option<Committed>> {
         create_dir_durable(&self.target)?;
-        super::commit::remove_temporaries(&self.target, &self.suffix, self.subtask)?;
-        self.newest_output = fsutil::newest_visible_part(&self.target, &self.suffix, self.subtask)?;
-        let (marker, committed) = Marker::open(self.marker_path.clone())?;
-        self.marker = Some(marker);
-        Ok(committed)
+        self.open_files(true)
+    }
+
+    /// [`EpochTarget::open`] without creating the folder or syncing the
+    /// marker: an earlier instance of this process did both.
+    fn open_again(&mut self) -> Result<Option<Committed>> {
+        self.open_files(false)
     }
 
     fn begin(&mut self, epoch: u64) -> Result<()> {
@@ -363,6 +394,11 @@ impl EpochTarget for FileTarget {
             }
             _ => Ok(false),
         }
+    }
+
+    fn resume_unrecorded(&mut self, committed: Committed) {
+        self.renamed = true;
+        self.unrecorded = Some(committed);
     }
 }
 
