@@ -101,6 +101,15 @@ pub struct Injected {
     pub path: PathBuf,
     /// The byte of the file whose bit flipped.
     pub offset: Option<u64>,
+    /// The thread that made the call (its name, or its id): which part of
+    /// weir read a flipped byte, when a test asks.
+    pub thread: String,
+}
+
+/// The calling thread's name, or its id.
+fn thread_name() -> String {
+    let t = std::thread::current();
+    t.name().map_or_else(|| format!("{:?}", t.id()), str::to_string)
 }
 
 /// The message of every operation at or after a crash point.
@@ -262,6 +271,7 @@ impl State {
             kind,
             path: path.to_path_buf(),
             offset: None,
+            thread: thread_name(),
         });
         Err(err(code))
     }
@@ -280,6 +290,7 @@ impl State {
             kind: FaultKind::BitFlip,
             path: path.to_path_buf(),
             offset: Some(at + i as u64),
+            thread: thread_name(),
         });
     }
 
