@@ -1158,14 +1158,16 @@ impl JobRun {
             .checkpointing
             .as_ref()
             .expect("dedup recovery runs with checkpointing");
+        // Its own chain's states only, the files checked as they are read
+        // (`load_group`).
         let restored = if checkpoint > 0 {
-            recovery::find(
+            Some(recovery::load_group(
                 &cfg.dir,
-                RestoreFrom::Id(checkpoint),
+                checkpoint,
                 &self.fingerprint,
                 self.plan.groups.len(),
-            )?
-            .map(Arc::new)
+                g,
+            )?)
         } else {
             None
         };
