@@ -1137,6 +1137,17 @@ impl JobRun {
         if self.sleep_unless_cancelled(delay) {
             return Ok(());
         }
+        if c.final_in_flight() {
+            return Err(Error::OperatorFailed {
+                operator,
+                subtask: i,
+                parallelism,
+                message: format!(
+                    "{message}{on_record}; the final checkpoint was in flight (it is triggered once), so the whole \
+                     job restarts instead of this subtask alone"
+                ),
+            });
+        }
         let (generation, checkpoint) = c.task_failed(task);
         if !replayable_from.contains(&checkpoint) {
             // Its backup let go of what it took since that checkpoint
@@ -1161,13 +1172,23 @@ impl JobRun {
         // Its own chain's states only, the files checked as they are read
         // (`load_group`).
         let restored = if checkpoint > 0 {
-            Some(recovery::load_group(
-                &cfg.dir,
-                checkpoint,
-                &self.fingerprint,
-                self.plan.groups.len(),
-                g,
-            )?)
+            match recovery::load_group(&cfg.dir, checkpoint, &self.fingerprint, self.plan.groups.len(), g) {
+                Ok(r) => Some(r),
+                Err((e, damaged)) => {
+                    // Damaged bytes: reported, and the whole job restarts
+                    // (it reads the checkpoint again, verifying every file).
+                    if let Some((file, at)) = damaged {
+                        crate::storage::corruption::report(
+                            &file,
+                            at,
+                            &format!(
+                                "{e}; subtask {i} of '{operator}' cannot recover alone from checkpoint {checkpoint}: the whole job restarts instead"
+                            ),
+                        );
+                    }
+                    return Err(e);
+                }
+            }
         } else {
             None
         };

@@ -209,6 +209,16 @@ impl Coordinator {
         }
     }
 
+    /// Whether the final checkpoint was triggered and is still pending. A
+    /// subtask that fails then cannot recover alone: giving the pending
+    /// checkpoints up ([`Coordinator::task_failed`]) would give up the
+    /// final one, which is triggered once, and the sources would wait for
+    /// its completion for ever (found by the storage simulation with
+    /// dedup recoveries, WAL seed 118). The whole job restarts instead.
+    pub(crate) fn final_in_flight(&self) -> bool {
+        self.final_triggered && self.pending.values().any(|p| p.is_final)
+    }
+
     /// Task `task` failed and recovers alone (dedup mode): its next
     /// incarnation gets a new generation, and every pending checkpoint is
     /// given up (the failed incarnation may have taken part in it; the

@@ -111,6 +111,25 @@ fn ack(id: u64, task: usize) -> Event {
     }))
 }
 
+/// The final checkpoint is in flight from its trigger to its completion:
+/// a subtask failing then restarts the whole job (its pending checkpoints
+/// cannot be given up, the final one is never triggered again).
+#[test]
+fn the_final_checkpoint_is_in_flight_until_it_completes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut c, _, _) = coordinator(dir.path(), 1, |_| {});
+    c.handle(Event::SourceExhausted { task: 0 }).unwrap();
+    c.tick().unwrap();
+    assert!(!c.final_in_flight(), "one source still reads: no final checkpoint");
+    c.handle(Event::SourceExhausted { task: 1 }).unwrap();
+    c.tick().unwrap();
+    assert!(c.final_in_flight(), "the final checkpoint 1 pending");
+    c.handle(ack(1, 0)).unwrap();
+    assert!(c.final_in_flight());
+    c.handle(ack(1, 1)).unwrap();
+    assert!(!c.final_in_flight(), "completed");
+}
+
 /// With two checkpoints in flight and one retained, the older one
 /// completing after the newer must not push the newer one out: it is
 /// subsumed (aborted and discarded), and the newer stays the latest,
